@@ -1,0 +1,1 @@
+"""One module per ``robot-rl`` subcommand; each exposes ``main(argv) -> int``."""

@@ -1,0 +1,9 @@
+"""`robot-rl calibrate`: calibration (issue #6, not built yet)."""
+
+from __future__ import annotations
+
+from robot_rl.commands.not_yet import not_yet_built
+
+
+def main(argv: list[str]) -> int:
+    return not_yet_built("calibrate", 6, "calibration")

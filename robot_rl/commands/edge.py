@@ -1,0 +1,9 @@
+"""`robot-rl edge`: the edge node against a remote learner (issue #4, not built yet)."""
+
+from __future__ import annotations
+
+from robot_rl.commands.not_yet import not_yet_built
+
+
+def main(argv: list[str]) -> int:
+    return not_yet_built("edge", 4, "the edge node against a remote learner")

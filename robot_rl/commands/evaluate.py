@@ -1,0 +1,9 @@
+"""`robot-rl eval`: closed-loop evaluation of checkpoints (issue #7, not built yet)."""
+
+from __future__ import annotations
+
+from robot_rl.commands.not_yet import not_yet_built
+
+
+def main(argv: list[str]) -> int:
+    return not_yet_built("eval", 7, "closed-loop evaluation of checkpoints")

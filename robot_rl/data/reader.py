@@ -1,0 +1,81 @@
+"""Read a LeRobotDataset v3 (ours or any LeRobot one) into per-episode numpy arrays.
+
+Training on CPU wants whole episodes in memory as arrays (the state-offset
+augmentation indexes across time), so this reads columns in bulk through the
+dataset's Arrow table rather than frame by frame.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+IMAGE_PREFIX = "observation.images."
+
+
+def load_episode_arrays(
+    root: str | Path | None,
+    repo_id: str = "local/robot_rl",
+    episodes: list[int] | None = None,
+) -> list[dict]:
+    """One dict per episode: ``images.<cam>`` [T,H,W,3] uint8, ``state``, ``action`` [T,D],
+    ``instruction``, ``episode_index``, and every other stored column as a [T] array."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    dataset = LeRobotDataset(repo_id, root=root, episodes=episodes, video_backend="pyav")
+    if any(ft["dtype"] == "video" for ft in dataset.features.values()):
+        return _load_via_frames(dataset)
+    table = dataset.hf_dataset.with_format("numpy")
+    tasks = {int(idx): name for name, idx in zip(dataset.meta.tasks.index, dataset.meta.tasks["task_index"])}
+    episode_index = np.asarray(table["episode_index"])
+    out = []
+    for ep in dict.fromkeys(episode_index.tolist()):
+        rows = np.flatnonzero(episode_index == ep)
+        chunk = table[int(rows[0]) : int(rows[-1]) + 1]
+        out.append(_episode_dict(chunk, tasks))
+    return out
+
+
+def _episode_dict(columns: dict, tasks: dict[int, str]) -> dict:
+    episode: dict = {}
+    for key, values in columns.items():
+        values = np.asarray(values)
+        if key.startswith(IMAGE_PREFIX):
+            episode["images." + key[len(IMAGE_PREFIX) :]] = _as_hwc_uint8(values)
+        elif key == "observation.state":
+            episode["state"] = values.astype(np.float32)
+        elif key == "action":
+            episode["action"] = values.astype(np.float32)
+        else:
+            episode[key] = values
+    episode["instruction"] = tasks.get(int(np.asarray(columns["task_index"])[0]), "")
+    episode["episode_index"] = int(np.asarray(columns["episode_index"])[0])
+    return episode
+
+
+def _as_hwc_uint8(images: np.ndarray) -> np.ndarray:
+    if images.ndim == 4 and images.shape[1] == 3 and images.shape[-1] != 3:
+        images = images.transpose(0, 2, 3, 1)
+    if images.dtype != np.uint8:
+        images = np.clip(images * (255.0 if images.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+    return images
+
+
+def _load_via_frames(dataset) -> list[dict]:
+    """Video-backed datasets decode frame by frame through LeRobot (slower, but exact)."""
+    by_episode: dict[int, list[dict]] = {}
+    for i in range(len(dataset)):
+        item = dataset[i]
+        by_episode.setdefault(int(item["episode_index"]), []).append(item)
+    out = []
+    for ep, items in by_episode.items():
+        columns: dict = {}
+        for key in items[0]:
+            if key == "task":
+                continue
+            columns[key] = np.stack([np.asarray(it[key]) for it in items])
+        episode = _episode_dict(columns, {})
+        episode["instruction"] = items[0].get("task", "")
+        out.append(episode)
+    return out

@@ -1,0 +1,146 @@
+"""Write Episodes into a LeRobotDataset v3 with lerobot's own writer.
+
+Crash safety: each episode is validated completely before its first frame is
+buffered, then saved and finalized on its own, so a crash or a bad episode can
+lose at most the episode being written, never one already stored. The next
+episode re-opens the dataset with ``LeRobotDataset.resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from robot_rl.core.types import Episode, Step
+from robot_rl.data.features import EXTRA_COLUMNS, dataset_features
+
+log = logging.getLogger(__name__)
+
+
+class RecordingError(ValueError):
+    """An episode that cannot be stored as it is; nothing of it was written."""
+
+
+class EpisodeRecorder:
+    """Appends Episodes to a LeRobotDataset v3 directory (created on first use)."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        fps: int,
+        joint_names: tuple[str, ...],
+        cameras: dict[str, tuple[int, int]],
+        repo_id: str = "local/robot_rl",
+        robot_type: str = "so101",
+        use_videos: bool = False,
+    ) -> None:
+        self.root = Path(root)
+        self.fps = int(fps)
+        self.joint_names = tuple(joint_names)
+        self.cameras = dict(cameras)
+        self.repo_id = repo_id
+        self.robot_type = robot_type
+        self.use_videos = use_videos
+        self.features = dataset_features(self.joint_names, self.cameras, use_videos)
+        self._dataset = None
+        if (self.root / "meta" / "info.json").exists():
+            self._check_existing_layout()
+
+    @property
+    def num_episodes(self) -> int:
+        info = self.root / "meta" / "info.json"
+        if not info.exists():
+            return 0
+        return int(json.loads(info.read_text())["total_episodes"])
+
+    def write_episode(self, episode: Episode) -> int:
+        """Store one episode; returns its index in the dataset."""
+        frames = [self._frame(step, episode.instruction) for step in episode.steps]
+        if not frames:
+            raise RecordingError(f"episode {episode.episode_id} of {episode.robot_id} has no steps")
+        dataset = self._open()
+        try:
+            for frame in frames:
+                dataset.add_frame(frame)
+            dataset.save_episode()
+        except Exception:
+            dataset.clear_episode_buffer()
+            raise
+        finally:
+            dataset.finalize()
+            self._dataset = None
+        return self.num_episodes - 1
+
+    # -- internals -----------------------------------------------------------------
+
+    def _open(self):
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        if (self.root / "meta" / "info.json").exists():
+            return LeRobotDataset.resume(self.repo_id, root=self.root)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        return LeRobotDataset.create(
+            self.repo_id,
+            fps=self.fps,
+            features=self.features,
+            root=self.root,
+            robot_type=self.robot_type,
+            use_videos=self.use_videos,
+        )
+
+    def _check_existing_layout(self) -> None:
+        info = json.loads((self.root / "meta" / "info.json").read_text())
+        stored = info.get("features", {})
+        missing = sorted(k for k in self.features if k not in stored)
+        if missing or int(info.get("fps", self.fps)) != self.fps:
+            raise RecordingError(
+                f"{self.root} holds a dataset with another layout (fps {info.get('fps')}, "
+                f"missing columns {missing}); record into a new directory instead of mixing them"
+            )
+
+    def _frame(self, step: Step, instruction: str) -> dict:
+        dim = len(self.joint_names)
+        state = _vector(step.state, dim, "state", step.tick)
+        action = _vector(step.action, dim, "action", step.tick)
+        policy_action = action if step.policy_action is None else _vector(step.policy_action, dim, "policy_action", step.tick)
+        rolled = state if step.rolled_state is None else _vector(step.rolled_state, dim, "rolled_state", step.tick)
+        frame: dict = {
+            "observation.state": state,
+            "action": action,
+            "policy_action": policy_action,
+            "rolled_state": rolled,
+            "next.reward": np.array([step.reward], dtype=np.float32),
+            "next.done": np.array([step.done], dtype=bool),
+            "task": instruction or step.instruction or "",
+        }
+        for cam, (h, w) in self.cameras.items():
+            image = step.images.get(cam)
+            if image is None or image.shape != (h, w, 3) or image.dtype != np.uint8:
+                got = None if image is None else (image.shape, image.dtype)
+                raise RecordingError(f"step {step.tick}: camera '{cam}' image is {got}, expected ({h}, {w}, 3) uint8")
+            frame[f"observation.images.{cam}"] = image
+        values = {
+            "next.success": step.success,
+            "is_intervention": step.is_intervention,
+            "policy_version": step.policy_version,
+            "chunk_id": step.chunk_id,
+            "chunk_index": step.chunk_index,
+            "delay_ticks": step.delay_ticks,
+            "stall": step.stall,
+            "lateness_s": step.lateness_s,
+        }
+        for column, (dtype, _) in EXTRA_COLUMNS.items():
+            frame[column] = np.array([values[column]], dtype=dtype)
+        return frame
+
+
+def _vector(value: object, dim: int, name: str, tick: int) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float32)
+    if arr.shape != (dim,):
+        raise RecordingError(f"step {tick}: {name} has shape {arr.shape}, expected ({dim},)")
+    if not np.isfinite(arr).all():
+        raise RecordingError(f"step {tick}: {name} contains NaN/inf; the episode was not stored")
+    return arr

@@ -1,0 +1,78 @@
+"""The recorder writes LeRobotDataset v3 episodes that LeRobot and our reader read back exactly."""
+
+import json
+
+import numpy as np
+import pytest
+
+from robot_rl.core.types import Episode, Step
+from robot_rl.data import EpisodeRecorder, load_episode_arrays
+from robot_rl.data.recorder import RecordingError
+
+JOINTS = ("a", "b", "c")
+CAMS = {"front": (8, 8)}
+
+
+def make_episode(episode_id: int, length: int, seed: int) -> Episode:
+    rng = np.random.default_rng(seed)
+    steps = []
+    for t in range(length):
+        steps.append(
+            Step(
+                tick=t,
+                time_s=t / 30,
+                state=rng.normal(size=3).astype(np.float32),
+                action=rng.normal(size=3).astype(np.float32),
+                images={"front": rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)},
+                policy_version=7,
+                chunk_id=t // 4,
+                chunk_index=t % 4,
+                delay_ticks=2,
+                is_intervention=t in (3, 4),
+                reward=float(t == length - 1),
+                done=t == length - 1,
+                success=t == length - 1,
+            )
+        )
+    return Episode(robot_id="r0", episode_id=episode_id, instruction=f"task {episode_id}", steps=steps)
+
+
+def test_round_trip_two_episodes(tmp_path):
+    recorder = EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS)
+    episodes = [make_episode(0, 6, 1), make_episode(1, 5, 2)]
+    assert [recorder.write_episode(ep) for ep in episodes] == [0, 1]
+    loaded = load_episode_arrays(tmp_path / "ds")
+    assert len(loaded) == 2
+    for ep, arrays in zip(episodes, loaded):
+        np.testing.assert_array_equal(arrays["state"], np.stack([s.state for s in ep.steps]))
+        np.testing.assert_array_equal(arrays["action"], np.stack([s.action for s in ep.steps]))
+        np.testing.assert_array_equal(arrays["images.front"], np.stack([s.images["front"] for s in ep.steps]))
+        assert arrays["instruction"] == ep.instruction
+        assert arrays["is_intervention"].reshape(-1).tolist() == [s.is_intervention for s in ep.steps]
+        assert arrays["chunk_index"].reshape(-1).tolist() == [s.chunk_index for s in ep.steps]
+    info = json.loads((tmp_path / "ds" / "meta" / "info.json").read_text())
+    assert info["codebase_version"].startswith("v3")
+
+
+def test_bad_episode_is_refused_and_stored_data_survives(tmp_path):
+    recorder = EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS)
+    recorder.write_episode(make_episode(0, 4, 1))
+    bad = make_episode(1, 4, 2)
+    bad.steps[2].action = np.array([0.0, np.nan, 0.0], dtype=np.float32)
+    with pytest.raises(RecordingError, match="NaN"):
+        recorder.write_episode(bad)
+    wrong_image = make_episode(2, 4, 3)
+    wrong_image.steps[0].images["front"] = np.zeros((4, 4, 3), np.uint8)
+    with pytest.raises(RecordingError, match="camera 'front'"):
+        recorder.write_episode(wrong_image)
+    # A fresh recorder (as after a restart) still sees exactly the first episode and can append.
+    reopened = EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS)
+    assert reopened.num_episodes == 1
+    reopened.write_episode(make_episode(3, 3, 4))
+    assert [len(e["state"]) for e in load_episode_arrays(tmp_path / "ds")] == [4, 3]
+
+
+def test_mismatched_layout_is_refused(tmp_path):
+    EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS).write_episode(make_episode(0, 3, 1))
+    with pytest.raises(RecordingError, match="another layout"):
+        EpisodeRecorder(tmp_path / "ds", fps=15, joint_names=JOINTS, cameras=CAMS)
