@@ -1,0 +1,131 @@
+"""EdgeConfig: every knob of the edge runtime, in plain types so a Hydra YAML can mirror it.
+
+The three modes share one code path; ``ModeRules`` spells out the few decisions in
+which they differ, so the control loop never branches on a mode name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("sync", "async_naive", "async_rollforward")
+LATENCY_DISTRIBUTIONS = ("constant", "uniform", "lognormal", "measured")
+INFERENCE_RUNNERS = ("auto", "virtual", "thread")
+
+
+@dataclass
+class EdgeConfig:
+    """Settings of one edge node.
+
+    Timing is counted in control ticks (1 tick = 1/fps s) because that is the unit in
+    which actions are consumed: a delay of d ticks means d actions of the old chunk
+    were executed while the new one was being computed.
+    """
+
+    fps: int = 30
+    mode: str = "async_rollforward"
+
+    # Async modes: ask for the next chunk when `remaining <= threshold`.
+    # None = adaptive: delay estimate + threshold_margin, so the new chunk lands just
+    # before the old one runs out (no stall) without throwing away more of it than needed.
+    request_threshold: int | None = None
+    threshold_margin: int = 2
+
+    # Sync mode: execute this many actions of each chunk, then stop and wait for the
+    # next inference (LeRobot's n_action_steps, openpi's replan_steps). None = whole chunk.
+    execution_horizon: int | None = None
+
+    # Delay estimator: high quantile of the last `delay_window` measured delays (ticks),
+    # starting from a prior (written by the latency calibration).
+    delay_window: int = 10
+    delay_quantile: float = 0.9
+    delay_prior_ticks: int = 3
+
+    # Seam smoothing: linearly blend this many new actions with what the old plan
+    # would have commanded at the same ticks. 0 = off.
+    blend_ticks: int = 0
+
+    # Safety: largest change of any joint target between two ticks (degrees, gripper
+    # units); a scalar or one value per joint. None = off.
+    max_joint_delta_per_tick: float | list[float] | None = None
+
+    # Simulated inference latency for the virtual runner. "measured" releases the chunk
+    # after the policy's real compute time (a CPU policy behaving as it would in real time).
+    simulated_latency_ms: float = 0.0
+    latency_jitter_ms: float = 0.0
+    latency_distribution: str = "constant"
+    latency_seed: int = 0
+
+    # "auto": virtual runner on a virtual clock, background thread on the wall clock.
+    inference_runner: str = "auto"
+
+    # A tick that starts more than this after its scheduled time counts as late.
+    late_threshold_ms: float = 5.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.fps <= 0:
+            problems.append(f"fps must be > 0, got {self.fps}")
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.request_threshold is not None and self.request_threshold < 0:
+            problems.append(f"request_threshold must be >= 0 or None, got {self.request_threshold}")
+        if self.threshold_margin < 0:
+            problems.append(f"threshold_margin must be >= 0, got {self.threshold_margin}")
+        if self.execution_horizon is not None and self.execution_horizon < 1:
+            problems.append(f"execution_horizon must be >= 1 or None, got {self.execution_horizon}")
+        if self.delay_window < 1:
+            problems.append(f"delay_window must be >= 1, got {self.delay_window}")
+        if not 0.0 < self.delay_quantile <= 1.0:
+            problems.append(f"delay_quantile must be in (0, 1], got {self.delay_quantile}")
+        if self.delay_prior_ticks < 0:
+            problems.append(f"delay_prior_ticks must be >= 0, got {self.delay_prior_ticks}")
+        if self.blend_ticks < 0:
+            problems.append(f"blend_ticks must be >= 0, got {self.blend_ticks}")
+        if self.simulated_latency_ms < 0 or self.latency_jitter_ms < 0:
+            problems.append("simulated_latency_ms and latency_jitter_ms must be >= 0")
+        if self.latency_distribution not in LATENCY_DISTRIBUTIONS:
+            problems.append(
+                f"latency_distribution must be one of {LATENCY_DISTRIBUTIONS}, got {self.latency_distribution!r}"
+            )
+        if self.inference_runner not in INFERENCE_RUNNERS:
+            problems.append(f"inference_runner must be one of {INFERENCE_RUNNERS}, got {self.inference_runner!r}")
+        if problems:
+            raise ValueError("invalid EdgeConfig: " + "; ".join(problems))
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.fps
+
+    @property
+    def rules(self) -> ModeRules:
+        return ModeRules.for_mode(self.mode)
+
+
+@dataclass(frozen=True)
+class ModeRules:
+    """The only decisions in which sync, async_naive and async_rollforward differ.
+
+    rolls_forward: give the policy the planned target d ticks ahead instead of the
+        measured state (and let the new chunk start d ticks after the request).
+    drops_stale: time-align the new chunk on arrival: actions meant for ticks that
+        already passed are dropped (async). Sync never drops: the robot held still
+        while waiting, so nothing went stale.
+    waits_for_chunk: sync semantics: execute `execution_horizon` actions, then hold
+        until the next chunk; holding while the chunk is computed is by design and is
+        counted as waiting, not as a stall.
+    """
+
+    rolls_forward: bool
+    drops_stale: bool
+    waits_for_chunk: bool
+
+    @staticmethod
+    def for_mode(mode: str) -> ModeRules:
+        if mode == "sync":
+            return ModeRules(rolls_forward=False, drops_stale=False, waits_for_chunk=True)
+        if mode == "async_naive":
+            return ModeRules(rolls_forward=False, drops_stale=True, waits_for_chunk=False)
+        if mode == "async_rollforward":
+            return ModeRules(rolls_forward=True, drops_stale=True, waits_for_chunk=False)
+        raise ValueError(f"unknown edge mode {mode!r}; expected one of {MODES}")

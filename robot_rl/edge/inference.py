@@ -1,0 +1,254 @@
+"""The inference worker: computes the next chunk while the robot keeps executing the current one.
+
+One interface, two runners that share the code that calls the policy (``PolicyRunner``):
+
+* ``ThreadedRunner``: a background thread, for the wall clock (a real policy thinks
+  while the robot moves).
+* ``VirtualLatencyRunner``: computes the chunk at once but releases it only when the
+  clock has passed ``request time + simulated latency``, so in virtual time a CPU can
+  stand in for a slow VLA on a GPU and the tick of arrival is exact.
+
+The control thread only calls ``submit`` (when idle) and ``poll`` (non-blocking). A policy
+exception or an invalid chunk comes back as a result with ``error`` set: it is counted
+and logged by the node and never executed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from policies.base import ChunkPolicy, InvalidChunkError, validate_chunk
+from robot_rl.core.clock import Clock
+from robot_rl.core.types import ActionChunk
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.latency import LatencyModel
+
+log = logging.getLogger(__name__)
+
+# Virtual times are sums of 1/fps; a chunk due at exactly a tick must not slip to the next.
+_TIME_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class PolicySwap:
+    """New weights to use from the next chunk on: a whole policy or a state dict."""
+
+    version: int
+    policy: ChunkPolicy | None = None
+    state_dict: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """Everything the policy needs plus what the node must remember to splice the answer.
+
+    start_tick: the tick at which chunk[0] is meant to execute (request tick + d with
+    roll-forward, the request tick without); None = the chunk starts when it arrives.
+    """
+
+    chunk_id: int
+    request_tick: int
+    request_time_s: float
+    images: dict[str, np.ndarray]
+    state: np.ndarray  # given to the policy: rolled-forward or measured
+    instruction: str
+    executed_index: int  # k: chunk index of the action executed last (-1 if none)
+    delay_ticks: int  # d used to roll the state forward (0 when not rolling forward)
+    delay_estimate: int  # the estimator's d at request time (recorded in every mode)
+    start_tick: int | None
+    rolled_state: np.ndarray | None
+    generation: int  # episode counter: answers to requests of a past episode are dropped
+    swap: PolicySwap | None = None
+
+
+@dataclass
+class InferenceResult:
+    request: InferenceRequest
+    chunk: ActionChunk | None
+    policy_version: int
+    compute_s: float
+    error: str | None = None
+    swap_error: str | None = None
+    ready_time_s: float = 0.0  # clock time at which the chunk may be used
+    latency_s: float = 0.0  # ready time - request time
+
+
+class PolicyRunner:
+    """Owns the policy: applies weight swaps between chunks, predicts, validates.
+
+    Both runners call ``run`` and nothing else touches the policy, so a swap can never
+    happen in the middle of a prediction and needs no lock.
+    """
+
+    def __init__(self, policy: ChunkPolicy, version: int, action_dim: int) -> None:
+        self.policy = policy
+        self.version = version
+        self.action_dim = action_dim
+
+    def run(self, request: InferenceRequest) -> InferenceResult:
+        swap_error = self._apply_swap(request.swap) if request.swap is not None else None
+        started = time.perf_counter()
+        try:
+            raw = self.policy.predict_chunk(request.images, request.state, request.instruction)
+            actions = validate_chunk(raw, getattr(self.policy, "chunk_size", None), self.action_dim)
+        except InvalidChunkError as exc:
+            return self._failed(request, started, f"invalid chunk from policy v{self.version}: {exc}", swap_error)
+        except Exception as exc:  # a policy bug must not take the robot down
+            log.exception("policy v%d raised during inference of chunk %d", self.version, request.chunk_id)
+            return self._failed(request, started, f"policy v{self.version} raised {type(exc).__name__}: {exc}", swap_error)
+        compute_s = time.perf_counter() - started
+        chunk = ActionChunk(
+            actions=actions,
+            chunk_id=request.chunk_id,
+            policy_version=self.version,
+            request_tick=request.request_tick,
+            delay_ticks=request.delay_ticks,
+            rolled_state=request.rolled_state,
+            inference_s=compute_s,
+        )
+        return InferenceResult(request, chunk, self.version, compute_s, swap_error=swap_error)
+
+    def _failed(self, request: InferenceRequest, started: float, error: str, swap_error: str | None) -> InferenceResult:
+        return InferenceResult(
+            request, None, self.version, time.perf_counter() - started, error=error, swap_error=swap_error
+        )
+
+    def _apply_swap(self, swap: PolicySwap) -> str | None:
+        """Install new weights; on failure keep the old ones and say why."""
+        try:
+            if swap.policy is not None:
+                new_dim = getattr(swap.policy, "action_dim", self.action_dim)
+                if new_dim != self.action_dim:
+                    raise ValueError(f"new policy has action_dim {new_dim}, robot needs {self.action_dim}")
+                self.policy = swap.policy
+            elif swap.state_dict is not None:
+                load = getattr(self.policy, "load_state_dict", None)
+                if load is None:
+                    raise TypeError(f"{type(self.policy).__name__} has no load_state_dict; swap in a whole policy")
+                load(swap.state_dict)
+            self.version = swap.version
+            log.info("policy swapped to v%d between chunks", swap.version)
+            return None
+        except Exception as exc:
+            log.error("weight swap to v%d failed, keeping v%d: %s", swap.version, self.version, exc)
+            return f"swap to v{swap.version} failed: {exc}"
+
+
+class InferenceWorker(Protocol):
+    """What the node needs from a runner. At most one request is in flight."""
+
+    runner: PolicyRunner
+
+    @property
+    def busy(self) -> bool:
+        """True from ``submit`` until its result has been returned by ``poll``."""
+        ...
+
+    def submit(self, request: InferenceRequest) -> None: ...
+
+    def poll(self, now: float) -> InferenceResult | None:
+        """The finished result if it may be used at time ``now``; never blocks."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class VirtualLatencyRunner:
+    """Computes on submit, releases at ``request_time_s + latency`` (virtual or wall time)."""
+
+    runner: PolicyRunner
+    latency: LatencyModel
+    _pending: InferenceResult | None = field(default=None, init=False)
+
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None
+
+    def submit(self, request: InferenceRequest) -> None:
+        if self.busy:
+            raise RuntimeError("an inference is already in flight; wait for poll() to return it")
+        result = self.runner.run(request)
+        result.latency_s = self.latency.sample_s(result.compute_s)
+        result.ready_time_s = request.request_time_s + result.latency_s
+        self._pending = result
+
+    def poll(self, now: float) -> InferenceResult | None:
+        if self._pending is None or self._pending.ready_time_s > now + _TIME_EPS:
+            return None
+        result, self._pending = self._pending, None
+        return result
+
+    def close(self) -> None:
+        self._pending = None
+
+
+class ThreadedRunner:
+    """A daemon thread that runs the policy; results are handed over through a queue."""
+
+    def __init__(self, runner: PolicyRunner, clock_now: Any) -> None:
+        self.runner = runner
+        self._now = clock_now
+        self._requests: queue.SimpleQueue[InferenceRequest | None] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[InferenceResult] = queue.SimpleQueue()
+        self._busy = False  # touched by the control thread only
+        self._thread = threading.Thread(target=self._loop, name="edge-inference", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def submit(self, request: InferenceRequest) -> None:
+        if self._busy:
+            raise RuntimeError("an inference is already in flight; wait for poll() to return it")
+        self._busy = True
+        self._requests.put(request)
+
+    def poll(self, now: float) -> InferenceResult | None:
+        try:
+            result = self._results.get_nowait()
+        except queue.Empty:
+            return None
+        self._busy = False
+        return result
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._thread.join(timeout=5.0)
+        if self._thread.is_alive():
+            log.warning("inference thread still busy after 5 s; leaving it (daemon) to finish")
+
+    def _loop(self) -> None:
+        while (request := self._requests.get()) is not None:
+            try:
+                result = self.runner.run(request)
+            except Exception as exc:  # never leave the node waiting on a dead thread
+                log.exception("inference thread failed on chunk %d", request.chunk_id)
+                result = InferenceResult(request, None, self.runner.version, 0.0, error=f"inference thread: {exc}")
+            result.ready_time_s = self._now()
+            result.latency_s = result.ready_time_s - request.request_time_s
+            self._results.put(result)
+
+
+def make_worker(
+    policy: ChunkPolicy, version: int, action_dim: int, clock: Clock, config: EdgeConfig
+) -> VirtualLatencyRunner | ThreadedRunner:
+    """The runner the config asks for; "auto" = virtual on a virtual clock, thread on the wall clock."""
+    runner = PolicyRunner(policy, version, action_dim)
+    kind = config.inference_runner
+    if kind == "auto":
+        kind = "virtual" if clock.is_virtual else "thread"
+    if kind == "thread":
+        if clock.is_virtual:
+            log.warning("threaded inference on a virtual clock: chunks arrive after wall time, not virtual time")
+        return ThreadedRunner(runner, clock.now)
+    return VirtualLatencyRunner(runner, LatencyModel.from_config(config))

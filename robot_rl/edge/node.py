@@ -1,0 +1,498 @@
+"""EdgeNode: the control loop of one robot, following DESIGN.md's timing contract.
+
+Each tick (1/fps):
+  1. wait for the tick's scheduled time (wall clock: sleep; virtual clock: jump) and
+     measure how late it started;
+  2. run the ``on_tick`` hook (benchmarks perturb the world here), read the observation;
+  3. collect a finished chunk and splice it, then ask for a new one if
+     ``remaining <= threshold`` and the worker is idle (then collect again, so a
+     zero-latency runner lands in the same tick);
+  4. pick the action: the human's if intervening, else the queue's head, else hold the
+     last commanded position (a stall, or a wait by design);
+  5. clamp the per-tick joint change, send it, record a Step.
+
+The control loop never waits for inference (the worker computes off this thread or in
+virtual time), the network or the disk (``step_sink`` must only enqueue). The three modes
+run this same loop; ``ModeRules`` holds their few differences.
+
+Time alignment (ticks): a request at tick n notes the executed index k and the delay
+estimate d. With roll-forward the policy gets the target planned for tick n+d-1, i.e.
+chunk[k+d], and the new chunk's action 0 is meant for tick n+d; without it the policy gets
+the measured state and action 0 is meant for tick n. When the chunk can be used at tick
+m = n + d' (d' = measured delay), actions meant for ticks before m are stale and dropped
+(async_naive drops d'; async_rollforward drops d'-d, or keeps the old plan for d-d' more
+ticks if the chunk came early). Sync holds while the chunk is computed, so its chunk
+starts at index 0 on arrival and nothing is stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from hardware.robot import InvalidActionError, Observation, Robot, validate_action
+from policies.base import ChunkPolicy
+from robot_rl.core.clock import Clock
+from robot_rl.core.types import Episode, Step
+from robot_rl.edge.action_queue import ActionQueue, QueuedAction
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.delay import DelayEstimator
+from robot_rl.edge.inference import InferenceRequest, InferenceResult, InferenceWorker, PolicySwap, make_worker
+from robot_rl.edge.safety import JointDeltaClamp
+from robot_rl.edge.stats import ChunkRecord, EdgeStats
+
+log = logging.getLogger(__name__)
+
+
+class EpisodeTask(Protocol):
+    """Reward and success of the current episode (the sim robot provides both)."""
+
+    def reward(self) -> float: ...
+
+    def is_success(self) -> bool: ...
+
+
+Intervention = Callable[[Observation], "np.ndarray | None"]  # human action, or None = policy drives
+StepSink = Callable[[Step], None]  # must not block: enqueue and return
+TickHook = Callable[["EdgeNode", int], None]  # runs at the start of each tick, before the observation
+DonePredicate = Callable[[Step], bool]
+
+
+def at_tick(tick: int, action: Callable[[EdgeNode], Any]) -> TickHook:
+    """An ``on_tick`` hook that runs ``action(node)`` once, at ``tick`` (e.g. move the target)."""
+
+    def hook(node: EdgeNode, now_tick: int) -> None:
+        if now_tick == tick:
+            action(node)
+
+    return hook
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """What this tick executes and why."""
+
+    action: np.ndarray
+    policy_action: np.ndarray | None = None
+    source: QueuedAction | None = None
+    is_intervention: bool = False
+    stall: bool = False
+    waiting: bool = False
+
+
+class EdgeNode:
+    """Runs one robot with a chunking policy under the timing contract; see the module doc."""
+
+    def __init__(
+        self,
+        robot: Robot,
+        policy: ChunkPolicy,
+        clock: Clock,
+        config: EdgeConfig | None = None,
+        *,
+        task: EpisodeTask | None = None,
+        intervention: Intervention | None = None,
+        step_sink: StepSink | None = None,
+        on_tick: TickHook | None = None,
+        done: DonePredicate | None = None,
+        policy_version: int = 0,
+        worker: InferenceWorker | None = None,
+        robot_id: str | None = None,
+    ) -> None:
+        self.robot = robot
+        self.clock = clock
+        self.config = config or EdgeConfig()
+        self.rules = self.config.rules
+        self.task = task
+        self.intervention = intervention
+        self.step_sink = step_sink
+        self.on_tick = on_tick
+        self.done = done
+        self.robot_id = robot_id or getattr(robot, "name", "robot")
+        self.instruction = ""
+
+        self._joint_names = tuple(robot.joint_names)
+        action_dim = len(self._joint_names)
+        policy_dim = getattr(policy, "action_dim", action_dim)
+        if policy_dim != action_dim:
+            raise ValueError(
+                f"policy predicts {policy_dim}-dim actions but robot {self.robot_id!r} has {action_dim} joints "
+                f"{list(self._joint_names)}; use a policy trained for this robot"
+            )
+        robot_fps = getattr(robot, "fps", self.config.fps)
+        if robot_fps != self.config.fps:
+            log.warning("robot %s runs at %s fps but the edge ticks at %d fps", self.robot_id, robot_fps, self.config.fps)
+        self._lower, self._upper = (np.asarray(x, dtype=np.float32) for x in robot.joint_limits)
+
+        self.worker: InferenceWorker = worker or make_worker(policy, policy_version, action_dim, clock, self.config)
+        self.queue = ActionQueue()
+        self.delay = DelayEstimator(self.config.delay_window, self.config.delay_quantile, self.config.delay_prior_ticks)
+        self.clamp = JointDeltaClamp(self.config.max_joint_delta_per_tick, action_dim)
+        self.stats = EdgeStats()
+
+        self._policy_version = policy_version
+        self._pending_swap: PolicySwap | None = None
+        self._swap_lock = threading.Lock()  # request_policy_swap may come from a loader thread
+        self._next_chunk_id = 0
+        self._generation = 0
+        self._last_tick_time: float | None = None
+        self.reset_episode("")
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def tick_index(self) -> int:
+        """The tick the next call to ``tick`` will execute (0 at the start of an episode)."""
+        return self._tick
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights that produced the most recent chunk."""
+        return self._policy_version
+
+    @property
+    def last_command(self) -> np.ndarray | None:
+        """The joint target sent last (what the robot holds when nothing is planned)."""
+        return self._hold
+
+    def request_threshold(self) -> int:
+        """Ask for a new chunk when at most this many actions remain.
+
+        Sync: 0 (its queue holds only the execution horizon). Async: the configured value,
+        or delay estimate + margin, so the chunk lands before the old one runs out.
+        """
+        if self.rules.waits_for_chunk:
+            return 0
+        if self.config.request_threshold is not None:
+            return self.config.request_threshold
+        return self.delay.estimate() + self.config.threshold_margin
+
+    def request_policy_swap(self, new: ChunkPolicy | Mapping[str, Any], version: int) -> None:
+        """Use ``new`` (a policy, or a state dict for the current one) from the next chunk on.
+
+        Applied by the inference worker right before it computes the next chunk, so it
+        never happens mid-chunk and never on the control thread (no late tick). The
+        latest request wins if several arrive between two chunks.
+        """
+        if hasattr(new, "predict_chunk"):
+            swap = PolicySwap(version=version, policy=new)  # type: ignore[arg-type]
+        elif isinstance(new, Mapping):
+            swap = PolicySwap(version=version, state_dict=new)
+        else:
+            raise TypeError(f"request_policy_swap needs a ChunkPolicy or a state dict, got {type(new).__name__}")
+        with self._swap_lock:
+            self._pending_swap = swap
+
+    def reset_episode(self, instruction: str = "") -> None:
+        """Start a new episode: empty plan, tick 0 now, answers to old requests ignored."""
+        self.instruction = instruction
+        self.queue.clear()
+        self._generation += 1
+        self._tick = 0
+        # The first tick of a new episode comes one period after the last tick, not at
+        # the same instant (a virtual clock has not moved during the reset).
+        last = self._last_tick_time
+        self._t0 = self.clock.now() if last is None else max(self.clock.now(), last + self.config.period_s)
+        self._hold: np.ndarray | None = None
+        self._had_chunk = False
+        self._episode_limit: int | None = None
+
+    def tick(self) -> Step:
+        """Run one control tick and return its Step."""
+        n = self._tick
+        time_s, lateness = self._wait_for_tick(n)
+        if self.on_tick is not None:
+            self.on_tick(self, n)
+        obs = self.robot.get_observation()
+        state = np.asarray(obs["state"], dtype=np.float32).copy()
+        if self._hold is None:
+            self._hold = state.copy()  # first tick: "hold" means stay where the arm is
+        human = self._read_human(obs)
+
+        self._collect(n)
+        self._maybe_request(n, obs, state, intervening=human is not None)
+        self._collect(n)
+
+        choice = self._choose(human)
+        sent = self._send(choice)
+        step = self._record(n, time_s, lateness, obs, state, choice, sent)
+        self._tick += 1
+        return step
+
+    def run_episode(
+        self,
+        max_steps: int,
+        instruction: str = "",
+        *,
+        episode_id: int = 0,
+        seed: int | None = None,
+        task_family: str = "",
+    ) -> Episode:
+        """Tick until the done predicate (default: task success) or ``max_steps``.
+
+        Reset the task (e.g. ``sim.reset(...)``) before calling; pass its instruction.
+        The last Step is marked done whether the episode succeeded or was cut at max_steps.
+        """
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if not getattr(self.robot, "is_connected", True):
+            raise RuntimeError(f"robot {self.robot_id!r} is not connected; call robot.connect() first")
+        self.reset_episode(instruction)
+        self._episode_limit = max_steps
+        episode = Episode(self.robot_id, episode_id, instruction, task_family=task_family, seed=seed)
+        for _ in range(max_steps):
+            step = self.tick()
+            episode.steps.append(step)
+            if step.done:
+                break
+        episode.success = any(s.success for s in episode.steps)
+        return episode
+
+    def close(self) -> None:
+        """Stop the inference worker (joins its thread, if any)."""
+        self.worker.close()
+
+    def __enter__(self) -> EdgeNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- timing
+
+    def _wait_for_tick(self, n: int) -> tuple[float, float]:
+        """Sleep until tick n's scheduled time; return (start time, lateness).
+
+        A tick more than a whole period late re-anchors the schedule instead of firing a
+        burst of catch-up ticks, which would run the arm's plan faster than planned.
+        """
+        scheduled = self._t0 + n * self.config.period_s
+        self.clock.sleep_until(scheduled)
+        now = self.clock.now()
+        lateness = max(0.0, now - scheduled)
+        if lateness * 1000.0 > self.config.late_threshold_ms:
+            self.stats.late_ticks += 1
+            if lateness >= self.config.period_s:
+                log.warning("tick %d started %.1f ms late; re-anchoring the schedule", n, lateness * 1000.0)
+                self._t0 += lateness
+        self.stats.max_lateness_s = max(self.stats.max_lateness_s, lateness)
+        self._last_tick_time = now
+        return now, lateness
+
+    # ----------------------------------------------------------------- inference
+
+    def _maybe_request(self, n: int, obs: Observation, state: np.ndarray, intervening: bool) -> None:
+        if self.worker.busy or self.queue.remaining > self.request_threshold():
+            return
+        estimate = self.delay.estimate()
+        last = self.queue.last_taken
+        executed_index = last.chunk_index if last is not None else -1
+        holding = self.queue.remaining == 0 and not intervening
+
+        if not self.rules.drops_stale or holding:
+            # The arm stands still until the chunk arrives, so none of it can go stale.
+            delay_used, policy_state, rolled, start = 0, state, None, None
+        elif self.rules.rolls_forward and not intervening:
+            delay_used = estimate
+            target = self.queue.planned_target(estimate)
+            target = self._hold if target is None else target  # nothing taken yet: where it stands
+            rolled = np.clip(target, self._lower, self._upper).astype(np.float32)
+            policy_state, start = rolled, n + estimate
+        else:
+            # async_naive, or a human driving (their future is unknown): measured state.
+            delay_used, policy_state, rolled, start = 0, state, None, n
+
+        request = InferenceRequest(
+            chunk_id=self._next_chunk_id,
+            request_tick=n,
+            request_time_s=self.clock.now(),
+            images=obs["images"],
+            state=policy_state,
+            instruction=self.instruction,
+            executed_index=executed_index,
+            delay_ticks=delay_used,
+            delay_estimate=estimate,
+            start_tick=start,
+            rolled_state=rolled,
+            generation=self._generation,
+            swap=self._take_swap(),
+        )
+        self._next_chunk_id += 1
+        self.stats.inferences += 1
+        self.stats.delay_estimates.append(estimate)
+        self.stats.chunks.append(
+            ChunkRecord(request.chunk_id, n, executed_index, estimate, delay_used, start, policy_state, self.queue.remaining)
+        )
+        self.worker.submit(request)
+
+    def _take_swap(self) -> PolicySwap | None:
+        with self._swap_lock:
+            swap, self._pending_swap = self._pending_swap, None
+        return swap
+
+    def _collect(self, n: int) -> None:
+        """Take a finished inference, if any, and splice it into the queue."""
+        result = self.worker.poll(self.clock.now())
+        if result is None:
+            return
+        request = result.request
+        if request.generation != self._generation:
+            log.debug("dropping chunk %d: it was requested in a previous episode", request.chunk_id)
+            return
+        measured = n - request.request_tick
+        self.delay.observe(measured)
+        self.stats.measured_delays.append(measured)
+        self.stats.inference_latency_s.append(result.latency_s)
+        self._note_swap(result)
+        record = self._record_for(request.chunk_id)
+        if record is not None:
+            record.arrival_tick, record.measured_delay = n, measured
+            record.policy_version, record.latency_s, record.compute_s = (
+                result.policy_version, result.latency_s, result.compute_s)
+        if result.chunk is None:
+            self.stats.chunks_rejected += 1
+            if record is not None:
+                record.error = result.error
+            log.error("chunk %d rejected, not executed (the current plan continues): %s", request.chunk_id, result.error)
+            return
+        self._splice(n, result, record)
+
+    def _note_swap(self, result: InferenceResult) -> None:
+        if result.request.swap is None:
+            return
+        if result.swap_error is not None:
+            self.stats.swap_failures += 1
+        else:
+            self.stats.swaps += 1
+        self._policy_version = result.policy_version
+
+    def _splice(self, n: int, result: InferenceResult, record: ChunkRecord | None) -> None:
+        chunk, request = result.chunk, result.request
+        assert chunk is not None
+        offset = 0 if request.start_tick is None else request.start_tick - n
+        stale, keep = max(0, -offset), max(0, offset)
+        limit = self.config.execution_horizon if self.rules.waits_for_chunk else None
+        usable = chunk.horizon if limit is None else min(limit, chunk.horizon)
+        if stale >= usable:
+            self.stats.chunks_expired += 1
+            log.warning(
+                "chunk %d arrived %d ticks late with only %d usable actions; all stale, discarded",
+                chunk.chunk_id, stale, usable)
+            return
+        queued = self.queue.splice(
+            chunk, stale=stale, keep=keep, limit=limit, blend_ticks=self.config.blend_ticks, hold=self._hold
+        )
+        self._policy_version = chunk.policy_version
+        self._had_chunk = True
+        self.stats.chunks_spliced += 1
+        self.stats.stale_actions_dropped += stale
+        if record is not None:
+            record.stale_dropped, record.old_kept, record.queued = stale, self.queue.remaining - queued, queued
+
+    def _record_for(self, chunk_id: int) -> ChunkRecord | None:
+        # Requests are answered in order and one at a time: the answer is the newest record.
+        for record in reversed(self.stats.chunks):
+            if record.chunk_id == chunk_id:
+                return record
+        return None
+
+    # ----------------------------------------------------------------- acting
+
+    def _read_human(self, obs: Observation) -> np.ndarray | None:
+        """The teleop action, if a human is intervening. A failing device holds the arm
+        (counted as an invalid human action) rather than silently handing back to the policy."""
+        if self.intervention is None:
+            return None
+        try:
+            return self.intervention(obs)
+        except Exception:
+            self.stats.invalid_human_actions += 1
+            log.exception("intervention provider failed at tick %d; holding", self._tick)
+            return self._hold
+
+    def _choose(self, human: np.ndarray | None) -> _Choice:
+        """Arbiter: human > queue head > hold. The queue advances even under a human,
+        so its plan stays aligned with time and the policy's would-be action is recorded."""
+        planned = self.queue.take()
+        if human is not None:
+            shadow = planned.policy_action if planned is not None else None
+            return _Choice(np.asarray(human), policy_action=shadow, is_intervention=True)
+        if planned is not None:
+            return _Choice(planned.action, policy_action=planned.policy_action, source=planned)
+        assert self._hold is not None
+        waiting = self.worker.busy and (self.rules.waits_for_chunk or not self._had_chunk)
+        return _Choice(self._hold, stall=not waiting, waiting=waiting)
+
+    def _send(self, choice: _Choice) -> np.ndarray:
+        """Clamp, send, and remember what was actually commanded (the next hold position)."""
+        assert self._hold is not None
+        target = choice.action
+        if choice.is_intervention:
+            try:
+                target = validate_action(target, self._joint_names)
+            except InvalidActionError as exc:
+                self.stats.invalid_human_actions += 1
+                log.error("teleop action rejected, holding instead: %s", exc)
+                target = self._hold
+        target = self.clamp(np.asarray(target, dtype=np.float32), self._hold)
+        sent = np.asarray(self.robot.send_action(target), dtype=np.float32)
+        self._hold = sent.copy()
+        return sent
+
+    def _record(
+        self, n: int, time_s: float, lateness: float, obs: Observation, state: np.ndarray, choice: _Choice,
+        sent: np.ndarray,
+    ) -> Step:
+        source = choice.source
+        reward = float(self.task.reward()) if self.task is not None else 0.0
+        success = bool(self.task.is_success()) if self.task is not None else False
+        step = Step(
+            tick=n,
+            time_s=time_s,
+            state=state,
+            action=sent,
+            images=obs["images"],
+            instruction=self.instruction,
+            policy_action=None if choice.policy_action is None else np.array(choice.policy_action, dtype=np.float32),
+            is_intervention=choice.is_intervention,
+            reward=reward,
+            success=success,
+            policy_version=source.policy_version if source is not None else self._policy_version,
+            chunk_id=source.chunk_id if source is not None else -1,
+            chunk_index=source.chunk_index if source is not None else -1,
+            delay_ticks=source.delay_ticks if source is not None else 0,
+            rolled_state=source.rolled_state if source is not None else None,
+            stall=choice.stall,
+            lateness_s=lateness,
+        )
+        step.done = self._is_done(step)
+        self._count(choice)
+        self._emit(step)
+        return step
+
+    def _is_done(self, step: Step) -> bool:
+        if self._episode_limit is not None and step.tick + 1 >= self._episode_limit:
+            return True
+        if self.done is not None:
+            return bool(self.done(step))
+        return step.success
+
+    def _count(self, choice: _Choice) -> None:
+        self.stats.ticks += 1
+        self.stats.stall_ticks += choice.stall
+        self.stats.wait_ticks += choice.waiting
+        self.stats.intervention_ticks += choice.is_intervention
+
+    def _emit(self, step: Step) -> None:
+        if self.step_sink is None:
+            return
+        try:
+            self.step_sink(step)
+        except Exception:  # recording trouble must not stop the arm mid-motion
+            self.stats.sink_errors += 1
+            log.exception("step_sink failed at tick %d; the robot keeps running", step.tick)

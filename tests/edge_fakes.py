@@ -1,0 +1,159 @@
+"""Test-only stand-ins for the edge runtime tests: a kinematic robot and deterministic policies.
+
+The kinematic robot reaches every commanded target within one tick (no physics), so
+the measured state after tick t is exactly the action sent at tick t: timing logic can
+be checked without a simulator. The encoding policy writes (call number, chunk index)
+into every action, so each executed action says exactly where it came from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from hardware.robot import Observation, features_for, validate_action
+
+CODE = 1000  # action value = base + CODE * call + index
+
+
+class KinematicRobot:
+    """Position-controlled arm that is at its last target: state(t+1) = clip(action(t))."""
+
+    name = "kinematic"
+    camera_names = ("front",)
+
+    def __init__(self, num_joints: int = 6, fps: int = 30, limit: float = 1e7, start: float = 0.0) -> None:
+        self.fps = fps
+        self.joint_names = tuple(f"j{i}" for i in range(num_joints))
+        self._lower = np.full(num_joints, -limit, dtype=np.float32)
+        self._upper = np.full(num_joints, limit, dtype=np.float32)
+        self.state = np.full(num_joints, start, dtype=np.float32)
+        self.sent: list[np.ndarray] = []
+        self._connected = True
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connected
+
+    @property
+    def joint_limits(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._lower, self._upper
+
+    @property
+    def observation_features(self) -> dict:
+        return features_for(self.joint_names, {"front": (4, 4)})[0]
+
+    @property
+    def action_features(self) -> dict:
+        return features_for(self.joint_names, {"front": (4, 4)})[1]
+
+    def connect(self) -> None:
+        self._connected = True
+
+    def disconnect(self) -> None:
+        self._connected = False
+
+    def get_observation(self) -> Observation:
+        return {"images": {"front": np.zeros((4, 4, 3), dtype=np.uint8)}, "state": self.state.copy()}
+
+    def send_action(self, action: np.ndarray) -> np.ndarray:
+        arr = np.clip(validate_action(action, self.joint_names), self._lower, self._upper)
+        self.state = arr.copy()
+        self.sent.append(arr.copy())
+        return arr
+
+
+class EncodingPolicy:
+    """Chunk of call c: every joint of action i equals ``base + CODE * c + i``.
+
+    Remembers the state and instruction of every call. ``load_state_dict({"base": b})``
+    stands in for new weights (the output changes visibly).
+    """
+
+    def __init__(self, chunk_size: int = 20, action_dim: int = 6, base: float = 0.0) -> None:
+        self.chunk_size = chunk_size
+        self.action_dim = action_dim
+        self.base = base
+        self.calls = 0
+        self.states: list[np.ndarray] = []
+        self.instructions: list[str] = []
+
+    def predict_chunk(self, observation: dict, state: np.ndarray, instruction: str) -> np.ndarray:
+        self.states.append(np.array(state, dtype=np.float32))
+        self.instructions.append(instruction)
+        values = self.base + CODE * self.calls + np.arange(self.chunk_size, dtype=np.float32)
+        self.calls += 1
+        return np.repeat(values[:, None], self.action_dim, axis=1).astype(np.float32)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.base = float(state_dict["base"])
+
+    def save_pretrained(self, directory: str) -> None:  # protocol completeness
+        pass
+
+
+def decode(action: np.ndarray, base: float = 0.0) -> tuple[int, int]:
+    """(call number, chunk index) of an action produced by EncodingPolicy."""
+    value = int(round(float(action[0]) - base))
+    return value // CODE, value % CODE
+
+
+class FaultyPolicy(EncodingPolicy):
+    """EncodingPolicy that misbehaves on chosen calls: "nan", "shape" or "raise"."""
+
+    def __init__(self, faults: dict[int, str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.faults = faults
+
+    def predict_chunk(self, observation: dict, state: np.ndarray, instruction: str) -> np.ndarray:
+        fault = self.faults.get(self.calls)
+        chunk = super().predict_chunk(observation, state, instruction)
+        if fault == "nan":
+            chunk[3, 1] = np.nan
+        elif fault == "shape":
+            chunk = chunk[:, :-1]
+        elif fault == "raise":
+            raise RuntimeError("simulated policy crash")
+        return chunk
+
+
+class SlowPolicy(EncodingPolicy):
+    """Really takes ``compute_s`` per chunk, for the threaded runner on the wall clock."""
+
+    def __init__(self, compute_s: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.compute_s = compute_s
+
+    def predict_chunk(self, observation: dict, state: np.ndarray, instruction: str) -> np.ndarray:
+        time.sleep(self.compute_s)
+        return super().predict_chunk(observation, state, instruction)
+
+
+class ScriptedLatency:
+    """Latency model that returns the given latencies (ms) in order, then repeats the last."""
+
+    def __init__(self, latencies_ms: Sequence[float]) -> None:
+        self.latencies_ms = list(latencies_ms)
+        self.calls = 0
+
+    def sample_s(self, compute_s: float = 0.0) -> float:
+        ms = self.latencies_ms[min(self.calls, len(self.latencies_ms) - 1)]
+        self.calls += 1
+        return ms / 1000.0
+
+
+class CountingTask:
+    """Succeeds from tick ``success_tick`` on (counted by reward() calls, one per tick)."""
+
+    def __init__(self, success_tick: int) -> None:
+        self.success_tick = success_tick
+        self.ticks = 0
+
+    def reward(self) -> float:
+        self.ticks += 1
+        return 1.0 if self.is_success() else 0.0
+
+    def is_success(self) -> bool:
+        return self.ticks > self.success_tick

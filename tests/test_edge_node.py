@@ -1,0 +1,297 @@
+"""EdgeNode timing contract on the virtual clock: exact ticks, indices, delays and states.
+
+Conventions used below (30 fps): 200 ms of simulated latency = 6 ticks, 100 ms = 3.
+EncodingPolicy's action i of call c is CODE*c + i on every joint, so ``decode`` tells
+which chunk (call) and index every executed action came from.
+"""
+
+import numpy as np
+import pytest
+
+from robot_rl.core.clock import VirtualClock, WallClock
+from robot_rl.edge import EdgeConfig, EdgeNode, PolicyRunner, VirtualLatencyRunner, at_tick
+from tests.edge_fakes import CountingTask, EncodingPolicy, FaultyPolicy, KinematicRobot, ScriptedLatency, SlowPolicy, decode
+
+
+def make_node(mode="async_naive", latency_ms=200.0, policy=None, latencies=None, **cfg):
+    robot = KinematicRobot()
+    policy = policy or EncodingPolicy(chunk_size=20)
+    config = EdgeConfig(mode=mode, simulated_latency_ms=latency_ms, **cfg)
+    worker = None
+    if latencies is not None:
+        worker = VirtualLatencyRunner(PolicyRunner(policy, 0, 6), ScriptedLatency(latencies))
+    node = EdgeNode(robot, policy, VirtualClock(), config, worker=worker)
+    return node, robot, policy
+
+
+def run(node, ticks):
+    return [node.tick() for _ in range(ticks)]
+
+
+def executed(steps):
+    """(tick, call, index) of each step that executed a policy action."""
+    return [(s.tick, *decode(s.action)) for s in steps if s.chunk_id >= 0]
+
+
+# ----------------------------------------------------------------------------- request and splice
+
+
+def test_first_chunk_waits_then_runs_from_index_zero():
+    node, robot, _ = make_node(latency_ms=200.0, request_threshold=8)
+    steps = run(node, 10)
+    assert [s.chunk_id for s in steps[:6]] == [-1] * 6  # waiting for the first chunk
+    assert not any(s.stall for s in steps[:6]) and node.stats.wait_ticks == 6
+    assert [decode(s.action) for s in steps[6:]] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert steps[6].chunk_index == 0 and steps[6].policy_version == 0
+
+
+def test_request_when_remaining_reaches_threshold_and_notes_k():
+    node, _, _ = make_node(latency_ms=200.0, request_threshold=8)
+    run(node, 20)
+    first, second = list(node.stats.chunks)[:2]
+    assert first.request_tick == 0 and first.executed_index == -1
+    # chunk 0 runs from tick 6; at the start of tick 18 it has 20 - 12 = 8 actions left
+    assert second.request_tick == 18
+    assert second.remaining_at_request == 8
+    assert second.executed_index == 11  # chunk 0 index executed at tick 17
+
+
+def test_naive_drops_first_d_prime_actions_and_executes_chunk_at_d_prime():
+    node, _, policy = make_node(latency_ms=200.0, request_threshold=8)
+    steps = run(node, 30)
+    record = node.stats.chunks[1]
+    assert record.arrival_tick == 24 and record.measured_delay == 6
+    assert record.stale_dropped == 6
+    by_tick = {t: (c, i) for t, c, i in executed(steps)}
+    assert [by_tick[t] for t in range(18, 24)] == [(0, i) for i in range(12, 18)]  # old chunk keeps running
+    assert by_tick[24] == (1, 6)  # exactly chunk[d']
+    assert by_tick[25] == (1, 7)
+    # naive mode gives the policy the measured state: the target executed at tick 17
+    assert np.array_equal(policy.states[1], np.full(6, 11.0, np.float32))
+
+
+def test_rollforward_state_is_chunk_at_k_plus_d_and_on_time_chunk_starts_at_zero():
+    node, _, policy = make_node("async_rollforward", latency_ms=200.0, request_threshold=8)
+    steps = run(node, 30)
+    record = node.stats.chunks[1]
+    k, d = record.executed_index, record.delay_used
+    assert (record.request_tick, k, d) == (18, 11, 6)  # d learnt from the first inference
+    assert np.array_equal(policy.states[1], np.full(6, k + d, np.float32))  # chunk 0 action k+d
+    assert np.array_equal(record.policy_state, policy.states[1])
+    assert record.measured_delay == 6 and record.stale_dropped == 0 and record.old_kept == 0
+    by_tick = {t: (c, i) for t, c, i in executed(steps)}
+    assert by_tick[23] == (0, k + d)  # the state the policy was told about...
+    assert by_tick[24] == (1, 0)  # ...is exactly where the new chunk starts
+    seam = steps[24]
+    assert seam.delay_ticks == 6 and np.array_equal(seam.rolled_state, policy.states[1])
+
+
+def test_rollforward_late_chunk_drops_only_the_extra_delay():
+    # first inference 6 ticks (d becomes 6), second 9 ticks: 3 ticks later than planned
+    node, _, _ = make_node("async_rollforward", latencies=[200.0, 300.0], request_threshold=10)
+    steps = run(node, 30)
+    record = node.stats.chunks[1]
+    assert (record.request_tick, record.executed_index, record.delay_used) == (16, 9, 6)
+    assert record.arrival_tick == 25 and record.measured_delay == 9
+    assert record.stale_dropped == 3
+    by_tick = {t: (c, i) for t, c, i in executed(steps)}
+    assert by_tick[24] == (0, 18)
+    assert by_tick[25] == (1, 3)
+    assert node.stats.stall_ticks == 0
+
+
+def test_rollforward_early_chunk_waits_for_its_start_tick():
+    # second inference takes 3 ticks although d = 6 was planned for
+    node, _, _ = make_node("async_rollforward", latencies=[200.0, 100.0], request_threshold=10)
+    steps = run(node, 30)
+    record = node.stats.chunks[1]
+    assert record.arrival_tick == 19 and record.old_kept == 3 and record.stale_dropped == 0
+    by_tick = {t: (c, i) for t, c, i in executed(steps)}
+    assert [by_tick[t] for t in range(16, 22)] == [(0, i) for i in range(10, 16)]  # through k+d = 15
+    assert by_tick[22] == (1, 0)
+
+
+def test_adaptive_threshold_is_delay_estimate_plus_margin():
+    node, _, _ = make_node("async_rollforward", latency_ms=200.0, threshold_margin=2)
+    run(node, 100)
+    later = list(node.stats.chunks)[1:]
+    assert later, "expected several inferences"
+    for record in later:
+        assert record.delay_estimate == 6
+        assert record.remaining_at_request == 6 + 2  # asked at the first tick it was allowed to
+    assert node.stats.stall_ticks == 0
+
+
+# ----------------------------------------------------------------------------- watchdog and safety
+
+
+def test_empty_queue_holds_last_command_and_counts_stalls():
+    node, robot, _ = make_node(latency_ms=200.0, request_threshold=0)
+    steps = run(node, 34)
+    # chunk 0 runs ticks 6..25; the next request only happens at tick 26 with an empty queue
+    stalls = [s.tick for s in steps if s.stall]
+    assert stalls == list(range(26, 32))
+    assert node.stats.stall_ticks == 6 and node.stats.wait_ticks == 6
+    for s in steps[26:32]:
+        assert np.array_equal(s.action, np.full(6, 19.0)) and s.chunk_id == -1 and s.policy_action is None
+    # the robot stood still, so nothing of the new chunk is stale: it starts at index 0
+    assert decode(steps[32].action) == (1, 0)
+
+
+@pytest.mark.parametrize("fault", ["nan", "shape", "raise"])
+def test_invalid_chunk_is_rejected_never_sent_and_the_plan_continues(fault):
+    policy = FaultyPolicy({1: fault}, chunk_size=20)
+    node, robot, _ = make_node(latency_ms=100.0, request_threshold=8, policy=policy)
+    steps = run(node, 30)
+    # chunk 0 runs from tick 3; chunk 1 is asked for at tick 15 and comes back bad at tick 18
+    bad, retry = node.stats.chunks[1], node.stats.chunks[2]
+    assert (bad.request_tick, bad.arrival_tick, bad.queued) == (15, 18, 0)
+    assert {"nan": "NaN", "shape": "shape (20, 5)", "raise": "raised RuntimeError"}[fault] in bad.error
+    assert node.stats.chunks_rejected == 1
+    assert all(np.isfinite(a).all() and a.shape == (6,) for a in robot.sent)
+    assert all(s.chunk_id != bad.chunk_id for s in steps)
+    by_tick = {t: (c, i) for t, c, i in executed(steps)}
+    assert [by_tick[t] for t in range(15, 21)] == [(0, i) for i in range(12, 18)]  # old chunk kept running
+    assert retry.request_tick == 18 and by_tick[21] == (2, 3)  # retried at once, spliced normally
+    assert node.stats.stall_ticks == 0
+
+
+def test_joint_delta_clamp_bounds_every_executed_step():
+    node, robot, _ = make_node(latency_ms=100.0, max_joint_delta_per_tick=2.5)
+    run(node, 80)  # chunk 1 jumps from ~20 to 1000+: the clamp must smooth it
+    trajectory = np.stack([np.zeros(6, np.float32)] + robot.sent)
+    assert np.abs(np.diff(trajectory, axis=0)).max() <= 2.5 + 1e-4
+    assert trajectory[-1, 0] > 100  # and it still moves towards the targets
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+def test_sync_loses_latency_ticks_per_chunk_while_async_loses_none():
+    sync, _, _ = make_node("sync", latency_ms=200.0)
+    sync_steps = run(sync, 120)
+    # 6 waiting ticks, 20 actions, 6 waiting ticks, 20 actions, ...
+    assert sync.stats.wait_ticks == 6 * 5 and sync.stats.stall_ticks == 0
+    waits = [s.tick for s in sync_steps if s.chunk_id < 0]
+    assert waits == [t for start in (0, 26, 52, 78, 104) for t in range(start, start + 6)]
+    assert all(decode(s.action)[1] == (s.tick - 6) % 26 for s in sync_steps if s.chunk_id >= 0)
+
+    for mode in ("async_naive", "async_rollforward"):
+        node, _, _ = make_node(mode, latency_ms=200.0)
+        steps = run(node, 120)
+        assert node.stats.wait_ticks == 6  # only the very first chunk
+        assert node.stats.stall_ticks == 0
+        assert all(s.chunk_id >= 0 for s in steps[6:])
+
+
+def test_sync_executes_its_execution_horizon_then_waits_with_measured_state():
+    node, _, policy = make_node("sync", latency_ms=100.0, execution_horizon=8)
+    steps = run(node, 3 + 8 + 3 + 8)
+    assert [decode(s.action) for s in steps[3:11]] == [(0, i) for i in range(8)]
+    assert [s.chunk_id for s in steps[11:14]] == [-1, -1, -1]
+    assert decode(steps[14].action) == (1, 0)  # nothing dropped in sync mode
+    assert np.array_equal(policy.states[1], np.full(6, 7.0, np.float32))  # where the arm stands
+
+
+# ----------------------------------------------------------------------------- weights, humans, episodes
+
+
+def test_weight_swap_applies_between_chunks_and_every_step_carries_its_version():
+    node, _, policy = make_node("async_rollforward", latency_ms=100.0)
+    node.on_tick = at_tick(10, lambda n: n.request_policy_swap({"base": 50000.0}, version=7))
+    steps = run(node, 60)
+    assert node.stats.swaps == 1
+    swapped = next(r for r in node.stats.chunks if r.policy_version == 7)
+    assert swapped.request_tick > 10  # the swap waited for the next request
+    for s in steps:
+        if s.chunk_id >= 0:
+            expected = 7 if s.chunk_id >= swapped.chunk_id else 0
+            assert s.policy_version == expected
+            base = 50000.0 if expected == 7 else 0.0
+            assert decode(s.action, base)[1] == s.chunk_index
+    changes = [b for a, b in zip(steps, steps[1:]) if a.policy_version != b.policy_version]
+    assert changes and all(s.chunk_index >= 0 and s.chunk_id == swapped.chunk_id for s in changes)
+    assert max(s.lateness_s for s in steps) == 0.0
+
+
+def test_swap_in_a_whole_policy_object():
+    node, _, _ = make_node(latency_ms=0.0)
+    node.request_policy_swap(EncodingPolicy(chunk_size=20, base=90000.0), version=2)
+    step = node.tick()
+    assert step.policy_version == 2 and decode(step.action, 90000.0) == (0, 0)
+    with pytest.raises(TypeError):
+        node.request_policy_swap(42, version=3)
+
+
+def test_intervention_overrides_the_policy_and_records_its_shadow_action():
+    human_action = np.full(6, -5.0, np.float32)
+    node, robot, _ = make_node(latency_ms=0.0)
+    node.intervention = lambda obs: human_action if 10 <= node.tick_index < 15 else None
+    steps = run(node, 20)
+    for s in steps[10:15]:
+        assert s.is_intervention and np.array_equal(s.action, human_action)
+        assert s.policy_action is not None and s.chunk_id == -1
+    assert not any(s.is_intervention for s in steps[:10] + steps[15:])
+    assert node.stats.intervention_ticks == 5
+
+
+def test_run_episode_with_task_hooks_and_sink():
+    robot = KinematicRobot()
+    task = CountingTask(success_tick=40)
+    seen_ticks, sunk = [], []
+    node = EdgeNode(
+        robot, EncodingPolicy(), VirtualClock(), EdgeConfig(simulated_latency_ms=150.0), task=task,
+        on_tick=lambda n, t: seen_ticks.append(t), step_sink=sunk.append,
+    )
+    episode = node.run_episode(200, "pick up the red cube", episode_id=3, seed=11)
+    assert episode.num_steps == 41 and episode.success and episode.steps[-1].done
+    assert not any(s.done for s in episode.steps[:-1])
+    assert seen_ticks == list(range(41)) and sunk == episode.steps
+    assert episode.steps[0].instruction == "pick up the red cube" and episode.seed == 11
+    assert all(s.time_s == pytest.approx(s.tick / 30) for s in episode.steps)
+    node.task = None
+    cut = node.run_episode(5, "again")
+    assert cut.num_steps == 5 and cut.steps[-1].done and cut.steps[0].tick == 0
+
+
+def test_answers_to_a_previous_episode_are_never_executed():
+    node, _, _ = make_node(latency_ms=300.0)
+    first = node.run_episode(20)  # chunk 1 is asked for at tick 18 and still in flight at the end
+    assert node.worker.busy
+    in_flight = node.stats.chunks[-1].chunk_id
+    second = node.run_episode(40)
+    assert in_flight not in {s.chunk_id for s in second.steps}
+    assert any(s.chunk_id > in_flight for s in second.steps)
+    assert second.steps[0].time_s == pytest.approx(first.steps[-1].time_s + 1 / 30)
+
+
+def test_policy_for_another_robot_is_refused():
+    with pytest.raises(ValueError, match="joints"):
+        EdgeNode(KinematicRobot(num_joints=6), EncodingPolicy(action_dim=7), VirtualClock())
+
+
+def test_threaded_runner_on_the_wall_clock_delivers_and_splices_chunks():
+    robot = KinematicRobot(fps=50)
+    policy = SlowPolicy(0.02, chunk_size=10)
+    with EdgeNode(robot, policy, WallClock(), EdgeConfig(fps=50, mode="async_rollforward")) as node:
+        episode = node.run_episode(30)
+    assert node.stats.chunks_spliced >= 2
+    assert any(s.chunk_id >= 0 for s in episode.steps)
+    assert all(np.isfinite(a).all() for a in robot.sent)
+
+
+def test_failing_teleop_holds_and_failing_sink_does_not_stop_the_robot():
+    node, robot, _ = make_node(latency_ms=0.0)
+    run(node, 5)
+
+    def broken_teleop(obs):
+        raise OSError("gamepad unplugged")
+
+    def broken_sink(step):
+        raise OSError("disk full")
+
+    node.intervention, node.step_sink = broken_teleop, broken_sink
+    before = robot.sent[-1].copy()
+    steps = run(node, 3)
+    assert all(np.array_equal(s.action, before) for s in steps)  # held, not handed back to the policy
+    assert node.stats.invalid_human_actions == 3 and node.stats.sink_errors == 3
