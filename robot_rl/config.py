@@ -56,3 +56,21 @@ def to_dataclass(node: DictConfig | dict[str, Any] | None, cls: type[T], **extra
         if isinstance(value, list) and isinstance(known[name].default, tuple):
             values[name] = tuple(value)
     return cls(**values)
+
+
+def split_learner_address(overrides: list[str]) -> tuple[str | None, list[str]]:
+    """Take ``learner=tcp://host:port`` out of the overrides.
+
+    ``learner`` is also the Hydra group that selects the learning algorithm
+    (``learner=rwr``); an override whose value is an address (has ``://``) names the
+    learner to connect to instead, so operators can type what the README shows.
+    """
+    address = None
+    rest = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.lstrip("+") in ("learner", "learner_address") and "://" in value:
+            address = value
+        else:
+            rest.append(item)
+    return address, rest

@@ -1,0 +1,78 @@
+"""Building blocks that turn inputs into tokens: camera images, and the flow time t.
+
+Images go through one small CNN shared by all cameras; a learned camera embedding tells
+the transformer which camera a token came from, and a learned position embedding where
+in the image_grid x image_grid feature grid it sits. A few tokens per camera keep the
+context short, so the model runs on a CPU at control rates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def images_to_float(images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 [B,H,W,3] (or float in 0..1, channels last or first) -> float [B,3,size,size] in -1..1."""
+    if images.ndim != 4:
+        raise ValueError(f"images must be a batch [B,H,W,3], got shape {tuple(images.shape)}")
+    if images.shape[-1] == 3:
+        images = images.permute(0, 3, 1, 2)
+    elif images.shape[1] != 3:
+        raise ValueError(f"images must have 3 colour channels (HxWx3), got shape {tuple(images.shape)}")
+    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    if x.shape[-2:] != (size, size):
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return x * 2.0 - 1.0
+
+
+class ImageEncoder(nn.Module):
+    """Shared CNN: [B, n_cams, 3, S, S] -> [B, n_cams * grid**2, d_model] tokens."""
+
+    def __init__(self, n_cameras: int, channels: tuple[int, ...], grid: int, d_model: int):
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for i, c_out in enumerate(channels):
+            stride = 2 if i < 3 else 1  # downsample 8x, then refine at that resolution
+            kernel = 5 if i == 0 else 3
+            layers += [
+                nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2),
+                nn.GroupNorm(min(8, c_out), c_out),  # per-sample: batch composition never changes a prediction
+                nn.SiLU(),
+            ]
+            c_in = c_out
+        self.cnn = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(grid)
+        self.proj = nn.Linear(c_in, d_model)
+        self.position = nn.Parameter(torch.randn(grid * grid, d_model) * 0.02)
+        self.camera = nn.Parameter(torch.randn(n_cameras, d_model) * 0.02)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        b, n_cams = images.shape[:2]
+        feats = self.pool(self.cnn(images.flatten(0, 1)))  # [B*n, C, g, g]
+        tokens = self.proj(feats.flatten(2).transpose(1, 2))  # [B*n, g*g, d]
+        tokens = tokens.view(b, n_cams, -1, tokens.shape[-1])
+        tokens = tokens + self.position[None, None] + self.camera[None, :, None]
+        return tokens.flatten(1, 2)
+
+
+class TimeEmbedding(nn.Module):
+    """Flow time t in [0, 1] -> d_model vector (sinusoidal features + MLP)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.d_model // 2
+        freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+        angles = 1000.0 * t.float()[:, None] * freqs[None]  # scale so that small changes of t are visible
+        feats = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        if feats.shape[-1] < self.d_model:
+            feats = F.pad(feats, (0, self.d_model - feats.shape[-1]))
+        return self.mlp(feats)

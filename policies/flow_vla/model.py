@@ -1,0 +1,268 @@
+"""FlowVLA: a small flow-matching vision-language-action policy that predicts action chunks.
+
+Data flow:
+    cameras --CNN--> image tokens ┐
+    instruction --MiniLM--> token ├─ context transformer ─> context tokens
+    (rolled-forward) state -> token┘                              │ cross-attention
+    noisy chunk x_t [H, A] + flow time t ──> action expert ──> velocity v(x_t, t)
+
+Training regresses v onto (actions - noise) along the straight path
+x_t = (1 - t) * noise + t * actions (rectified flow / flow matching). Inference starts
+from Gaussian noise at t = 0 and takes ``num_integration_steps`` Euler steps to t = 1;
+the context is computed once and reused by every step.
+
+All network inputs/outputs are normalised; ``predict_chunk`` speaks robot units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from policies.flow_vla import checkpoint
+from policies.flow_vla.config import FlowVLAConfig
+from policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float
+from policies.flow_vla.normalization import Normalizer
+from policies.text_encoder import InstructionEncoder
+
+Batch = dict[str, Any]
+
+
+class FlowVLA(nn.Module):
+    """The project's VLA; implements ``policies.base.ChunkPolicy``."""
+
+    def __init__(self, config: FlowVLAConfig | None = None, text_encoder: InstructionEncoder | None = None):
+        super().__init__()
+        self.config = config = config or FlowVLAConfig()
+        self._text_encoder = text_encoder  # not a submodule: frozen, shared, outside state_dict
+        d = config.d_model
+
+        self.normalizer = Normalizer(config.state_dim, config.action_dim)
+        self.image_encoder = ImageEncoder(len(config.cameras), config.cnn_channels, config.image_grid, d)
+        self.text_proj = nn.Linear(config.text_dim, d)
+        self.state_proj = nn.Linear(config.state_dim, d)
+        self.context = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d, config.n_heads, d * config.ffn_mult, config.dropout,
+                                       activation="gelu", batch_first=True, norm_first=True),
+            config.n_layers, norm=nn.LayerNorm(d), enable_nested_tensor=False,
+        )
+        self.action_in = nn.Linear(config.action_dim, d)
+        self.action_position = nn.Parameter(torch.randn(config.chunk_size, d) * 0.02)
+        self.time_embedding = TimeEmbedding(d)
+        self.expert = nn.TransformerDecoder(
+            nn.TransformerDecoderLayer(d, config.n_heads, d * config.ffn_mult, config.dropout,
+                                       activation="gelu", batch_first=True, norm_first=True),
+            config.n_expert_layers, norm=nn.LayerNorm(d),
+        )
+        self.action_out = nn.Linear(d, config.action_dim)
+
+    # ------------------------------------------------------------------ protocol attributes
+    @property
+    def chunk_size(self) -> int:
+        return self.config.chunk_size
+
+    @property
+    def action_dim(self) -> int:
+        return self.config.action_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_position.device
+
+    @property
+    def text_encoder(self) -> InstructionEncoder:
+        if self._text_encoder is None:
+            self._text_encoder = InstructionEncoder.shared()
+        return self._text_encoder
+
+    def config_hash(self) -> str:
+        return self.config.config_hash()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------ network
+    def encode_context(self, images: torch.Tensor, state: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """images [B, n_cams, 3, S, S] in -1..1, normalised state [B, state_dim], text [B, text_dim] -> [B, L, d]."""
+        tokens = torch.cat(
+            [self.image_encoder(images), self.text_proj(text)[:, None], self.state_proj(state)[:, None]], dim=1
+        )
+        return self.context(tokens)
+
+    def velocity(self, x_t: torch.Tensor, t: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """Predicted velocity dx/dt for noisy normalised chunks x_t [B, H, A] at flow times t [B]."""
+        tokens = self.action_in(x_t) + self.action_position[None] + self.time_embedding(t)[:, None]
+        return self.action_out(self.expert(tokens, context))
+
+    @torch.no_grad()
+    def sample(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Euler-integrate the velocity field from noise (t=0) to normalised actions (t=1)."""
+        steps = self.config.num_integration_steps
+        x = noise
+        for k in range(steps):
+            t = torch.full((x.shape[0],), k / steps, device=x.device)
+            x = x + self.velocity(x, t, context) / steps
+        return x
+
+    # ------------------------------------------------------------------ inputs
+    def _images_from(self, get_camera) -> torch.Tensor:
+        """Stack all configured cameras into [B, n_cams, 3, S, S] on the model's device."""
+        per_camera = []
+        for cam in self.config.cameras:
+            frames = torch.as_tensor(get_camera(cam)).to(self.device, non_blocking=True)
+            per_camera.append(images_to_float(frames, self.config.image_size))
+        return torch.stack(per_camera, dim=1)
+
+    def _text_from(self, batch: Batch) -> torch.Tensor:
+        if "instruction_embedding" in batch:
+            return torch.as_tensor(batch["instruction_embedding"], dtype=torch.float32).to(self.device)
+        if "instruction" in batch:
+            return self.text_encoder.encode_batch(list(batch["instruction"])).to(self.device)
+        raise KeyError("batch needs 'instruction' (list[str]) or 'instruction_embedding' [B, text_dim]")
+
+    def _context_from_batch(self, batch: Batch) -> torch.Tensor:
+        def camera(cam: str) -> Any:
+            key = f"images.{cam}"
+            if key not in batch:
+                raise KeyError(f"batch is missing {key!r}; this model expects cameras {list(self.config.cameras)}")
+            return batch[key]
+
+        state = torch.as_tensor(batch["state"], dtype=torch.float32).to(self.device)
+        return self.encode_context(self._images_from(camera), self.normalizer.normalize_state(state),
+                                   self._text_from(batch))
+
+    # ------------------------------------------------------------------ training
+    def compute_loss(
+        self,
+        batch: Batch,
+        weights: torch.Tensor | None = None,
+        *,
+        noise: torch.Tensor | None = None,
+        flow_time: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flow-matching loss: (sum_i w_i * l_i / sum_i w_i, per-sample l [B]).
+
+        ``l_i`` is the mean squared velocity error over the sample's non-padded steps
+        (``action_is_pad`` True = past the episode end, no loss). ``noise``/``flow_time``
+        may be fixed for reproducible evaluation; by default they are drawn fresh.
+        """
+        actions = torch.as_tensor(batch["actions"], dtype=torch.float32).to(self.device)
+        expected = (self.chunk_size, self.action_dim)
+        if actions.ndim != 3 or tuple(actions.shape[1:]) != expected:
+            raise ValueError(f"batch['actions'] must be [B, {expected[0]}, {expected[1]}], got {tuple(actions.shape)}")
+        b = actions.shape[0]
+        is_pad = batch.get("action_is_pad")
+        is_pad = (torch.zeros(actions.shape[:2], dtype=torch.bool) if is_pad is None
+                  else torch.as_tensor(is_pad, dtype=torch.bool)).to(self.device)
+
+        target = self.normalizer.normalize_action(actions)
+        noise = torch.randn_like(target) if noise is None else noise.to(self.device)
+        t = self._sample_flow_time(b) if flow_time is None else flow_time.to(self.device, torch.float32)
+        x_t = (1 - t)[:, None, None] * noise + t[:, None, None] * target
+
+        pred = self.velocity(x_t, t, self._context_from_batch(batch))
+        per_sample = masked_mse_per_sample(pred, target - noise, is_pad)
+        return weighted_mean(per_sample, weights), per_sample
+
+    def _sample_flow_time(self, n: int) -> torch.Tensor:
+        if self.config.flow_time_sampling == "beta":
+            # Denser near t=0 (pure noise), where predicting the velocity is hardest (as in pi0).
+            return 1.0 - torch.distributions.Beta(1.5, 1.0).sample((n,)).to(self.device) * 0.999
+        return torch.rand(n, device=self.device)
+
+    # ------------------------------------------------------------------ inference
+    def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
+                      *, seed: int | None = None) -> np.ndarray:
+        """Images by camera (uint8 HxWx3), state (robot units) -> float32[H, action_dim] in robot units."""
+        return self.predict_chunks([observation], np.asarray(state, dtype=np.float32)[None], [instruction], seed=seed)[0]
+
+    def predict_chunks(self, observations: Sequence[dict[str, np.ndarray]], states: np.ndarray,
+                       instructions: Sequence[str], *, seed: int | None = None) -> np.ndarray:
+        """Batched ``predict_chunk``: B observations -> float32[B, H, action_dim].
+
+        ``seed`` (or ``config.inference_seed``) fixes the initial noise, making the output a
+        deterministic function of the inputs and weights, on any device.
+        """
+        states = np.asarray(states, dtype=np.float32)
+        if states.shape != (len(observations), self.config.state_dim):
+            raise ValueError(f"states must be [{len(observations)}, {self.config.state_dim}], got {states.shape}")
+        if len(instructions) != len(observations):
+            raise ValueError(f"got {len(observations)} observations but {len(instructions)} instructions")
+
+        def camera(cam: str) -> np.ndarray:
+            try:
+                return np.stack([obs[cam] for obs in observations])
+            except KeyError:
+                raise KeyError(f"observation is missing camera {cam!r}; this model expects "
+                               f"{list(self.config.cameras)}, got {sorted(observations[0])}") from None
+
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                text = self.text_encoder.encode_batch(list(instructions)).to(self.device)
+                state = self.normalizer.normalize_state(torch.from_numpy(states).to(self.device))
+                context = self.encode_context(self._images_from(camera), state, text)
+                noise = self._initial_noise(len(observations), seed)
+                actions = self.normalizer.unnormalize_action(self.sample(context, noise))
+        finally:
+            self.train(was_training)
+        return actions.float().cpu().numpy()
+
+    def _initial_noise(self, batch_size: int, seed: int | None) -> torch.Tensor:
+        shape = (batch_size, self.chunk_size, self.action_dim)
+        seed = self.config.inference_seed if seed is None else seed
+        if seed is None:
+            return torch.randn(shape, device=self.device)
+        # Drawn on the CPU so the same seed gives the same noise on every device.
+        return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(self.device)
+
+    # ------------------------------------------------------------------ persistence
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``model.safetensors`` + ``config.json`` (Hugging Face layout) into ``directory``."""
+        checkpoint.write_checkpoint(directory, self.config, self.state_dict(), self.normalizer.to_dict())
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,
+                        revision: str | None = None, text_encoder: InstructionEncoder | None = None) -> FlowVLA:
+        """Load from a local checkpoint directory, or download a Hugging Face Hub repo id.
+
+        Raises FileNotFoundError for a missing checkpoint and ``CheckpointError`` for one
+        that is corrupt or does not fit the architecture its config describes.
+        """
+        directory = checkpoint.resolve_directory(name_or_path, revision)
+        model = cls(checkpoint.read_config(directory), text_encoder=text_encoder)
+        weights = checkpoint.read_weights(directory)
+        checkpoint.check_compatible(model.state_dict(), weights, str(directory))
+        model.load_state_dict(weights)
+        if device is not None:
+            model.to(device)
+        return model.eval()
+
+
+def masked_mse_per_sample(pred: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor) -> torch.Tensor:
+    """Mean squared error per sample over non-padded steps: [B, H, A] x2, [B, H] -> [B]."""
+    valid = (~is_pad).to(pred.dtype)[..., None]
+    squared = (pred - target).pow(2) * valid
+    count = valid.sum(dim=(1, 2)) * pred.shape[-1]
+    return squared.sum(dim=(1, 2)) / count.clamp_min(1.0)
+
+
+def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """sum(w_i * l_i) / sum(w_i): exact, so a zero weight removes a sample's influence entirely.
+
+    All-zero weights give a zero loss (and zero gradients) instead of NaN.
+    """
+    if weights is None:
+        return per_sample.mean()
+    w = torch.as_tensor(weights, dtype=per_sample.dtype, device=per_sample.device)
+    if w.shape != per_sample.shape:
+        raise ValueError(f"weights must have shape {tuple(per_sample.shape)} (one per sample), got {tuple(w.shape)}")
+    if (w < 0).any() or not torch.isfinite(w).all():
+        raise ValueError("weights must be finite and non-negative")
+    return (w * per_sample).sum() / w.sum().clamp_min(torch.finfo(w.dtype).tiny)

@@ -1,0 +1,157 @@
+"""`robot-rl bench async`: sync vs async_naive vs async_rollforward under inference latency.
+
+One run, one policy checkpoint, the same seeds for every cell: for each mode and each
+simulated inference latency (virtual clock, so a 2-core CPU stands in for a slow VLA on
+a GPU) it measures success, completion time, stall time, reaction latency (see
+``robot_rl.bench.reaction``), and, in a short real-time section on the wall clock, the
+fraction of late ticks with the sim and the policy sharing this machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from robot_rl.bench.reaction import commanded_ee, reaction_time
+from robot_rl.edge import EdgeConfig
+from robot_rl.evaluation import evaluate_policy, run_sim_episode
+
+MODES = ("sync", "async_naive", "async_rollforward")
+LATENCIES_MS = (0, 100, 200, 400)
+PERTURB_TICK = 20  # 0.67 s in: the arm is on its way to the cube, nothing grasped yet
+REACTION_WINDOW_TICKS = 45
+
+
+def mode_config(base: EdgeConfig, mode: str, latency_ms: float) -> EdgeConfig:
+    """The edge settings of one benchmark cell; async modes re-plan continuously."""
+    return replace(
+        base,
+        mode=mode,
+        simulated_latency_ms=float(latency_ms),
+        latency_distribution="constant",
+        latency_jitter_ms=0.0,
+        inference_runner="virtual",
+    )
+
+
+def measure_reaction(robot, policy, config: EdgeConfig, seeds: list[int]) -> list[float]:
+    """Counterfactual reaction times (s) over seeds: moved target vs untouched twin run."""
+    times = []
+    for seed in seeds:
+        moved_to: dict[str, np.ndarray] = {}
+
+        def perturb(node, tick, seed=seed):
+            if tick == PERTURB_TICK:
+                before = robot.target_position().copy()
+                after = robot.move_target(seed)
+                moved_to["direction"] = np.asarray(after) - before
+
+        steps = PERTURB_TICK + REACTION_WINDOW_TICKS
+        moved, _ = run_sim_episode(robot, policy, config, seed, on_tick=perturb, max_steps=steps)
+        ee_moved = commanded_ee(robot, moved)
+        baseline, _ = run_sim_episode(robot, policy, config, seed, max_steps=steps)
+        ee_base = commanded_ee(robot, baseline)
+        if "direction" not in moved_to:
+            continue  # the episode ended (success) before the perturbation
+        times.append(reaction_time(ee_moved, ee_base, moved_to["direction"], PERTURB_TICK, robot.fps).reaction_s)
+    return times
+
+
+def measure_late_ticks(robot, policy, config: EdgeConfig, seeds: list[int]) -> float:
+    """Late-tick fraction in real time: wall clock, policy in a background thread."""
+    from robot_rl.core.clock import WallClock
+    from robot_rl.edge import EdgeNode
+
+    late = total = 0
+    for seed in seeds:
+        instruction = robot.reset(seed=seed)
+        rt = replace(config, inference_runner="thread", latency_distribution="constant", simulated_latency_ms=0.0)
+        with EdgeNode(robot, policy, WallClock(), rt, task=robot) as node:
+            episode = node.run_episode(robot.config.max_episode_steps, instruction, seed=seed)
+            late += node.stats.late_ticks
+            total += episode.num_steps
+    return late / total if total else 0.0
+
+
+def run_async_bench(
+    robot,
+    policy,
+    base: EdgeConfig,
+    episodes: int = 20,
+    reaction_episodes: int = 6,
+    realtime_episodes: int = 2,
+    latencies_ms=LATENCIES_MS,
+    modes=MODES,
+    progress: bool = True,
+) -> dict:
+    seeds = [2_000_000 + i for i in range(episodes)]
+    reaction_seeds = [3_000_000 + i for i in range(reaction_episodes)]
+    results: dict[str, dict[str, dict]] = {m: {} for m in modes}
+    cells = [(m, lat) for m in modes for lat in latencies_ms]
+    for mode, latency in tqdm(cells, desc="bench async", disable=not progress):
+        config = mode_config(base, mode, latency)
+        evaluation = evaluate_policy(robot, policy, config, seeds, progress=False)
+        reactions = measure_reaction(robot, policy, config, reaction_seeds)
+        finite = [r for r in reactions if math.isfinite(r)]
+        floor_s = latency / 1000.0 + 1.0 / robot.fps
+        reaction = float(np.mean(finite)) if finite else float("nan")
+        results[mode][str(latency)] = {
+            "success": evaluation.success_rate,
+            "success_ci95": list(evaluation.ci95),
+            "completion_s": evaluation.completion_s,
+            "stall_s_per_episode": evaluation.stall_s_per_episode,
+            "reaction_s": reaction,
+            "reaction_floor_s": floor_s,
+            "reaction_over_floor": reaction / floor_s if finite else float("nan"),
+            "reaction_measured": f"{len(finite)}/{len(reactions)}",
+            "late_tick_frac": evaluation.late_tick_frac,  # virtual clock: lateness is 0 by construction
+        }
+    realtime = measure_late_ticks(robot, policy, mode_config(base, "async_rollforward", 0), [4_000_000 + i for i in range(realtime_episodes)])
+    return {
+        "results": results,
+        "realtime_late_tick_frac": realtime,
+        "episodes_per_cell": episodes,
+        "reaction_episodes_per_cell": reaction_episodes,
+        "fps": robot.fps,
+    }
+
+
+def print_table(report: dict) -> None:
+    table = Table(title="async control: mode x simulated inference latency (virtual clock)")
+    for col in ("mode", "latency ms", "success", "completion s", "vs own 0 ms", "stall s/ep", "reaction s", "x floor"):
+        table.add_column(col, justify="right")
+    for mode, by_latency in report["results"].items():
+        zero = by_latency.get("0", {}).get("completion_s", float("nan"))
+        for latency, r in by_latency.items():
+            table.add_row(
+                mode, latency, f"{r['success']:.0%}", f"{r['completion_s']:.2f}",
+                f"{r['completion_s'] / zero:.2f}x" if zero and math.isfinite(zero) else "-",
+                f"{r['stall_s_per_episode']:.3f}", f"{r['reaction_s']:.3f}", f"{r['reaction_over_floor']:.2f}",
+            )
+    Console().print(table)
+    print(f"real-time mode (wall clock, policy thread + sim in one process): late ticks {report['realtime_late_tick_frac']:.2%}")
+
+
+def run_from_cli(quick: bool, overrides: list[str]) -> dict:
+    from robot_rl.commands.policy_loading import load_policy
+    from robot_rl.commands.sim_setup import make_sim
+    from robot_rl.config import load_config, to_dataclass
+
+    cfg = load_config(overrides)
+    policy = load_policy(cfg, deterministic=True)
+    robot = make_sim(cfg)
+    try:
+        report = run_async_bench(
+            robot, policy, to_dataclass(cfg.edge, EdgeConfig),
+            episodes=4 if quick else 20, reaction_episodes=2 if quick else 6, realtime_episodes=1 if quick else 2,
+        )
+    finally:
+        robot.disconnect()
+    report["policy"] = str(cfg.policy.path or cfg.bc.checkpoint_dir)
+    print_table(report)
+    return report

@@ -1,0 +1,26 @@
+"""Build the configured sim robot, expert and policy from a composed Hydra config."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from robot_rl.config import ConfigError, to_dataclass
+
+
+def make_sim(cfg: DictConfig):
+    from hardware.sim import SimConfig, SimSO101
+
+    if cfg.robot.get("name", "sim_so101") != "sim_so101":
+        raise ConfigError(f"this command runs in the sim; robot={cfg.robot.name} is not a sim robot (use robot=sim_so101)")
+    robot = SimSO101(to_dataclass(cfg.robot, SimConfig))
+    robot.connect()
+    return robot
+
+
+def task_families(cfg_families, robot_module_families: tuple[str, ...]) -> list[str]:
+    if cfg_families is None:
+        return list(robot_module_families)
+    unknown = [f for f in cfg_families if f not in robot_module_families]
+    if unknown:
+        raise ConfigError(f"unknown task families {unknown}; the sim has {list(robot_module_families)}")
+    return list(cfg_families)

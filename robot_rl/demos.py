@@ -1,0 +1,99 @@
+"""Scripted-expert demonstrations in the sim, recorded as LeRobotDataset v3.
+
+Demonstrations are the starting data of every run: behaviour cloning learns from
+them, and the learner keeps them as a separate sampling stream (RLPD-style mixing).
+Only successful attempts are stored, because a failed demonstration teaches failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from robot_rl.core.types import Episode, Step
+from robot_rl.data.recorder import EpisodeRecorder
+
+# Ticks recorded after success so the policy also learns to settle instead of drifting.
+SETTLE_TICKS = 5
+
+
+@dataclass
+class DemoSummary:
+    attempted: int
+    stored: int
+    steps: int
+    per_family: dict[str, tuple[int, int]]  # family -> (stored, attempted)
+
+
+def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int) -> Episode:
+    """One scripted-expert attempt: observation, expert action, executed action, every tick."""
+    instruction = robot.reset(seed=seed, family=family)
+    expert.reset()
+    episode = Episode(robot.name, episode_id, instruction, task_family=robot.task.family, seed=seed)
+    settle_left = None
+    for tick in range(robot.config.max_episode_steps):
+        obs = robot.get_observation()
+        executed = robot.send_action(expert.act())
+        success = robot.is_success()
+        if success and settle_left is None:
+            settle_left = SETTLE_TICKS
+        done = settle_left == 0 or tick == robot.config.max_episode_steps - 1
+        episode.steps.append(
+            Step(
+                tick=tick,
+                time_s=tick / robot.fps,
+                state=obs["state"],
+                action=executed,
+                images=obs["images"],
+                instruction=instruction,
+                policy_action=executed,
+                reward=robot.reward(),
+                success=success,
+                done=done,
+            )
+        )
+        if done:
+            break
+        if settle_left is not None:
+            settle_left -= 1
+    episode.success = any(s.success for s in episode.steps)
+    return episode
+
+
+def record_expert_demos(
+    robot,
+    expert,
+    out_dir: str | Path,
+    families: Iterable[str],
+    episodes_per_family: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> DemoSummary:
+    """Record ``episodes_per_family`` successful demonstrations per task family into ``out_dir``."""
+    families = list(families)
+    cameras = {cam: (robot.config.image_height, robot.config.image_width) for cam in robot.camera_names}
+    recorder = EpisodeRecorder(out_dir, robot.fps, robot.joint_names, cameras)
+    per_family: dict[str, tuple[int, int]] = {}
+    attempted = stored = steps = 0
+    bar = tqdm(total=episodes_per_family * len(families), desc="recording demos", disable=not progress)
+    for f_index, family in enumerate(families):
+        ok = tries = 0
+        # Each family gets its own seed range so adding a family changes no other demo.
+        episode_seed = seed + 100_000 * f_index
+        while ok < episodes_per_family and tries < 3 * episodes_per_family:
+            episode = expert_episode(robot, expert, episode_seed, family, attempted)
+            episode_seed += 1
+            tries += 1
+            attempted += 1
+            if episode.success:
+                recorder.write_episode(episode)
+                ok += 1
+                stored += 1
+                steps += episode.num_steps
+                bar.update(1)
+        per_family[family] = (ok, tries)
+    bar.close()
+    return DemoSummary(attempted=attempted, stored=stored, steps=steps, per_family=per_family)

@@ -1,0 +1,308 @@
+"""FlowVLA: checkpoints, exact loss weighting, state-offset augmentation, learning, text cache."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import threading
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be downloaded in tests
+
+import numpy as np
+import pytest
+import torch
+
+from policies.base import ChunkPolicy, validate_chunk
+from policies.flow_vla import CheckpointError, FlowVLA, FlowVLAConfig, fit
+from policies.flow_vla.augment import build_sample, offset_indices, sample_offsets
+from policies.flow_vla.data import EpisodeSampler
+from policies.flow_vla.model import masked_mse_per_sample
+from policies.text_encoder import InstructionEncoder
+
+H, A = 4, 6
+
+
+def hashed_embeddings(texts: list[str]) -> np.ndarray:
+    """Stand-in for the sentence encoder: a fixed random unit vector per string."""
+    out = []
+    for s in texts:
+        seed = int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
+        v = np.random.default_rng(seed).standard_normal(384)
+        out.append(v / np.linalg.norm(v))
+    return np.stack(out).astype(np.float32)
+
+
+def tiny_config(**overrides) -> FlowVLAConfig:
+    base = dict(cameras=("front",), image_size=16, chunk_size=H, cnn_channels=(8, 16, 16), image_grid=2,
+                d_model=32, n_heads=2, n_layers=1, n_expert_layers=2, ffn_mult=2, max_state_offset=2)
+    return FlowVLAConfig(**{**base, **overrides})
+
+
+def tiny_model(**overrides) -> FlowVLA:
+    torch.manual_seed(0)
+    return FlowVLA(tiny_config(**overrides), text_encoder=InstructionEncoder(backend=hashed_embeddings)).eval()
+
+
+def observation(value: int = 100, size: int = 16) -> dict[str, np.ndarray]:
+    return {"front": np.full((size, size, 3), value, np.uint8)}
+
+
+def random_batch(n: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "images.front": torch.as_tensor(rng.integers(0, 256, (n, 16, 16, 3), dtype=np.uint8)),
+        "state": torch.as_tensor(rng.standard_normal((n, A)), dtype=torch.float32),
+        "instruction": [f"task {i % 2}" for i in range(n)],
+        "actions": torch.as_tensor(rng.standard_normal((n, H, A)), dtype=torch.float32),
+    }
+
+
+def subset(batch: dict, idx: list[int]) -> dict:
+    return {k: ([v[i] for i in idx] if isinstance(v, list) else v[idx]) for k, v in batch.items()}
+
+
+# ---------------------------------------------------------------- protocol and checkpoints
+
+
+def test_default_model_is_a_chunk_policy_and_predicts_a_valid_chunk():
+    model = FlowVLA(text_encoder=InstructionEncoder(backend=hashed_embeddings))
+    assert isinstance(model, ChunkPolicy)
+    obs = {cam: np.zeros((120, 160, 3), np.uint8) for cam in ("front", "wrist")}  # resized internally
+    chunk = model.predict_chunk(obs, np.zeros(6, np.float32), "pick up the cube")
+    assert validate_chunk(chunk, 20, 6).dtype == np.float32
+    assert 0.5e6 < model.num_parameters() < 5e6
+
+
+def test_missing_camera_is_a_clear_error():
+    with pytest.raises(KeyError, match="missing camera 'front'"):
+        tiny_model().predict_chunk({"wrist": np.zeros((16, 16, 3), np.uint8)}, np.zeros(6), "x")
+
+
+def test_save_load_round_trip_gives_identical_predictions(tmp_path):
+    model = tiny_model()
+    model.normalizer.fit(np.random.default_rng(1).normal(50, 10, (100, A)), np.random.default_rng(2).normal(50, 10, (100, A)))
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+    loaded = FlowVLA.from_pretrained(tmp_path, text_encoder=model.text_encoder)
+    assert loaded.config == model.config and loaded.config_hash() == model.config_hash()
+    args = (observation(), np.full(A, 40.0, np.float32), "stack the blocks")
+    np.testing.assert_array_equal(model.predict_chunk(*args, seed=7), loaded.predict_chunk(*args, seed=7))
+    assert not np.array_equal(model.predict_chunk(*args, seed=7), model.predict_chunk(*args, seed=8))
+
+
+def test_hot_swap_via_state_dict_and_deepcopy_shares_the_text_encoder():
+    a, b = tiny_model(), tiny_model(dropout=0.1)
+    with torch.no_grad():
+        for p in a.parameters():
+            p.add_(0.01)
+    shadow = copy.deepcopy(b)
+    assert shadow.text_encoder is b.text_encoder
+    shadow.load_state_dict(a.state_dict())
+    args = (observation(), np.zeros(A, np.float32), "x")
+    np.testing.assert_array_equal(a.predict_chunk(*args, seed=0), shadow.predict_chunk(*args, seed=0))
+
+
+def test_config_hash_covers_architecture_only():
+    assert tiny_config().config_hash() == tiny_config(dropout=0.2, num_integration_steps=3).config_hash()
+    assert tiny_config().config_hash() != tiny_config(d_model=64).config_hash()
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        tiny_config(d_model=30, n_heads=4)
+
+
+def test_missing_checkpoint_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        FlowVLA.from_pretrained(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="not a FlowVLA checkpoint"):
+        FlowVLA.from_pretrained(tmp_path)  # exists but empty
+    tiny_model().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="has no weights"):
+        FlowVLA.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "config.json").write_text("{not json"), "not valid JSON"),
+        (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:100]),
+         "not a readable safetensors"),
+        (lambda d: _edit_config(d, lambda m: m["config"].update(d_model=64)), "shape mismatch"),
+        (lambda d: _edit_config(d, lambda m: m.update(policy_type="act")), "policy type 'act'"),
+        (lambda d: _edit_config(d, lambda m: m.update(format_version=99)), "format_version 99"),
+        (lambda d: _edit_config(d, lambda m: m["config"].update(bogus=1)), "unknown FlowVLAConfig field"),
+    ],
+)
+def test_corrupt_checkpoint_raises_checkpoint_error(tmp_path, damage, message):
+    tiny_model().save_pretrained(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(CheckpointError, match=message):
+        FlowVLA.from_pretrained(tmp_path)
+
+
+def _edit_config(directory, change) -> None:
+    meta = json.loads((directory / "config.json").read_text())
+    change(meta)
+    (directory / "config.json").write_text(json.dumps(meta))
+
+
+# ---------------------------------------------------------------- loss weighting and padding
+
+
+def test_zero_weight_removes_a_sample_entirely_loss_and_gradients():
+    model = tiny_model()
+    batch = random_batch(3)
+    noise = torch.randn(3, H, A, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.2, 0.5, 0.9])
+
+    loss, per_sample = model.compute_loss(batch, torch.tensor([0.0, 1.0, 3.0]), noise=noise, flow_time=t)
+    torch.testing.assert_close(loss, (per_sample[1] + 3 * per_sample[2]) / 4)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    ref, _ = model.compute_loss(subset(batch, [1, 2]), torch.tensor([1.0, 3.0]), noise=noise[1:], flow_time=t[1:])
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    ref.backward()
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_all_zero_weights_give_zero_loss_not_nan():
+    loss, _ = tiny_model().compute_loss(random_batch(2), torch.zeros(2))
+    assert loss.item() == 0.0
+
+
+def test_padded_steps_contribute_no_loss():
+    rng = np.random.default_rng(0)
+    pred, target = torch.as_tensor(rng.standard_normal((2, H, A))), torch.as_tensor(rng.standard_normal((2, H, A)))
+    is_pad = torch.tensor([[False, False, True, True], [False] * H])
+    before = masked_mse_per_sample(pred, target, is_pad)
+    target[0, 2:] += 1000.0  # garbage past the episode end
+    after = masked_mse_per_sample(pred, target, is_pad)
+    torch.testing.assert_close(before, after)
+    torch.testing.assert_close(after[0], (pred[0, :2] - target[0, :2]).pow(2).mean())
+
+
+# ---------------------------------------------------------------- state-offset augmentation
+
+
+def indexed_episode(T: int) -> dict:
+    """Arrays whose values reveal their time index: state[t] = 1000 + t, action[t] = t, image[t] = t."""
+    return {
+        "state": np.repeat(1000.0 + np.arange(T, dtype=np.float32)[:, None], A, axis=1),
+        "action": np.repeat(np.arange(T, dtype=np.float32)[:, None], A, axis=1),
+        "images.front": np.repeat(np.arange(T, dtype=np.uint8)[:, None, None, None], 16, 1).repeat(16, 2).repeat(3, 3),
+        "instruction": "count",
+    }
+
+
+def test_offset_zero_uses_measured_state_and_chunk_from_t():
+    s = build_sample(indexed_episode(10), t=3, offset=0, chunk_size=H, cameras=("front",))
+    assert s["state"][0] == 1003  # state[3]
+    assert s["actions"][:, 0].tolist() == [3, 4, 5, 6]
+    assert s["images.front"][0, 0, 0] == 3 and not s["action_is_pad"].any()
+
+
+def test_offset_uses_commanded_action_before_chunk_start_with_current_image():
+    s = build_sample(indexed_episode(10), t=3, offset=2, chunk_size=H, cameras=("front",))
+    assert s["state"][0] == 4  # action[t + o - 1]
+    assert s["actions"][:, 0].tolist() == [5, 6, 7, 8]  # action[t + o : t + o + H]
+    assert s["images.front"][0, 0, 0] == 3  # image stays at t
+
+
+def test_episode_end_pads_with_last_action_and_clips_offset():
+    idx = offset_indices(episode_length=10, t=7, offset=1, chunk_size=H)
+    assert idx.action_indices.tolist() == [8, 9, 9, 9]
+    assert idx.action_is_pad.tolist() == [False, False, True, True]
+    assert (idx.state_from_action, idx.state_index) == (True, 7)
+
+    clipped = offset_indices(episode_length=10, t=8, offset=5, chunk_size=H)  # 8 + 5 is past the end
+    assert clipped.offset == 1 and clipped.action_indices[0] == 9 and clipped.state_index == 8
+    assert clipped.action_is_pad.tolist() == [False, True, True, True]
+
+
+def test_offsets_follow_configured_distribution():
+    rng = np.random.default_rng(0)
+    assert set(sample_offsets(rng, 200, max_offset=3)) == {0, 1, 2, 3}
+    assert set(sample_offsets(rng, 50, max_offset=3, weights=(0, 0, 1, 0))) == {2}
+
+
+def test_sampler_batches_are_consistent_with_their_offsets():
+    sampler = EpisodeSampler([indexed_episode(12), indexed_episode(7)], tiny_config(max_state_offset=3), seed=0)
+    batch = sampler.sample(64)
+    assert batch["images.front"].shape == (64, 16, 16, 3) and batch["actions"].shape == (64, H, A)
+    for i in range(64):
+        t, o = int(batch["images.front"][i, 0, 0, 0]), int(batch["offset"][i])
+        expected_state = 1000 + t if o == 0 else t + o - 1
+        assert batch["state"][i, 0] == expected_state
+        assert batch["actions"][i, 0, 0] == t + o
+    assert set(batch["offset"].tolist()) == {0, 1, 2, 3}
+
+
+# ---------------------------------------------------------------- learning
+
+
+def ramp_episode(direction: float, brightness: int, instruction: str, T: int = 12) -> dict:
+    """A deterministic task: the arm ramps up or down; state[t] = action[t - 1] (perfect tracking)."""
+    positions = 50.0 + direction * 4.0 * np.arange(T + 1, dtype=np.float32)
+    return {
+        "images.front": np.full((T, 16, 16, 3), brightness, np.uint8),
+        "state": np.repeat(positions[:-1, None], A, axis=1),
+        "action": np.repeat(positions[1:, None], A, axis=1),
+        "instruction": instruction,
+    }
+
+
+def test_tiny_model_overfits_and_predicts_the_learned_chunk():
+    torch.manual_seed(0)
+    model = tiny_model()
+    episodes = [ramp_episode(+1.0, 200, "go up"), ramp_episode(-1.0, 30, "go down")]
+    stats = fit(model, episodes, steps=600, batch_size=32, lr=3e-3, device="cpu", progress=False, log_every=50)
+    assert stats["final_loss"] < stats["initial_loss"] / 10, stats["losses"]
+
+    for ep in episodes:  # the two tasks' chunks differ by 8..32 degrees; one ramp step is 4 degrees
+        obs = {"front": ep["images.front"][0]}
+        error = np.abs(model.predict_chunk(obs, ep["state"][0], ep["instruction"], seed=0) - ep["action"][:H])
+        assert error.max() < 4.0 and error.mean() < 2.0, error
+
+
+# ---------------------------------------------------------------- instruction encoder
+
+
+def test_instruction_cache_encodes_each_string_once():
+    calls: list[list[str]] = []
+    encoder = InstructionEncoder(backend=lambda texts: calls.append(list(texts)) or hashed_embeddings(texts))
+    first = encoder.encode("pick")
+    assert encoder.encode("pick") is first
+    batch = encoder.encode_batch(["pick", "place", "place", "pick"])
+    assert batch.shape == (4, 384) and torch.equal(batch[0], first) and torch.equal(batch[1], batch[2])
+    assert calls == [["pick"], ["place"]] and encoder.num_encoded == 2
+
+
+def test_instruction_cache_is_thread_safe():
+    calls: list[str] = []
+    encoder = InstructionEncoder(backend=lambda texts: calls.extend(texts) or hashed_embeddings(texts))
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        encoder.encode("same instruction")
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert calls == ["same instruction"]
+
+
+def test_real_minilm_encoder_loads_offline():
+    encoder = InstructionEncoder()
+    vectors = encoder.encode_batch(["pick up the red cube", "pick up the red block", "open the drawer"])
+    assert vectors.shape == (3, 384)
+    torch.testing.assert_close(vectors.norm(dim=1), torch.ones(3))
+    near, far = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
+    assert near > far  # a real sentence encoder, not noise
