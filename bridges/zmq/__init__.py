@@ -1,0 +1,123 @@
+"""ZeroMQ bridge between edge nodes (robots) and the learner.
+
+Layers, bottom up (each module has one job):
+
+* ``codec``     -- frames <-> (type, body, arrays): msgpack envelope + raw numpy frames, size/dtype limits
+* ``protocol``  -- the message catalogue (Hello, Segment, Ack, WeightsAnnounce, ...) and strict validation
+* ``segments``  -- ``Step`` lists <-> ``Segment`` messages (stacked float32 arrays, JPEG/PNG images)
+* ``weights``   -- tensors <-> safetensors bytes, chunking, sha256 verification
+* ``spool``     -- the edge's crash-safe on-disk queue of unacked segments
+* ``keys``      -- CURVE key files, the loopback-only-plaintext policy, the server's allow-list
+* ``server``    -- learner endpoint: ROUTER (requests) + PUB (weight announcements), handler callbacks
+* ``client``    -- edge endpoint: DEALER + SUB, handshake, acks, re-sends, weight fetch (one thread)
+* ``streaming`` -- ``StreamingClient``: ``client`` on a background thread behind a bounded queue
+
+Typical use::
+
+    # learner
+    server = ZmqServer(ServerConfig(router_endpoint="tcp://*:5555", pub_endpoint="tcp://*:5556",
+                                    curve=ServerCurve.from_files("keys/learner.key_secret", "keys/robots")),
+                       handlers=MyIngest())
+    server.publish_weights(WeightsBlob(version=1, data=serialize_tensors(state_dict), config_hash=h))
+    while running: server.serve_once(100)
+
+    # edge
+    link = StreamingClient(ClientConfig(robot_id="so101-a", router_endpoint="tcp://learner:5555",
+                                        pub_endpoint="tcp://learner:5556", spool_dir="spool/", config_hash=h,
+                                        curve=ClientCurve.from_files("keys/so101-a.key_secret", "keys/learner.key")),
+                           on_weights=lambda announce, data: loader.stage(deserialize_tensors(data, framework="pt")))
+    link.start(); link.submit_steps(episode_id, steps)
+"""
+
+from bridges.zmq.client import ClientConfig, ClientStats, ZmqClient
+from bridges.zmq.codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits, ProtocolError
+from bridges.zmq.keys import (
+    ClientCurve,
+    InsecureEndpointError,
+    KeyPair,
+    ServerCurve,
+    generate_keypair,
+    is_loopback,
+    load_keypair,
+    load_public_key,
+    load_public_keys,
+)
+from bridges.zmq.protocol import (
+    MESSAGE_TYPES,
+    Ack,
+    Error,
+    Heartbeat,
+    Hello,
+    HelloOk,
+    Message,
+    Segment,
+    Stats,
+    WeightsAnnounce,
+    WeightsChunk,
+    WeightsFetch,
+    config_hash,
+    decode_message,
+    encode_message,
+)
+from bridges.zmq.segments import ImageEncoding, decode_segment, encode_segment
+from bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from bridges.zmq.spool import Spool, SpoolError
+from bridges.zmq.streaming import StreamingClient
+from bridges.zmq.weights import (
+    ChunkAssembler,
+    WeightsBlob,
+    WeightsError,
+    deserialize_tensors,
+    serialize_tensors,
+    sha256_hex,
+)
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "MESSAGE_TYPES",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "ChunkAssembler",
+    "ClientConfig",
+    "ClientCurve",
+    "ClientStats",
+    "Error",
+    "Heartbeat",
+    "Hello",
+    "HelloOk",
+    "ImageEncoding",
+    "InsecureEndpointError",
+    "KeyPair",
+    "Limits",
+    "Message",
+    "Peer",
+    "ProtocolError",
+    "Segment",
+    "ServerConfig",
+    "ServerCurve",
+    "ServerHandlers",
+    "Spool",
+    "SpoolError",
+    "Stats",
+    "StreamingClient",
+    "WeightsAnnounce",
+    "WeightsBlob",
+    "WeightsChunk",
+    "WeightsError",
+    "WeightsFetch",
+    "ZmqClient",
+    "ZmqServer",
+    "config_hash",
+    "decode_message",
+    "decode_segment",
+    "deserialize_tensors",
+    "encode_message",
+    "encode_segment",
+    "generate_keypair",
+    "is_loopback",
+    "load_keypair",
+    "load_public_key",
+    "load_public_keys",
+    "serialize_tensors",
+    "sha256_hex",
+]

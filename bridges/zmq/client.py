@@ -1,0 +1,424 @@
+"""Edge side of the wire: a DEALER for requests and a SUB for weight announcements.
+
+``ZmqClient`` is synchronous and owned by one thread (ZeroMQ sockets are not
+thread-safe). It is driven by ``poll(timeout_ms)``, which does all the I/O and
+timers: hello handshake and re-handshake, heartbeats, sending spooled segments
+with a bounded in-flight window, re-sending unacked ones, resetting a silent
+link, and fetching + verifying announced weights. The robot's control thread
+should use ``StreamingClient`` (streaming.py), which runs this on a background
+thread.
+
+Delivery: ``send_segment`` writes to the on-disk spool *before* sending; only an
+ack removes it. Anything unacked is re-sent after an ack timeout, a reconnect or a
+process restart, so the learner sees each segment at least once and drops
+duplicates by (robot_id, episode_id, seq): each step is stored exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from bridges.zmq.codec import DEFAULT_LIMITS, Limits
+from bridges.zmq.keys import ClientCurve, apply_client_curve, check_endpoint_security
+from bridges.zmq.protocol import (
+    Ack,
+    Error,
+    Heartbeat,
+    Hello,
+    HelloOk,
+    Message,
+    ProtocolError,
+    Segment,
+    Stats,
+    WeightsAnnounce,
+    WeightsChunk,
+    WeightsFetch,
+    decode_message,
+    encode_message,
+)
+from bridges.zmq.spool import Spool
+from bridges.zmq.weights import ChunkAssembler, WeightsError
+
+log = logging.getLogger(__name__)
+
+WeightsCallback = Callable[[WeightsAnnounce, bytes], None]
+
+
+@dataclass
+class ClientConfig:
+    """Everything an edge node needs to reach its learner."""
+
+    robot_id: str
+    router_endpoint: str  # learner's ROUTER, e.g. "tcp://learner.lab:5555"
+    pub_endpoint: str | None  # learner's PUB for weight announcements; None: announcements only after hello
+    spool_dir: str | Path
+    config_hash: str = ""
+    policy_version: int = -1  # weights version in use at start
+    curve: ClientCurve | None = None
+    allow_insecure: bool = False
+    limits: Limits = DEFAULT_LIMITS
+    max_in_flight: int = 8  # segments sent but not yet acked
+    ack_timeout_s: float = 5.0  # re-send a segment not acked within this
+    hello_retry_s: float = 1.0
+    refused_retry_s: float = 10.0  # after config/version mismatch: an operator must fix something
+    heartbeat_interval_s: float = 1.0
+    server_timeout_s: float = 5.0  # silence from the learner before the link is reset
+    fetch_weights: bool = True
+    weights_window: int = 4  # chunk requests in flight
+    weights_chunk_timeout_s: float = 5.0
+    weights_chunk_retries: int = 3  # per chunk, for timeouts and corrupt chunks
+    weights_download_attempts: int = 3  # per version, across re-announcements
+    max_weights_bytes: int = 16 << 30
+
+
+@dataclass
+class ClientStats:
+    """Counters, reported in heartbeats. Monotonic except the gauges at the end."""
+
+    segments_spooled: int = 0
+    segments_sent: int = 0
+    segments_resent: int = 0
+    segments_acked: int = 0
+    duplicate_acks: int = 0
+    errors_received: int = 0
+    bad_messages: int = 0
+    link_resets: int = 0
+    weights_received: int = 0
+    weights_rejected: int = 0
+    corrupt_chunks: int = 0
+    connected: bool = False  # gauge
+    pending: int = 0  # gauge: segments in the spool
+
+    def as_map(self) -> dict[str, int | bool]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _WeightsFetch:
+    """State of one in-progress weights download."""
+
+    assembler: ChunkAssembler
+    requested: dict[int, float] = field(default_factory=dict)  # chunk -> time requested
+    attempts: collections.Counter[int] = field(default_factory=collections.Counter)
+
+
+class ZmqClient:
+    """One edge node's connection to the learner. Single-threaded; drive it with ``poll``."""
+
+    def __init__(self, config: ClientConfig, on_weights: WeightsCallback | None = None, spool: Spool | None = None) -> None:
+        for endpoint in (config.router_endpoint, config.pub_endpoint):
+            if endpoint:
+                check_endpoint_security(endpoint, config.curve, config.allow_insecure)
+        self.config = config
+        self.on_weights = on_weights
+        self.policy_version = config.policy_version
+        self.stats = ClientStats()
+        self.server: HelloOk | None = None  # set while the handshake holds
+        self.latest_announce: WeightsAnnounce | None = None
+        self._spool = spool if spool is not None else Spool(config.spool_dir)
+        self._own_spool = spool is None
+        self._routing_id = f"{config.robot_id}/{uuid.uuid4().hex[:8]}".encode()
+        self._in_flight: dict[str, float] = {}  # spool key -> time sent
+        self._fetch: _WeightsFetch | None = None
+        self._delivered_version = -1
+        self._failed_downloads: collections.Counter[int] = collections.Counter()  # version -> failures
+        now = time.monotonic()
+        self._last_hello_s = self._last_heartbeat_s = -1e9
+        self._last_heard_s = now
+        self._ctx = zmq.Context()
+        self._dealer = self._new_dealer()
+        self._sub = self._new_sub() if config.pub_endpoint else None
+        self.stats.pending = len(self._spool)
+
+    # ------------------------------------------------------------ sockets
+
+    def _new_dealer(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.linger = 0  # the spool, not the socket queue, is what survives
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing into a connection that does not exist yet
+        sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
+        if self.config.curve:
+            apply_client_curve(sock, self.config.curve)
+        sock.connect(self.config.router_endpoint)
+        return sock
+
+    def _new_sub(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.SUB)
+        sock.linger = 0
+        sock.setsockopt(zmq.CONFLATE, 1)  # only the newest announcement matters
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_envelope_bytes)
+        if self.config.curve:
+            apply_client_curve(sock, self.config.curve)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(self.config.pub_endpoint)  # type: ignore[arg-type]
+        return sock
+
+    def _send(self, msg: Message | list) -> bool:
+        """Non-blocking send; False if the link cannot take it now (it will be retried)."""
+        frames = msg if isinstance(msg, list) else encode_message(msg)
+        try:
+            self._dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
+
+    # ------------------------------------------------------------ public API
+
+    @property
+    def connected(self) -> bool:
+        """True once the learner accepted our hello (and has not gone silent since)."""
+        return self.server is not None
+
+    @property
+    def pending(self) -> int:
+        """Segments in the spool, not yet acked."""
+        return len(self._spool)
+
+    def send_segment(self, segment: Segment) -> None:
+        """Spool ``segment`` durably, then send it when the window allows (on ``poll``)."""
+        key = f"{segment.episode_id}:{segment.seq}"
+        if segment.robot_id != self.config.robot_id:
+            raise ValueError(f"segment robot_id {segment.robot_id!r} != client robot_id {self.config.robot_id!r}")
+        self._spool.append(key, encode_message(segment))
+        self.stats.segments_spooled += 1
+        self.stats.pending = len(self._spool)
+        self._pump_segments(time.monotonic())
+
+    def send_stats(self, stats: dict[str, int | float | str | bool]) -> bool:
+        return self.connected and self._send(Stats(sender=self.config.robot_id, stats=stats))
+
+    def poll(self, timeout_ms: int = 10) -> None:
+        """Wait up to ``timeout_ms`` for messages, handle them, run timers and sends."""
+        poller = zmq.Poller()
+        poller.register(self._dealer, zmq.POLLIN)
+        if self._sub is not None:
+            poller.register(self._sub, zmq.POLLIN)
+        ready = dict(poller.poll(timeout_ms))
+        if self._dealer in ready:
+            self._drain(self._dealer)
+        if self._sub is not None and self._sub in ready:
+            self._drain(self._sub)
+        self._timers(time.monotonic())
+
+    def close(self) -> None:
+        self._dealer.close(0)
+        if self._sub is not None:
+            self._sub.close(0)
+        self._ctx.term()
+        if self._own_spool:
+            self._spool.close()
+
+    def __enter__(self) -> ZmqClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ receiving
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = decode_message(frames, self.config.limits)
+            except ProtocolError as exc:
+                self.stats.bad_messages += 1
+                log.warning("robot %s: refused a message from the learner: %s", self.config.robot_id, exc)
+                continue
+            if sock is self._dealer:
+                self._last_heard_s = time.monotonic()
+            self._on_message(msg)
+
+    def _on_message(self, msg: Message) -> None:
+        if isinstance(msg, HelloOk):
+            self._on_hello_ok(msg)
+        elif isinstance(msg, Ack):
+            self._on_ack(msg)
+        elif isinstance(msg, Error):
+            self._on_error(msg)
+        elif isinstance(msg, WeightsAnnounce):
+            self._on_announce(msg)
+        elif isinstance(msg, WeightsChunk):
+            self._on_chunk(msg)
+        elif isinstance(msg, Heartbeat):
+            pass  # liveness is tracked for every message
+        else:
+            log.warning("robot %s: ignoring unexpected %s from the learner", self.config.robot_id, msg.TYPE)
+
+    def _on_hello_ok(self, msg: HelloOk) -> None:
+        if self.server is None:
+            log.info("robot %s: connected to learner %s (%d segments to re-send)",
+                     self.config.robot_id, msg.server_id, len(self._spool))
+        self.server = msg
+        self.stats.connected = True
+        self._in_flight.clear()  # everything unacked goes again, in spool order
+
+    def _on_ack(self, msg: Ack) -> None:
+        key = f"{msg.episode_id}:{msg.seq}"
+        self._in_flight.pop(key, None)
+        if msg.robot_id == self.config.robot_id and self._spool.ack(key):
+            self.stats.segments_acked += 1
+            self.stats.duplicate_acks += int(msg.duplicate)
+        self.stats.pending = len(self._spool)
+
+    def _on_error(self, msg: Error) -> None:
+        self.stats.errors_received += 1
+        if msg.code == "hello_required":
+            log.info("robot %s: learner asks for hello again", self.config.robot_id)
+            self._drop_session(reset_socket=False)
+            self._last_hello_s = -1e9  # say hello right away
+        elif msg.code in ("config_mismatch", "version_mismatch"):
+            log.error("robot %s: learner refused us (%s): %s", self.config.robot_id, msg.code, msg.message)
+            self._drop_session(reset_socket=False)
+            self._last_hello_s = time.monotonic() + self.config.refused_retry_s - self.config.hello_retry_s
+        elif msg.code == "weights_unavailable" and self._fetch is not None:
+            log.warning("robot %s: abandoning weights v%d: %s", self.config.robot_id,
+                        self._fetch.assembler.announce.version, msg.message)
+            self._fetch = None
+        else:
+            log.warning("robot %s: learner error %s on %s: %s", self.config.robot_id, msg.code,
+                        msg.in_reply_to or "?", msg.message)
+
+    # ------------------------------------------------------------ weights
+
+    def _on_announce(self, msg: WeightsAnnounce) -> None:
+        self.latest_announce = msg
+        cfg = self.config
+        if not cfg.fetch_weights or self.on_weights is None:
+            return
+        if cfg.config_hash and msg.config_hash != cfg.config_hash:
+            log.warning("robot %s: ignoring weights v%d built for config %s (ours: %s)",
+                        cfg.robot_id, msg.version, msg.config_hash, cfg.config_hash)
+            return
+        busy = self._fetch.assembler.announce.version if self._fetch else -1
+        if msg.version <= max(self.policy_version, self._delivered_version, busy):
+            return
+        if self._failed_downloads[msg.version] >= cfg.weights_download_attempts:
+            return  # already reported; wait for a newer version
+        try:
+            self._fetch = _WeightsFetch(ChunkAssembler(msg, cfg.max_weights_bytes))
+        except WeightsError as exc:
+            self._download_failed(msg.version, str(exc))
+            return
+        log.info("robot %s: fetching weights v%d (%d bytes, %d chunks)", cfg.robot_id, msg.version, msg.size, msg.num_chunks)
+
+    def _on_chunk(self, msg: WeightsChunk) -> None:
+        fetch = self._fetch
+        if fetch is None or msg.version != fetch.assembler.announce.version:
+            return  # a late chunk of an abandoned download
+        fetch.requested.pop(msg.chunk, None)
+        try:
+            fetch.assembler.add(msg)
+        except WeightsError as exc:
+            self.stats.corrupt_chunks += 1
+            log.warning("robot %s: %s", self.config.robot_id, exc)
+            return  # re-requested by _pump_weights unless out of attempts
+        if fetch.assembler.complete:
+            self._finish_fetch(fetch)
+
+    def _finish_fetch(self, fetch: _WeightsFetch) -> None:
+        self._fetch = None
+        announce = fetch.assembler.announce
+        try:
+            data = fetch.assembler.result()
+        except WeightsError as exc:
+            self._download_failed(announce.version, str(exc))
+            return
+        self._delivered_version = announce.version
+        self.stats.weights_received += 1
+        try:
+            self.on_weights(announce, data)  # type: ignore[misc]
+        except Exception:
+            log.exception("robot %s: weights callback failed on v%d", self.config.robot_id, announce.version)
+
+    def _pump_weights(self, now: float) -> None:
+        fetch = self._fetch
+        if fetch is None or not self.connected:
+            return
+        cfg = self.config
+        for chunk, sent in list(fetch.requested.items()):
+            if now - sent > cfg.weights_chunk_timeout_s:
+                del fetch.requested[chunk]
+        for chunk in fetch.assembler.missing():
+            if len(fetch.requested) >= cfg.weights_window:
+                break
+            if chunk in fetch.requested:
+                continue
+            if fetch.attempts[chunk] >= cfg.weights_chunk_retries + 1:
+                self._fetch = None
+                self._download_failed(fetch.assembler.announce.version,
+                                      f"chunk {chunk} failed {fetch.attempts[chunk]} times")
+                return
+            if not self._send(WeightsFetch(version=fetch.assembler.announce.version, chunk=chunk)):
+                return
+            fetch.requested[chunk] = now
+            fetch.attempts[chunk] += 1
+
+    def _download_failed(self, version: int, reason: str) -> None:
+        self.stats.weights_rejected += 1
+        self._failed_downloads[version] += 1
+        final = self._failed_downloads[version] >= self.config.weights_download_attempts
+        log.error("robot %s: weights v%d refused (%s)%s", self.config.robot_id, version, reason,
+                  "; not trying this version again" if final else "; will retry on the next announcement")
+
+    # ------------------------------------------------------------ timers and sending
+
+    def _timers(self, now: float) -> None:
+        cfg = self.config
+        if self.connected and now - self._last_heard_s > cfg.server_timeout_s:
+            log.warning("robot %s: learner silent for %.1f s; resetting the link", cfg.robot_id, now - self._last_heard_s)
+            self.stats.link_resets += 1
+            self._drop_session(reset_socket=True)
+        if not self.connected:
+            if now - self._last_hello_s >= cfg.hello_retry_s:
+                self._last_hello_s = now
+                self._send(Hello(robot_id=cfg.robot_id, config_hash=cfg.config_hash, policy_version=self.policy_version))
+            return
+        if now - self._last_heartbeat_s >= cfg.heartbeat_interval_s:
+            self._last_heartbeat_s = now
+            self.stats.pending = len(self._spool)
+            self._send(Heartbeat(sender=cfg.robot_id, policy_version=self.policy_version, time_s=now,
+                                 stats=self.stats.as_map()))
+        self._pump_segments(now)
+        self._pump_weights(now)
+
+    def _pump_segments(self, now: float) -> None:
+        """Send spooled segments, oldest first, keeping at most max_in_flight unacked."""
+        if not self.connected:
+            return
+        for key, sent in list(self._in_flight.items()):
+            if now - sent > self.config.ack_timeout_s:
+                del self._in_flight[key]  # sent again below
+                self.stats.segments_resent += 1
+        for key in self._spool.keys():
+            if len(self._in_flight) >= self.config.max_in_flight:
+                return
+            if key in self._in_flight:
+                continue
+            frames = self._spool.get(key)
+            if frames is None or not self._send(frames):
+                return
+            self._in_flight[key] = now
+            self.stats.segments_sent += 1
+
+    def _drop_session(self, *, reset_socket: bool) -> None:
+        self.server = None
+        self.stats.connected = False
+        self._in_flight.clear()
+        self._fetch = None
+        if reset_socket:  # Lazy-Pirate style: a fresh socket drops whatever was queued in the old one
+            self._dealer.close(0)
+            self._dealer = self._new_dealer()
+            self._last_hello_s = -1e9

@@ -1,0 +1,350 @@
+"""The message catalogue of the robot_rl wire protocol, with strict validation.
+
+Each message is a frozen dataclass whose ``TYPE`` is its wire name. Its fields
+are the message body; fields annotated ``np.ndarray`` (or ``ArrayMap``) travel as
+raw frames (see ``codec.py``). Every field is required on the wire, extra fields
+are refused, and each value is type-checked, so a peer running different code
+gets a clear ``ProtocolError`` instead of a half-understood message.
+
+Who sends what (E = edge client, L = learner server)::
+
+    E->L  hello            first message on a connection; L answers hello_ok or error
+    L->E  hello_ok
+    E->L  segment          steps of one episode, keyed (robot_id, episode_id, seq)
+    L->E  ack              the segment is stored (or was already: duplicate=True)
+    both  heartbeat        liveness + policy version in use + small stats
+    E->L  stats            free-form numeric stats report
+    L->E  weights_announce on PUB (and after hello): a new weights snapshot exists
+    E->L  weights_fetch    ask for one chunk of a snapshot
+    L->E  weights_chunk    one chunk, with its own sha256
+    both  error            code + human-readable message; the connection stays up
+
+``encode_message`` / ``decode_message`` are the only entry points most code needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bridges.zmq.codec import (
+    DEFAULT_LIMITS,
+    PROTOCOL_VERSION,
+    FrameLike,
+    Limits,
+    ProtocolError,
+    decode_frames,
+    encode_frames,
+)
+
+Scalar = int | float | str | bool
+StatsMap = dict[str, Scalar]  # flat map of numbers/strings, e.g. counters
+Document = dict[str, Any]  # any msgpack map with string keys; validated by its consumer
+ArrayMap = dict[str, np.ndarray]  # named arrays, each sent as its own frame
+
+# Error codes a peer may send. Free text goes in Error.message.
+ERROR_CODES = frozenset(
+    {
+        "bad_message",  # malformed frames / envelope / fields
+        "bad_dtype",  # array dtype not on the allow-list
+        "too_large",  # over the receiver's size limits
+        "version_mismatch",  # protocol version differs
+        "config_mismatch",  # config hash differs between edge and learner
+        "hello_required",  # a request arrived before a successful hello
+        "unknown_type",  # no such message type
+        "unexpected",  # valid message, wrong direction or state
+        "weights_unavailable",  # the requested weights version/chunk is not served
+        "rejected",  # the handler refused the request (see message)
+        "internal",  # a bug on the replying side; the message says what
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """Base of all messages. Subclasses set ``TYPE`` and declare fields."""
+
+    TYPE: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hello(Message):
+    """Edge introduces itself. The protocol version travels in every envelope."""
+
+    TYPE: ClassVar[str] = "hello"
+    robot_id: str
+    config_hash: str  # hash of the policy/robot config; must match the learner's
+    policy_version: int  # weights version in use (-1: none yet)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelloOk(Message):
+    TYPE: ClassVar[str] = "hello_ok"
+    server_id: str
+    config_hash: str
+    latest_version: int  # newest weights version the learner serves (-1: none)
+    heartbeat_interval_s: float
+    max_message_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error(Message):
+    TYPE: ClassVar[str] = "error"
+    code: str
+    message: str
+    in_reply_to: str = ""  # type of the offending message, "" if unknown
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment(Message):
+    """Consecutive steps of one episode. Built and read by ``segments.py``."""
+
+    TYPE: ClassVar[str] = "segment"
+    robot_id: str
+    episode_id: int
+    seq: int  # 0, 1, 2... within the episode; (robot_id, episode_id, seq) is the dedup key
+    episode_done: bool  # last segment of the episode
+    num_steps: int
+    columns: Document  # per-step scalars, one list of num_steps values per column
+    images: Document  # camera -> {"format", "shape"}; pixels are in ``arrays``
+    arrays: ArrayMap = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ack(Message):
+    TYPE: ClassVar[str] = "ack"
+    robot_id: str
+    episode_id: int
+    seq: int
+    duplicate: bool = False  # already stored before; the edge treats it like any ack
+
+
+@dataclass(frozen=True, kw_only=True)
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    sender: str
+    policy_version: int  # edge: version in use; learner: newest version served
+    time_s: float  # sender's monotonic clock, for RTT estimates
+    stats: StatsMap = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stats(Message):
+    TYPE: ClassVar[str] = "stats"
+    sender: str
+    stats: StatsMap
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightsAnnounce(Message):
+    """A weights snapshot is available. Single-frame on purpose: SUB uses CONFLATE,
+    which only works for single-part messages."""
+
+    TYPE: ClassVar[str] = "weights_announce"
+    version: int
+    sha256: str  # of the whole payload (safetensors bytes)
+    size: int
+    num_chunks: int
+    chunk_size: int
+    config_hash: str
+    dtype: str  # transfer dtype of floating tensors: "float32", "float16", "bfloat16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightsFetch(Message):
+    TYPE: ClassVar[str] = "weights_fetch"
+    version: int
+    chunk: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightsChunk(Message):
+    TYPE: ClassVar[str] = "weights_chunk"
+    version: int
+    chunk: int
+    sha256: str  # of this chunk, so a corrupted chunk is refetched alone
+    data: np.ndarray  # uint8, 1-D
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (Hello, HelloOk, Error, Segment, Ack, Heartbeat, Stats, WeightsAnnounce, WeightsFetch, WeightsChunk)
+}
+
+
+# ---------------------------------------------------------------- field checks
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int  # bool is an int subclass; refuse it here
+
+
+def _is_stats(v: Any) -> bool:
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(x, (int, float, str, bool)) for k, x in v.items()
+    )
+
+
+_CHECKS: dict[Any, tuple[str, typing.Callable[[Any], bool]]] = {
+    str: ("a string", lambda v: isinstance(v, str)),
+    int: ("an int", _is_int),
+    float: ("a number", lambda v: type(v) in (int, float)),
+    bool: ("a bool", lambda v: type(v) is bool),
+    StatsMap: ("a map of string -> number/string/bool", _is_stats),
+    Document: ("a map with string keys", lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v)),
+}
+
+
+@dataclass(frozen=True)
+class _Schema:
+    body: dict[str, Any]  # field name -> annotation
+    array_fields: tuple[str, ...]  # single np.ndarray fields
+    array_maps: tuple[str, ...]  # ArrayMap fields
+
+
+_SCHEMAS: dict[type[Message], _Schema] = {}
+
+
+def _schema(cls: type[Message]) -> _Schema:
+    """Sort a message class's fields into body fields and array fields (cached)."""
+    if cls not in _SCHEMAS:
+        hints = typing.get_type_hints(cls)
+        body: dict[str, Any] = {}
+        singles, maps = [], []
+        for f in dataclasses.fields(cls):
+            ann = hints[f.name]
+            if ann is np.ndarray:
+                singles.append(f.name)
+            elif ann == ArrayMap:
+                maps.append(f.name)
+            elif ann in _CHECKS:
+                body[f.name] = ann
+            else:
+                raise TypeError(f"{cls.__name__}.{f.name}: annotation {ann!r} has no wire check")
+        _SCHEMAS[cls] = _Schema(body, tuple(singles), tuple(maps))
+    return _SCHEMAS[cls]
+
+
+for _cls in MESSAGE_TYPES.values():  # fail at import time, not on the first message
+    _schema(_cls)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def encode_message(msg: Message) -> list[Any]:
+    """Frames for ``socket.send_multipart(frames, copy=False)``."""
+    schema = _schema(type(msg))
+    body = {name: getattr(msg, name) for name in schema.body}
+    arrays: dict[str, Any] = {name: getattr(msg, name) for name in schema.array_fields}
+    for map_name in schema.array_maps:
+        for key, value in getattr(msg, map_name).items():
+            arrays[f"{map_name}.{key}"] = value
+    return encode_frames(msg.TYPE, body, arrays)
+
+
+def _build(cls: type[Message], body: dict[str, Any], arrays: dict[str, np.ndarray]) -> Message:
+    schema = _schema(cls)
+    missing = sorted(set(schema.body) - set(body))
+    extra = sorted(map(str, set(body) - set(schema.body)))
+    if missing or extra:
+        raise ProtocolError(f"{cls.TYPE}: missing fields {missing}, unexpected fields {extra}")
+    kwargs: dict[str, Any] = {}
+    for name, ann in schema.body.items():
+        what, ok = _CHECKS[ann]
+        value = body[name]
+        if not ok(value):
+            raise ProtocolError(f"{cls.TYPE}.{name} must be {what}, got {type(value).__name__} {value!r:.80}")
+        kwargs[name] = float(value) if ann is float else value
+    maps: dict[str, dict[str, np.ndarray]] = {m: {} for m in schema.array_maps}
+    for wire_name, arr in arrays.items():
+        map_name, _, key = wire_name.partition(".")
+        if wire_name in schema.array_fields:
+            kwargs[wire_name] = arr
+        elif key and map_name in maps:
+            maps[map_name][key] = arr
+        else:
+            raise ProtocolError(f"{cls.TYPE}: unexpected array {wire_name!r}")
+    for name in schema.array_fields:
+        if name not in kwargs:
+            raise ProtocolError(f"{cls.TYPE}: missing array {name!r}")
+    kwargs.update(maps)
+    return cls(**kwargs)
+
+
+def decode_message(frames: Sequence[FrameLike], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decode and validate frames into a typed message, or raise ``ProtocolError``."""
+    raw = decode_frames(frames, limits)
+    cls = MESSAGE_TYPES.get(raw.type)
+    if cls is None:
+        raise ProtocolError(
+            f"unknown message type {raw.type!r}; known: {sorted(MESSAGE_TYPES)}", code="unknown_type"
+        )
+    try:
+        msg = _build(cls, raw.body, raw.arrays)
+    except ProtocolError as exc:
+        exc.in_reply_to = raw.type
+        raise
+    try:
+        _check_semantics(msg)
+    except ProtocolError as exc:
+        exc.in_reply_to = raw.type
+        raise
+    return msg
+
+
+def _check_semantics(msg: Message) -> None:
+    """Value checks that types alone cannot express."""
+    if isinstance(msg, WeightsChunk) and (msg.data.dtype != np.uint8 or msg.data.ndim != 1):
+        raise ProtocolError(f"weights_chunk.data must be 1-D uint8, got {msg.data.dtype} {msg.data.shape}")
+    if isinstance(msg, Segment) and (msg.num_steps < 0 or msg.seq < 0):
+        raise ProtocolError(f"segment: num_steps ({msg.num_steps}) and seq ({msg.seq}) must be >= 0")
+    if isinstance(msg, (WeightsFetch, WeightsChunk)) and msg.chunk < 0:
+        raise ProtocolError(f"{msg.TYPE}.chunk must be >= 0, got {msg.chunk}")
+
+
+def error_for(exc: ProtocolError, in_reply_to: str = "") -> Error:
+    """The ``error`` reply for a refused message."""
+    code = exc.code if exc.code in ERROR_CODES else "bad_message"
+    return Error(code=code, message=str(exc), in_reply_to=exc.in_reply_to or in_reply_to)
+
+
+def config_hash(config: Any) -> str:
+    """Short stable hash of a config (a dict / dataclass-as-dict of JSON-able values).
+
+    Edge and learner compute it from the parts of their config that must agree
+    (policy architecture, action space, cameras); hello and weights carry it.
+    """
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+__all__ = [
+    "config_hash",
+    "PROTOCOL_VERSION",
+    "ERROR_CODES",
+    "MESSAGE_TYPES",
+    "Ack",
+    "Error",
+    "Hello",
+    "HelloOk",
+    "Heartbeat",
+    "Limits",
+    "Message",
+    "ProtocolError",
+    "Segment",
+    "Stats",
+    "WeightsAnnounce",
+    "WeightsChunk",
+    "WeightsFetch",
+    "decode_message",
+    "encode_message",
+    "error_for",
+]

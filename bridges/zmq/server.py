@@ -1,0 +1,306 @@
+"""Learner side of the wire: a ROUTER for requests and a PUB for weight announcements.
+
+The server only moves and validates messages. What to *do* with them (store
+segments exactly once, track robots) belongs to the learner, which plugs in a
+``ServerHandlers`` subclass. Weights are the exception: serving chunks of a
+published snapshot is pure transport, so the server keeps the last few
+``WeightsBlob`` s itself.
+
+Threading: every socket call happens inside ``serve_once`` (call it from one
+thread in a loop, or use ``serve_forever``). ``publish_weights`` may be called
+from any thread; it takes effect on the next ``serve_once``.
+
+Bad input never stops the loop: an undecodable message gets an ``error`` reply
+and is dropped; a handler exception is logged and answered with ``internal``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from bridges.zmq.codec import DEFAULT_LIMITS, Limits
+from bridges.zmq.keys import ServerCurve, apply_server_curve, check_endpoint_security, start_authenticator
+from bridges.zmq.protocol import (
+    Ack,
+    Error,
+    Heartbeat,
+    Hello,
+    HelloOk,
+    Message,
+    ProtocolError,
+    Segment,
+    Stats,
+    WeightsFetch,
+    decode_message,
+    encode_message,
+    error_for,
+)
+from bridges.zmq.weights import WeightsBlob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    """Where to listen and how strict to be. Port ``*`` binds a free port (see ``ZmqServer.router_endpoint``)."""
+
+    router_endpoint: str = "tcp://127.0.0.1:*"
+    pub_endpoint: str = "tcp://127.0.0.1:*"
+    server_id: str = "learner"
+    config_hash: str = ""  # "" accepts any client config hash
+    limits: Limits = DEFAULT_LIMITS
+    curve: ServerCurve | None = None
+    allow_insecure: bool = False  # plain TCP off loopback (logged)
+    heartbeat_interval_s: float = 1.0  # told to clients in hello_ok
+    peer_timeout_s: float = 15.0  # forget a robot silent for this long
+    announce_interval_s: float = 2.0  # re-announce the latest weights for late subscribers
+    keep_weight_versions: int = 2  # older snapshots stay fetchable while robots finish a download
+    max_batch: int = 256  # messages handled per serve_once before housekeeping
+
+
+@dataclass
+class Peer:
+    """One connected edge client, as the server sees it."""
+
+    identity: bytes
+    robot_id: str
+    config_hash: str
+    policy_version: int
+    connected_s: float
+    last_seen_s: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerHandlers:
+    """Learner callbacks. Override what you need; each runs on the serving thread.
+
+    Contract for ``on_segment``: return ``Ack`` once the segment is durably stored,
+    and also for a duplicate (same robot_id, episode_id, seq) with ``duplicate=True``
+    -- otherwise the edge keeps re-sending it. Return ``Error`` to refuse it (the
+    edge retries later).
+    """
+
+    def on_hello(self, peer: Peer, msg: Hello) -> Error | None:
+        """Return an Error to refuse the robot; None accepts it."""
+        return None
+
+    def on_segment(self, peer: Peer, msg: Segment) -> Ack | Error:
+        return Error(code="rejected", message="this learner has no segment ingest configured", in_reply_to=msg.TYPE)
+
+    def on_heartbeat(self, peer: Peer, msg: Heartbeat) -> None:
+        return None
+
+    def on_stats(self, peer: Peer, msg: Stats) -> None:
+        return None
+
+    def on_peer_lost(self, peer: Peer) -> None:
+        return None
+
+
+class ZmqServer:
+    """The learner's endpoint. ``with ZmqServer(cfg, handlers) as srv: while ...: srv.serve_once(100)``."""
+
+    def __init__(self, config: ServerConfig, handlers: ServerHandlers | None = None) -> None:
+        for endpoint in (config.router_endpoint, config.pub_endpoint):
+            check_endpoint_security(endpoint, config.curve, config.allow_insecure)
+        self.config = config
+        self.handlers = handlers or ServerHandlers()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._peers: dict[bytes, Peer] = {}
+        self._blobs: collections.OrderedDict[int, WeightsBlob] = collections.OrderedDict()
+        self._to_publish: list[WeightsBlob] = []
+        self._publish_lock = threading.Lock()
+        self._last_announce_s = 0.0
+        self._ctx = zmq.Context()
+        self._auth = start_authenticator(self._ctx, config.curve.allowed_clients) if config.curve else None
+        self._router = self._bind(zmq.ROUTER, config.router_endpoint)
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
+        self._pub = self._bind(zmq.PUB, config.pub_endpoint)
+        self.router_endpoint: str = self._router.last_endpoint.decode()
+        self.pub_endpoint: str = self._pub.last_endpoint.decode()
+        self._poller = zmq.Poller()
+        self._poller.register(self._router, zmq.POLLIN)
+        log.info("learner server %s: requests on %s, weights on %s, CURVE %s", config.server_id,
+                 self.router_endpoint, self.pub_endpoint, "on" if config.curve else "off")
+
+    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.linger = 0
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)  # per frame, enforced by libzmq
+        if self.config.curve:
+            apply_server_curve(sock, self.config.curve)
+        sock.bind(endpoint)
+        return sock
+
+    # ------------------------------------------------------------ public API
+
+    def serve_once(self, timeout_ms: int = 100) -> int:
+        """Wait up to ``timeout_ms`` for requests, handle all that are ready, do housekeeping.
+
+        Returns the number of requests handled.
+        """
+        handled = 0
+        if self._poller.poll(timeout_ms):
+            while handled < self.config.max_batch:
+                try:
+                    frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                handled += 1
+                self._handle(frames[0].bytes, frames[1:])
+        self._housekeeping()
+        return handled
+
+    def serve_forever(self, stop: threading.Event, timeout_ms: int = 100) -> None:
+        while not stop.is_set():
+            self.serve_once(timeout_ms)
+
+    def publish_weights(self, blob: WeightsBlob) -> None:
+        """Serve ``blob`` and announce it (thread-safe; sent on the next serve_once)."""
+        with self._publish_lock:
+            self._to_publish.append(blob)
+
+    @property
+    def latest_weights(self) -> WeightsBlob | None:
+        return next(reversed(self._blobs.values()), None)
+
+    def peers(self) -> list[Peer]:
+        return list(self._peers.copy().values())  # dict.copy is atomic: safe from other threads
+
+    def close(self) -> None:
+        self._router.close(0)
+        self._pub.close(0)
+        if self._auth:
+            self._auth.stop()
+        self._ctx.term()
+
+    def __enter__(self) -> ZmqServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ dispatch
+
+    def _handle(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        self.counters["messages"] += 1
+        try:
+            msg = decode_message(frames, self.config.limits)
+        except ProtocolError as exc:
+            self.counters["bad_messages"] += 1
+            log.warning("refused a message from %r: %s", identity, exc)
+            self._reply(identity, error_for(exc))
+            return
+        try:
+            reply = self._dispatch(identity, msg)
+        except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
+            self.counters["bad_messages"] += 1
+            log.warning("refused %s from %r: %s", msg.TYPE, identity, exc)
+            reply = error_for(exc, msg.TYPE)
+        except Exception as exc:  # a handler bug must not take the learner down
+            self.counters["handler_errors"] += 1
+            log.exception("handler failed on %s from %r", msg.TYPE, identity)
+            reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(exc).__name__}: {exc}",
+                          in_reply_to=msg.TYPE)
+        if reply is not None:
+            self._reply(identity, reply)
+
+    def _dispatch(self, identity: bytes, msg: Message) -> Message | None:
+        if isinstance(msg, Hello):
+            return self._on_hello(identity, msg)
+        peer = self._peers.get(identity)
+        if peer is None:
+            return Error(code="hello_required", message="send hello first (or again: the learner restarted "
+                         "or forgot this connection)", in_reply_to=msg.TYPE)
+        peer.last_seen_s = time.monotonic()
+        if isinstance(msg, Segment):
+            return self._on_segment(peer, msg)
+        if isinstance(msg, WeightsFetch):
+            return self._on_weights_fetch(msg)
+        if isinstance(msg, Heartbeat):
+            peer.policy_version, peer.stats = msg.policy_version, dict(msg.stats)
+            self.handlers.on_heartbeat(peer, msg)
+            latest = self.latest_weights
+            return Heartbeat(sender=self.config.server_id, policy_version=latest.version if latest else -1,
+                             time_s=time.monotonic(), stats={"peers": len(self._peers)})
+        if isinstance(msg, Stats):
+            peer.stats.update(msg.stats)
+            self.handlers.on_stats(peer, msg)
+            return None
+        if isinstance(msg, Error):
+            log.warning("robot %s reports error %s: %s", peer.robot_id, msg.code, msg.message)
+            return None
+        return Error(code="unexpected", message=f"the learner does not accept {msg.TYPE!r} messages",
+                     in_reply_to=msg.TYPE)
+
+    def _on_hello(self, identity: bytes, msg: Hello) -> Message:
+        cfg = self.config
+        if cfg.config_hash and msg.config_hash != cfg.config_hash:
+            log.error("robot %s refused: config hash %s, learner has %s", msg.robot_id, msg.config_hash, cfg.config_hash)
+            return Error(code="config_mismatch", in_reply_to=msg.TYPE, message=(
+                f"config hash {msg.config_hash!r} differs from the learner's {cfg.config_hash!r}: "
+                "run the edge with the same policy/robot config as the learner"))
+        now = time.monotonic()
+        peer = Peer(identity, msg.robot_id, msg.config_hash, msg.policy_version, now, now)
+        refusal = self.handlers.on_hello(peer, msg)
+        if refusal is not None:
+            return refusal
+        if identity not in self._peers:
+            log.info("robot %s connected (policy v%d)", msg.robot_id, msg.policy_version)
+        self._peers[identity] = peer
+        latest = self.latest_weights
+        self._reply(identity, HelloOk(server_id=cfg.server_id, config_hash=cfg.config_hash,
+                                      latest_version=latest.version if latest else -1,
+                                      heartbeat_interval_s=cfg.heartbeat_interval_s,
+                                      max_message_bytes=cfg.limits.max_message_bytes))
+        # The PUB announcement may have gone out before this robot subscribed.
+        return latest.announce() if latest else None
+
+    def _on_segment(self, peer: Peer, msg: Segment) -> Message:
+        if msg.robot_id != peer.robot_id:
+            return Error(code="unexpected", in_reply_to=msg.TYPE, message=(
+                f"segment for robot {msg.robot_id!r} on the connection of robot {peer.robot_id!r}"))
+        self.counters["segments"] += 1
+        return self.handlers.on_segment(peer, msg)
+
+    def _on_weights_fetch(self, msg: WeightsFetch) -> Message:
+        blob = self._blobs.get(msg.version)
+        if blob is None or msg.chunk >= blob.num_chunks:
+            return Error(code="weights_unavailable", in_reply_to=msg.TYPE, message=(
+                f"weights v{msg.version} chunk {msg.chunk} is not served (versions served: {list(self._blobs)})"))
+        self.counters["weight_chunks_sent"] += 1
+        return blob.chunk_message(msg.chunk)
+
+    def _reply(self, identity: bytes, msg: Message) -> None:
+        try:
+            self._router.send_multipart([identity, *encode_message(msg)], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:  # peer gone or its queue full: it will retry
+            log.debug("reply %s to %r dropped: %s", msg.TYPE, identity, exc)
+
+    # ------------------------------------------------------------ housekeeping
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        with self._publish_lock:
+            new, self._to_publish = self._to_publish, []
+        for blob in new:
+            self._blobs[blob.version] = blob
+            while len(self._blobs) > self.config.keep_weight_versions:
+                self._blobs.popitem(last=False)
+            log.info("publishing weights v%d (%d bytes, %d chunks)", blob.version, len(blob.data), blob.num_chunks)
+        latest = self.latest_weights
+        if latest and (new or now - self._last_announce_s >= self.config.announce_interval_s):
+            self._pub.send_multipart(encode_message(latest.announce()), copy=False)
+            self._last_announce_s = now
+        for identity, peer in list(self._peers.items()):
+            if now - peer.last_seen_s > self.config.peer_timeout_s:
+                log.warning("robot %s silent for %.0f s; forgetting its session", peer.robot_id, now - peer.last_seen_s)
+                del self._peers[identity]
+                self.handlers.on_peer_lost(peer)

@@ -1,0 +1,272 @@
+"""The edge's on-disk spool of segments the learner has not acknowledged yet.
+
+Why: a robot must not lose an episode because the network dropped, the learner
+restarted, or the edge process crashed. Every segment is written here (fsynced)
+before it is sent, and forgotten only when the learner acks it; whatever is still
+pending is re-sent after a reconnect or a restart.
+
+Format: one append-only log file, ``spool.log``, of records::
+
+    magic "RRSP" | kind u8 (1 append, 2 ack) | key_len u16 | body_len u64 | crc32 u32 | key | body
+
+The crc covers everything but itself. On open the log is scanned; the first record
+that is incomplete or fails its crc (a write torn by a crash) ends the valid log:
+its bytes are moved aside to ``torn-<offset>.bin`` and the file is truncated there,
+so earlier records are never touched and later appends start clean.
+
+Appends are fsynced. Acks are not (a lost ack only means one duplicate re-send,
+which the learner drops). When everything is acked the log is truncated to zero;
+when acked records dominate a big log it is rewritten (tmp file + atomic rename).
+The spool is used by one thread of one process (an exclusive flock enforces the
+process part).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"RRSP"
+_HEADER = struct.Struct("<4sBHQI")  # magic, kind, key_len, body_len, crc32
+_APPEND, _ACK = 1, 2
+_FRAME_LEN = struct.Struct("<Q")
+_COUNT = struct.Struct("<I")
+LOG_NAME = "spool.log"
+
+
+class SpoolError(RuntimeError):
+    """The spool cannot be used (locked by another process, bad key...)."""
+
+
+def _pack_frames(frames: Sequence[bytes | memoryview]) -> bytes:
+    """count u32, then each frame as len u64 + bytes."""
+    parts = [_COUNT.pack(len(frames))]
+    for frame in frames:
+        view = memoryview(frame).cast("B")
+        parts += [_FRAME_LEN.pack(view.nbytes), view]
+    return b"".join(parts)
+
+
+def _unpack_frames(body: bytes) -> list[bytes]:
+    (count,) = _COUNT.unpack_from(body, 0)
+    pos, frames = _COUNT.size, []
+    for _ in range(count):
+        (length,) = _FRAME_LEN.unpack_from(body, pos)
+        pos += _FRAME_LEN.size
+        frames.append(body[pos : pos + length])
+        pos += length
+    return frames
+
+
+def _record(kind: int, key: bytes, body: bytes) -> bytes:
+    unsigned = _HEADER.pack(_MAGIC, kind, len(key), len(body), 0)[:-4]
+    crc = zlib.crc32(body, zlib.crc32(key, zlib.crc32(unsigned)))
+    return unsigned + struct.pack("<I", crc) + key + body
+
+
+class Spool:
+    """Crash-safe FIFO of (key, frames) records awaiting acknowledgement.
+
+    >>> spool = Spool("/var/lib/robot_rl/spool")
+    >>> spool.append("ep12:0", frames)      # durable when this returns
+    >>> for key, frames in spool.pending(): resend(frames)
+    >>> spool.ack("ep12:0")
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True, compact_min_bytes: int = 64 << 20):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / LOG_NAME
+        self._fsync = fsync
+        self._compact_min_bytes = compact_min_bytes
+        self._pending: dict[str, tuple[int, int]] = {}  # key -> (body offset, body length), in append order
+        self._size = 0
+        self._live_bytes = 0  # bytes of records still pending
+        self._fd = self._open_locked()
+        self._recover()
+
+    # ------------------------------------------------------------ public API
+
+    def append(self, key: str, frames: Sequence[bytes | memoryview]) -> None:
+        """Store ``frames`` under ``key``; durable (fsynced) when this returns."""
+        if key in self._pending:
+            raise SpoolError(f"spool key {key!r} is already pending; keys must be unique until acked")
+        raw_key = self._key_bytes(key)
+        body = _pack_frames(frames)
+        record = _record(_APPEND, raw_key, body)
+        self._write(record, sync=self._fsync)
+        self._pending[key] = (self._size - len(body), len(body))
+        self._live_bytes += len(record)
+
+    def ack(self, key: str) -> bool:
+        """Forget ``key``. Returns False if it was not pending (e.g. a duplicate ack)."""
+        entry = self._pending.pop(key, None)
+        if entry is None:
+            return False
+        self._live_bytes -= _HEADER.size + len(self._key_bytes(key)) + entry[1]
+        self._write(_record(_ACK, self._key_bytes(key), b""), sync=False)
+        self._maybe_compact()
+        return True
+
+    def pending(self) -> Iterator[tuple[str, list[bytes]]]:
+        """Unacked records, oldest first. Safe to ``ack`` while iterating."""
+        for key in list(self._pending):
+            entry = self._pending.get(key)
+            if entry is not None:
+                offset, length = entry
+                yield key, _unpack_frames(os.pread(self._fd, length, offset))
+
+    def get(self, key: str) -> list[bytes] | None:
+        entry = self._pending.get(key)
+        return None if entry is None else _unpack_frames(os.pread(self._fd, entry[1], entry[0]))
+
+    def keys(self) -> list[str]:
+        return list(self._pending)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._pending
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    def compact(self) -> None:
+        """Rewrite the log with only pending records (atomic: tmp file + rename)."""
+        if not self._pending:
+            # No fsync needed: if a crash undoes the truncation, the log still
+            # holds every append and (most) acks; at worst a few duplicates resend.
+            os.ftruncate(self._fd, 0)
+            self._size = self._live_bytes = 0
+            return
+        tmp = self.directory / (LOG_NAME + ".tmp")
+        with open(tmp, "wb") as f:
+            for key, (offset, length) in self._pending.items():
+                f.write(_record(_APPEND, self._key_bytes(key), os.pread(self._fd, length, offset)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._sync_dir()
+        os.close(self._fd)
+        self._fd = self._open_locked()
+        self._recover()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the flock
+            self._fd = -1
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    @staticmethod
+    def _key_bytes(key: str) -> bytes:
+        raw = key.encode("utf-8")
+        if not raw or len(raw) > 0xFFFF:
+            raise SpoolError(f"spool keys must be 1..65535 bytes of UTF-8, got {len(raw)} bytes")
+        return raw
+
+    def _open_locked(self) -> int:
+        created = not self.path.exists()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SpoolError(f"spool {self.path} is in use by another process; give each edge node its own directory")
+        if created:
+            self._sync_dir()
+        return fd
+
+    def _write(self, data: bytes, *, sync: bool) -> None:
+        written = os.write(self._fd, data)
+        while written < len(data):  # short writes are legal for os.write
+            written += os.write(self._fd, data[written:])
+        self._size += len(data)
+        if sync:
+            self._sync()
+
+    def _sync(self) -> None:
+        if self._fsync:
+            os.fsync(self._fd)
+
+    def _sync_dir(self) -> None:
+        if self._fsync:
+            dfd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def _recover(self) -> None:
+        """Rebuild the pending index from the log, one record at a time; cut off a torn tail."""
+        self._pending.clear()
+        size = os.fstat(self._fd).st_size
+        pos, live = 0, {}
+        while pos < size:
+            parsed = self._parse_record(pos, size)
+            if parsed is None:
+                self._cut_torn_tail(pos, size)
+                size = pos
+                break
+            kind, key, body_off, body_len, end = parsed
+            if kind == _APPEND:
+                self._pending[key] = (body_off, body_len)
+                live[key] = end - pos
+            else:
+                self._pending.pop(key, None)
+                live.pop(key, None)
+            pos = end
+        self._size = size
+        self._live_bytes = sum(live.values())
+        if self._pending:
+            log.info("spool %s: %d unacked segment(s) to re-send", self.path, len(self._pending))
+
+    def _parse_record(self, pos: int, size: int) -> tuple[int, str, int, int, int] | None:
+        """(kind, key, body offset, body length, end offset), or None if torn/corrupt."""
+        header = os.pread(self._fd, _HEADER.size, pos)
+        if len(header) < _HEADER.size:
+            return None
+        magic, kind, key_len, body_len, crc = _HEADER.unpack(header)
+        end = pos + _HEADER.size + key_len + body_len
+        if magic != _MAGIC or kind not in (_APPEND, _ACK) or end > size:
+            return None
+        rest = os.pread(self._fd, key_len + body_len, pos + _HEADER.size)
+        if len(rest) != key_len + body_len or zlib.crc32(rest, zlib.crc32(header[:-4])) != crc:
+            return None
+        try:
+            key = rest[:key_len].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        return kind, key, pos + _HEADER.size + key_len, body_len, end
+
+    def _cut_torn_tail(self, pos: int, size: int) -> None:
+        aside = self.directory / f"torn-{pos}.bin"
+        aside.write_bytes(os.pread(self._fd, size - pos, pos))
+        log.warning(
+            "spool %s: record at byte %d is incomplete or corrupt (a write torn by a crash?); "
+            "kept the %d bytes before it, moved the %d bytes from it on to %s",
+            self.path, pos, pos, size - pos, aside,
+        )
+        os.ftruncate(self._fd, pos)
+        self._sync()
+
+    def _maybe_compact(self) -> None:
+        if not self._pending:
+            self.compact()  # cheap: truncate to zero
+        elif self._size >= self._compact_min_bytes and self._live_bytes * 2 < self._size:
+            self.compact()

@@ -1,0 +1,230 @@
+"""``StreamingClient``: the edge's link to the learner, off the control thread.
+
+The control thread must never wait for the network or the disk. It hands steps
+to ``submit_steps``, which only puts them in a bounded in-memory queue. A
+background thread takes them from there, encodes the segment (JPEG/PNG), writes
+it to the spool (fsync) and sends it, and also runs heartbeats and weight fetches.
+
+Backpressure policy (never a silent drop): when the queue is full -- the
+background thread cannot keep up, or the spool's disk is failing -- ``submit_steps``
+returns False at once, logs an ERROR (rate-limited, with the running count) and
+counts it in ``stats()["queue_rejections"]``. The steps are *not* taken: the
+caller still holds them and may resubmit them later (the recorder keeps the
+episode anyway). Everything accepted is spooled, even on ``stop()``, and
+re-sent after a restart.
+
+Segment numbering: ``seq`` is assigned per episode in submission order, starting
+at 0. Episode ids must therefore be unique per robot across process restarts
+(e.g. derived from the wall-clock start time), since (robot_id, episode_id, seq)
+is the learner's dedup key. Steps (and their arrays) must not be mutated after
+they are submitted: they are encoded later, on the background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
+from bridges.zmq.segments import ImageEncoding, encode_segment
+from bridges.zmq.spool import Spool
+from robot_rl.core import Step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Job:
+    episode_id: int
+    seq: int
+    steps: tuple[Step, ...]
+    episode_done: bool
+
+
+class StreamingClient:
+    """Thread-safe facade over ``ZmqClient`` for the edge node.
+
+    >>> link = StreamingClient(ClientConfig(robot_id="so101-a", router_endpoint=..., pub_endpoint=..., spool_dir=...),
+    ...                        on_weights=load_into_shadow_copy)
+    >>> link.start()
+    >>> link.submit_steps(episode_id, steps)   # from the control thread; never blocks
+    >>> link.set_policy_version(7)             # after swapping weights; reported in heartbeats
+    >>> link.stop()
+    """
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        on_weights: WeightsCallback | None = None,
+        *,
+        queue_size: int = 256,
+        image_encoding: ImageEncoding = ImageEncoding(),
+        poll_interval_ms: int = 5,
+    ) -> None:
+        self.config = config
+        self.image_encoding = image_encoding
+        self._on_weights = on_weights
+        self._poll_ms = poll_interval_ms
+        self._queue: queue.Queue[_Job] = queue.Queue(maxsize=queue_size)
+        self._seq_lock = threading.Lock()
+        self._next_seq: dict[int, int] = {}
+        self._rejections = 0
+        self._last_rejection_log = 0.0
+        self._encode_errors = 0
+        self._policy_version = config.policy_version
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._drained = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._snapshot: dict[str, int | bool] = {}
+        self._thread: threading.Thread | None = None
+        self._held: _Job | None = None  # a job the spool could not take yet (disk error)
+
+    # ------------------------------------------------------------ control-thread API (non-blocking)
+
+    def submit_steps(self, episode_id: int, steps: Sequence[Step], *, episode_done: bool = False) -> bool:
+        """Queue a segment for sending. Never blocks. False (logged, counted) if the queue is full."""
+        with self._seq_lock:
+            seq = self._next_seq.get(episode_id, 0)
+            try:
+                self._queue.put_nowait(_Job(episode_id, seq, tuple(steps), episode_done))
+            except queue.Full:
+                self._rejections += 1
+                self._log_rejection(episode_id, seq)
+                return False
+            self._next_seq[episode_id] = seq + 1  # kept after episode_done: a reused seq would be deduped away
+            self._drained.clear()
+        return True
+
+    def set_policy_version(self, version: int) -> None:
+        """The weights version now in use (reported to the learner in heartbeats)."""
+        self._policy_version = version
+
+    def stats(self) -> dict[str, int | bool]:
+        """Latest counters of the link (see ``ClientStats``) plus the queue's."""
+        return {**self._snapshot, "queue_rejections": self._rejections, "queue_depth": self._queue.qsize(),
+                "encode_errors": self._encode_errors}
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._snapshot.get("connected", False))
+
+    def _log_rejection(self, episode_id: int, seq: int) -> None:
+        now = time.monotonic()
+        if now - self._last_rejection_log >= 1.0:
+            self._last_rejection_log = now
+            log.error(
+                "robot %s: streaming queue full (%d segments waiting); segment %d:%d NOT taken, caller keeps it "
+                "(%d rejections so far). The link or the spool disk cannot keep up.",
+                self.config.robot_id, self._queue.maxsize, episode_id, seq, self._rejections,
+            )
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, timeout_s: float = 10.0) -> StreamingClient:
+        """Start the background thread; raise here if sockets or spool cannot be set up."""
+        self._thread = threading.Thread(target=self._run, name=f"zmq-link-{self.config.robot_id}", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise TimeoutError(f"streaming client for {self.config.robot_id} did not start within {timeout_s} s")
+        if self._startup_error is not None:
+            raise self._startup_error
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Spool whatever is queued, close sockets and spool. Unacked segments stay for next time."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("robot %s: streaming thread did not stop within %.1f s", self.config.robot_id, timeout_s)
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._wait_for(lambda: self.connected, timeout_s)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything submitted so far is acked by the learner."""
+        return self._drained.wait(timeout_s)
+
+    def _wait_for(self, predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() >= deadline:
+                return False
+            self._stop.wait(0.01)
+        return True
+
+    def __enter__(self) -> StreamingClient:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ background thread
+
+    def _run(self) -> None:
+        try:
+            spool = Spool(self.config.spool_dir)
+            client = ZmqClient(self.config, self._on_weights, spool)
+        except BaseException as exc:  # reported to start()'s caller
+            self._startup_error = exc
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            while not self._stop.is_set():
+                self._spool_queued(client, budget=8)
+                client.policy_version = self._policy_version
+                client.poll(0 if not self._queue.empty() else self._poll_ms)
+                self._publish_state(client)
+            self._spool_queued(client, budget=None)  # accepted means spooled, even when stopping
+            if self._held is not None or not self._queue.empty():
+                log.error("robot %s: stopping with %d segment(s) not spooled (disk error)", self.config.robot_id,
+                          self._queue.qsize() + (self._held is not None))
+        except Exception:
+            log.exception("robot %s: streaming thread crashed; unacked segments stay in %s",
+                          self.config.robot_id, self.config.spool_dir)
+        finally:
+            self._publish_state(client)
+            client.close()
+            spool.close()
+
+    def _spool_queued(self, client: ZmqClient, budget: int | None) -> None:
+        """Encode + spool + send up to ``budget`` queued jobs (all if None)."""
+        done = 0
+        while budget is None or done < budget:
+            if self._held is not None:
+                job, self._held = self._held, None
+            else:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+            done += 1
+            try:
+                segment = encode_segment(self.config.robot_id, job.episode_id, job.seq, job.steps,
+                                         episode_done=job.episode_done, image_encoding=self.image_encoding)
+            except (ValueError, TypeError):
+                self._encode_errors += 1
+                log.exception("robot %s: cannot encode segment %d:%d; it is NOT sent (bad Step data)",
+                              self.config.robot_id, job.episode_id, job.seq)
+                continue
+            try:
+                client.send_segment(segment)
+            except OSError as exc:
+                # Disk trouble: keep the job, stop taking new ones; the queue fills and
+                # submit_steps starts refusing loudly, which is the backpressure we want.
+                self._held = job
+                log.error("robot %s: cannot spool segment %d:%d (%s); will retry", self.config.robot_id,
+                          job.episode_id, job.seq, exc)
+                return
+
+    def _publish_state(self, client: ZmqClient) -> None:
+        self._snapshot = client.stats.as_map()
+        with self._seq_lock:
+            if self._queue.empty() and self._held is None and client.pending == 0:
+                self._drained.set()

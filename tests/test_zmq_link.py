@@ -1,0 +1,335 @@
+"""Edge <-> learner over real ZeroMQ sockets on 127.0.0.1: handshake, acks, dedup,
+re-send after restart, weights, CURVE, many robots, and a fuzzed live server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bridges.zmq import (
+    Ack,
+    ClientConfig,
+    ClientCurve,
+    Error,
+    Hello,
+    ImageEncoding,
+    Peer,
+    Segment,
+    ServerConfig,
+    ServerCurve,
+    ServerHandlers,
+    StreamingClient,
+    WeightsAnnounce,
+    WeightsBlob,
+    WeightsChunk,
+    ZmqClient,
+    ZmqServer,
+    decode_message,
+    decode_segment,
+    encode_message,
+    encode_segment,
+    generate_keypair,
+)
+from robot_rl.core import Step
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = dict(hello_retry_s=0.05, heartbeat_interval_s=0.2, ack_timeout_s=1.0, server_timeout_s=3.0,
+            weights_chunk_timeout_s=1.0)
+
+
+class MemoryIngest(ServerHandlers):
+    """Stores each (robot, episode, seq) once, like the learner's ingest must."""
+
+    def __init__(self) -> None:
+        self.stored: dict[tuple[str, int, int], list[Step]] = {}
+        self.received = 0
+        self.lock = threading.Lock()
+
+    def on_segment(self, peer: Peer, msg: Segment) -> Ack:
+        key = (msg.robot_id, msg.episode_id, msg.seq)
+        with self.lock:
+            self.received += 1
+            duplicate = key in self.stored
+            if not duplicate:
+                self.stored[key] = decode_segment(msg)
+        return Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq, duplicate=duplicate)
+
+
+@contextmanager
+def serving(config: ServerConfig | None = None, handlers: ServerHandlers | None = None) -> Iterator[ZmqServer]:
+    server = ZmqServer(config or ServerConfig(), handlers if handlers is not None else MemoryIngest())
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop, 10), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, tick: Callable[[], None] | None = None) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if tick is not None:
+            tick()
+        if predicate():
+            return True
+        if tick is None:
+            time.sleep(0.01)
+    return predicate()
+
+
+def client_config(server: ZmqServer, spool_dir, robot_id: str = "so101-a", **overrides) -> ClientConfig:
+    return ClientConfig(robot_id=robot_id, router_endpoint=server.router_endpoint, pub_endpoint=server.pub_endpoint,
+                        spool_dir=spool_dir, **{**FAST, **overrides})
+
+
+def make_steps(n: int, start_tick: int = 0) -> list[Step]:
+    img = np.full((24, 32, 3), 90, np.uint8)
+    return [Step(tick=start_tick + i, time_s=(start_tick + i) / 30, state=np.full(6, i, np.float32),
+                 action=np.full(6, -i, np.float32), images={"front": img}, reward=float(i)) for i in range(n)]
+
+
+# ---------------------------------------------------------------- streaming + acks
+
+
+def test_streamed_segments_are_acked_stored_and_exact(tmp_path):
+    ingest = MemoryIngest()
+    with serving(handlers=ingest) as server:
+        link = StreamingClient(client_config(server, tmp_path), image_encoding=ImageEncoding("png"))
+        with link:
+            assert link.wait_connected(5)
+            for k in range(3):
+                assert link.submit_steps(episode_id=11, steps=make_steps(4, 4 * k), episode_done=k == 2)
+            assert link.flush(10), link.stats()
+            stats = link.stats()
+        assert sorted(ingest.stored) == [("so101-a", 11, seq) for seq in range(3)]
+        got = [s for seq in range(3) for s in ingest.stored[("so101-a", 11, seq)]]
+        assert [s.tick for s in got] == list(range(12))
+        assert np.array_equal(got[5].state, np.full(6, 1, np.float32)) and np.array_equal(got[5].images["front"], make_steps(1)[0].images["front"])
+        assert stats["segments_acked"] == 3 and stats["pending"] == 0 and stats["queue_rejections"] == 0
+
+
+def test_full_queue_is_refused_loudly_and_counted(tmp_path, caplog):
+    link = StreamingClient(ClientConfig(robot_id="r", router_endpoint="tcp://127.0.0.1:9", pub_endpoint=None,
+                                        spool_dir=tmp_path), queue_size=2)  # never started: nothing drains
+    with caplog.at_level(logging.ERROR):
+        assert link.submit_steps(1, make_steps(1)) and link.submit_steps(1, make_steps(1))
+        assert not link.submit_steps(1, make_steps(1))
+        assert not link.submit_steps(1, make_steps(1))
+    assert link.stats()["queue_rejections"] == 2
+    assert "streaming queue full" in caplog.text and "NOT taken" in caplog.text
+
+
+def test_unacked_segments_are_resent_after_restart_and_deduplicated(tmp_path):
+    ingest = MemoryIngest()
+    with serving(handlers=ingest) as server:
+        first = ZmqClient(client_config(server, tmp_path))
+        assert wait_until(lambda: first.connected, tick=lambda: first.poll(10))
+        for seq in range(3):
+            first.send_segment(encode_segment("so101-a", 5, seq, make_steps(2)))
+        assert wait_until(lambda: len(ingest.stored) == 3)  # stored, but the acks are never read:
+        first.close()  # the edge "crashes" with three unacked segments in its spool
+
+        second = ZmqClient(client_config(server, tmp_path))  # restart on the same spool
+        assert second.pending == 3
+        assert wait_until(lambda: second.pending == 0, tick=lambda: second.poll(10))
+        second.close()
+    assert ingest.received == 6 and len(ingest.stored) == 3  # each segment stored exactly once
+    assert second.stats.duplicate_acks == 3
+
+
+def test_segments_spooled_while_the_learner_is_down_arrive_when_it_comes_back(tmp_path):
+    with serving() as probe:
+        endpoint = probe.router_endpoint  # a free port, then released
+    config = ClientConfig(robot_id="so101-a", router_endpoint=endpoint, pub_endpoint=None, spool_dir=tmp_path, **FAST)
+    client = ZmqClient(config)
+    for seq in range(2):
+        client.send_segment(encode_segment("so101-a", 1, seq, make_steps(1)))
+    for _ in range(5):
+        client.poll(10)
+    assert not client.connected and client.pending == 2
+    ingest = MemoryIngest()
+    with serving(ServerConfig(router_endpoint=endpoint), ingest):
+        assert wait_until(lambda: client.pending == 0, tick=lambda: client.poll(10))
+    assert sorted(ingest.stored) == [("so101-a", 1, 0), ("so101-a", 1, 1)]
+    # The learner restarts (and forgets every session) while the robot is connected.
+    client.send_segment(encode_segment("so101-a", 1, 2, make_steps(1)))
+    with serving(ServerConfig(router_endpoint=endpoint), ingest):
+        assert wait_until(lambda: client.pending == 0, tick=lambda: client.poll(10))
+    client.close()
+    assert ("so101-a", 1, 2) in ingest.stored
+
+
+def test_config_hash_mismatch_is_refused_with_a_clear_error(tmp_path, caplog):
+    with serving(ServerConfig(config_hash="learner-cfg")) as server:
+        client = ZmqClient(client_config(server, tmp_path, config_hash="edge-cfg"))
+        with caplog.at_level(logging.ERROR):
+            assert wait_until(lambda: client.stats.errors_received > 0, timeout_s=5, tick=lambda: client.poll(10))
+        assert not client.connected
+        assert "config_mismatch" in caplog.text and "learner-cfg" in caplog.text
+        client.close()
+
+
+def test_heartbeats_report_the_policy_version_in_use(tmp_path):
+    with serving() as server:
+        with StreamingClient(client_config(server, tmp_path)) as link:
+            link.set_policy_version(7)
+            assert wait_until(lambda: [p.policy_version for p in server.peers()] == [7], timeout_s=5)
+            assert server.peers()[0].robot_id == "so101-a"
+
+
+# ---------------------------------------------------------------- weights
+
+
+class CorruptingBlob(WeightsBlob):
+    """Flips a byte of one chunk after its sha256 was computed: corruption in transit."""
+
+    def chunk_message(self, index: int) -> WeightsChunk:
+        msg = super().chunk_message(index)
+        if index == 1:
+            data = msg.data.copy()
+            data[0] ^= 0xFF
+            msg = WeightsChunk(version=msg.version, chunk=index, sha256=msg.sha256, data=data)
+        return msg
+
+
+def test_weights_are_announced_fetched_in_chunks_and_verified(tmp_path):
+    received: list[tuple[WeightsAnnounce, bytes]] = []
+    data = os.urandom(50_000)
+    with serving() as server:
+        with StreamingClient(client_config(server, tmp_path), on_weights=lambda a, b: received.append((a, b))) as link:
+            assert link.wait_connected(5)
+            server.publish_weights(WeightsBlob(version=3, data=data, config_hash="", chunk_size=4096))
+            assert wait_until(lambda: len(received) == 1)
+            assert link.stats()["weights_received"] == 1
+    announce, payload = received[0]
+    assert announce.version == 3 and announce.num_chunks == 13 and payload == data
+
+
+def test_a_corrupted_chunk_is_refused_and_the_weights_never_delivered(tmp_path):
+    received: list[bytes] = []
+    with serving() as server:
+        server.publish_weights(CorruptingBlob(version=1, data=os.urandom(10_000), config_hash="", chunk_size=4096))
+        client = ZmqClient(client_config(server, tmp_path, weights_chunk_retries=2), on_weights=lambda a, b: received.append(b))
+        assert wait_until(lambda: client.stats.weights_rejected >= 1, tick=lambda: client.poll(10))
+        client.close()
+    assert received == []
+    assert client.stats.corrupt_chunks == 3  # the first try and two retries, all refused
+
+
+def test_weights_for_another_config_are_ignored(tmp_path):
+    received: list[bytes] = []
+    with serving() as server:
+        client = ZmqClient(client_config(server, tmp_path, config_hash="cfg-a"), on_weights=lambda a, b: received.append(b))
+        server.publish_weights(WeightsBlob(version=1, data=b"x" * 100, config_hash="cfg-b"))
+        assert wait_until(lambda: client.latest_announce is not None, tick=lambda: client.poll(10))
+        for _ in range(10):
+            client.poll(10)
+        client.close()
+    assert received == [] and client.stats.weights_received == 0
+
+
+# ---------------------------------------------------------------- CURVE
+
+
+def test_curve_admits_listed_keys_and_refuses_others(tmp_path):
+    keys = tmp_path / "keys"
+    generate_keypair(keys, "learner")
+    generate_keypair(keys / "robots", "robot-a")
+    generate_keypair(tmp_path / "strangers", "robot-x")
+    server_curve = ServerCurve.from_files(keys / "learner.key_secret", keys / "robots")
+    with serving(ServerConfig(curve=server_curve)) as server:
+        good = ZmqClient(client_config(server, tmp_path / "a", curve=ClientCurve.from_files(
+            keys / "robots" / "robot-a.key_secret", keys / "learner.key")))
+        bad = ZmqClient(client_config(server, tmp_path / "x", robot_id="robot-x", curve=ClientCurve.from_files(
+            tmp_path / "strangers" / "robot-x.key_secret", keys / "learner.key")))
+        plain = ZmqClient(client_config(server, tmp_path / "p", robot_id="robot-p"))
+
+        def tick() -> None:
+            for c in (good, bad, plain):
+                c.poll(5)
+
+        assert wait_until(lambda: good.connected, timeout_s=5, tick=tick)
+        good.send_segment(encode_segment(good.config.robot_id, 1, 0, make_steps(1)))
+        assert wait_until(lambda: good.pending == 0, timeout_s=5, tick=tick)
+        wait_until(lambda: False, timeout_s=1.0, tick=tick)  # give the refused ones a fair chance
+        assert not bad.connected and not plain.connected
+        assert [p.robot_id for p in server.peers()] == ["so101-a"]
+        for c in (good, bad, plain):
+            c.close()
+
+
+# ---------------------------------------------------------------- many robots
+
+
+def test_four_robots_stream_at_once(tmp_path):
+    ingest = MemoryIngest()
+    with serving(handlers=ingest) as server:
+        links = [StreamingClient(client_config(server, tmp_path / f"r{i}", robot_id=f"robot-{i}")).start() for i in range(4)]
+        try:
+            for seq in range(5):
+                for link in links:
+                    assert link.submit_steps(episode_id=1, steps=make_steps(3, 3 * seq))
+            assert all(link.flush(15) for link in links)
+        finally:
+            for link in links:
+                link.stop()
+    assert len(ingest.stored) == 20
+    assert {robot for robot, _, _ in ingest.stored} == {f"robot-{i}" for i in range(4)}
+    assert len({p.robot_id for p in server.peers()}) == 4
+
+
+# ---------------------------------------------------------------- fuzzed live server
+
+
+@pytest.fixture(scope="module")
+def live_server():
+    with serving() as server:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(server.router_endpoint)
+        yield server, sock
+        sock.close()
+        ctx.term()
+
+
+def _request(sock: zmq.Socket, frames: list[bytes]) -> object:
+    sock.send_multipart(frames)
+    assert sock.poll(3000), "the server stopped answering"
+    return decode_message(sock.recv_multipart())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=3))
+def test_fuzzed_frames_get_an_error_reply_and_the_server_keeps_serving(live_server, frames):
+    _, sock = live_server
+    reply = _request(sock, frames)
+    assert isinstance(reply, Error) and reply.message
+
+
+def test_after_fuzzing_the_server_still_serves_valid_requests(live_server):
+    server, sock = live_server
+    reply = _request(sock, [bytes(f) for f in encode_message(Hello(robot_id="fuzzer", config_hash="", policy_version=-1))])
+    assert reply.TYPE == "hello_ok"
+    oversized = encode_message(WeightsChunk(version=1, chunk=0, sha256="", data=np.zeros(1000, np.uint8)))
+    server.config.limits = type(server.config.limits)(max_message_bytes=2000, max_envelope_bytes=500)
+    try:
+        reply = _request(sock, [bytes(oversized[0]), bytes(oversized[1]), bytes(oversized[1])])
+    finally:
+        server.config.limits = type(server.config.limits)()
+    assert isinstance(reply, Error) and reply.code in ("too_large", "bad_message")
