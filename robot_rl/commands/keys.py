@@ -1,9 +1,38 @@
-"""`robot-rl keys`: CURVE key generation (issue #4, not built yet)."""
+"""`robot-rl keys`: generate CURVE key pairs for the learner and its robots.
+
+Layout written (``--out``, default ``keys/``)::
+
+    keys/learner.key          learner public key   -> copy to every robot (edge: --learner-key)
+    keys/learner.key_secret   learner secret key   -> stays on the learner (learner.service.secret_key)
+    keys/robots/NAME.key      robot public keys    -> the learner's allow-list (learner.service.robot_keys_dir)
+    keys/robots/NAME.key_secret                    -> copy to robot NAME only (edge: --secret-key)
+"""
 
 from __future__ import annotations
 
-from robot_rl.commands.not_yet import not_yet_built
+import argparse
+from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    return not_yet_built("keys", 4, "CURVE key generation")
+    parser = argparse.ArgumentParser(prog="robot-rl keys", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("keys"), help="directory to write keys into")
+    parser.add_argument("--robots", nargs="*", default=["robot-0"], help="robot ids to make key pairs for")
+    parser.add_argument("--no-learner", action="store_true", help="only robot keys (add robots to an existing set)")
+    parser.add_argument("--force", action="store_true", help="overwrite existing key files")
+    args = parser.parse_args(argv)
+    from bridges.zmq.keys import generate_keypair
+
+    wanted = ([] if args.no_learner else [(args.out, "learner")]) + [(args.out / "robots", r) for r in args.robots]
+    existing = [d / f"{n}.key_secret" for d, n in wanted if (d / f"{n}.key_secret").exists()]
+    if existing and not args.force:
+        print(f"robot-rl keys: {', '.join(map(str, existing))} already exist; pass --force to replace them "
+              "(robots and learner holding the old keys will then be refused)")
+        return 2
+    for directory, name in wanted:
+        public, secret = generate_keypair(directory, name)
+        print(f"{name:>16}: public {public}  secret {secret} (chmod 600)")
+    print(f"learner: learner.service.secret_key={args.out / 'learner.key_secret'} "
+          f"learner.service.robot_keys_dir={args.out / 'robots'}")
+    return 0

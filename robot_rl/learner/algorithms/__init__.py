@@ -1,0 +1,23 @@
+"""Learning algorithms the trainer can run, by name (``trainer.algorithm`` in the config)."""
+
+from __future__ import annotations
+
+import torch
+
+from policies.flow_vla import FlowVLA
+from robot_rl.learner.algorithms.base import Algorithm
+from robot_rl.learner.algorithms.bc import WeightedBC
+from robot_rl.learner.config import TrainerConfig
+
+ALGORITHMS: dict[str, type[Algorithm]] = {"bc": WeightedBC}
+
+
+def make_algorithm(policy: FlowVLA, config: TrainerConfig, device: torch.device) -> Algorithm:
+    try:
+        cls = ALGORITHMS[config.algorithm]
+    except KeyError:
+        raise ValueError(f"unknown trainer.algorithm {config.algorithm!r}; available: {sorted(ALGORITHMS)}") from None
+    return cls(policy, config, device)
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "WeightedBC", "make_algorithm"]

@@ -1,0 +1,140 @@
+"""Advantage-weighted regression with a critic over action chunks.
+
+AWR (Peng et al. 2019) fits a value function V(s) to returns of the data, then does
+weighted behaviour cloning with weights clip(exp(A / beta), w_max), A = target - V(s):
+actions that did better than the policy usually does at that state are imitated more.
+For a flow-matching VLA the "log-likelihood" is replaced by the flow-matching loss, as
+in pi0.6*'s RECAP, which conditions on (rather than weights by) the same advantage.
+
+Everything lives at chunk boundaries: V is evaluated at the observation a chunk was
+predicted from, and its target mixes two returns, both in ``robot_rl.learner.rewards``:
+
+    target = mc_mix * G_MC + (1 - mc_mix) * (R_chunk + gamma^H * V_target(s_{t+H}))
+
+the Monte-Carlo return-to-go (unbiased, high variance) and the one-chunk TD target
+(low variance, biased by V). Mixing Monte-Carlo returns into bootstrapped targets
+stabilises learning from sparse rewards (Ostrovski et al. 2017); it is the two-point
+special case of a lambda-return. While an episode is still open its Monte-Carlo return
+is unknown, so such samples use the TD target alone; a sample whose next boundary is not
+recorded yet has no target and keeps the neutral weight 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from policies.flow_vla import FlowVLA
+from robot_rl.learner.algorithms.critic import (
+    ValueNetwork,
+    feature_dim,
+    frozen_copy,
+    instruction_embeddings,
+    observation_features,
+    polyak_update,
+    seeded,
+)
+from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, algorithm_config, require_fields
+from robot_rl.learner.config import TrainerConfig
+from robot_rl.learner.staleness import StalenessConfig
+
+AWR_FIELDS = ("return", "chunk_reward", "chunk_discount", "transition_valid", "episode_finished", "next.state")
+
+
+@dataclass
+class AWRConfig:
+    beta: float = 1.0  # temperature of exp(A / beta)
+    max_weight: float = 20.0  # w_max of the AWR paper
+    normalize_advantages: bool = True  # standardise A over the batch, so beta does not depend on reward scale
+    mc_mix: float = 0.5  # share of the Monte-Carlo return in the value target (1 = pure MC, 0 = pure TD)
+    critic_lr: float = 3e-4
+    critic_hidden: int = 256
+    critic_depth: int = 2
+    tau: float = 0.01  # Polyak rate of the target value network
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0 or self.max_weight <= 0:
+            raise ValueError(f"AWRConfig: beta and max_weight must be > 0, got {self.beta}, {self.max_weight}")
+        if not 0.0 <= self.mc_mix <= 1.0 or not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"AWRConfig: mc_mix must be in [0, 1] and tau in (0, 1], got {self.mc_mix}, {self.tau}")
+
+
+def value_targets(returns: torch.Tensor, chunk_reward: torch.Tensor, chunk_discount: torch.Tensor,
+                  next_value: torch.Tensor, finished: torch.Tensor, valid: torch.Tensor,
+                  mc_mix: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(targets [B], has_target [B] bool): MC/TD mix for finished episodes, TD alone for open ones."""
+    td = chunk_reward + chunk_discount * next_value
+    targets = torch.where(finished, mc_mix * returns + (1.0 - mc_mix) * td, td)
+    has_target = valid | finished
+    return torch.where(has_target, targets, torch.zeros_like(targets)), has_target
+
+
+def advantage_weights(advantages: torch.Tensor, has_target: torch.Tensor, beta: float, max_weight: float,
+                      normalize: bool) -> torch.Tensor:
+    """clip(exp(A / beta), max_weight) where a target exists, 1 (neutral) elsewhere."""
+    a = advantages.to(torch.float32)
+    if normalize and int(has_target.sum()) > 1:
+        kept = a[has_target]
+        a = (a - kept.mean()) / (kept.std() + 1e-6)
+    weights = torch.exp(a / beta).clamp(max=max_weight)
+    return torch.where(has_target, weights, torch.ones_like(weights))
+
+
+class AWR(WeightedFlowAlgorithm):
+    """AWR on the flow-matching loss with a chunk-boundary value critic trained alongside."""
+
+    name = "awr"
+
+    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        self.params = algorithm_config(AWRConfig, config)
+        super().__init__(policy, config, device, self.params.staleness)
+        with seeded(config.seed):
+            self.value = ValueNetwork(feature_dim(policy), self.params.critic_hidden, self.params.critic_depth)
+        self.value.to(device)
+        self.value_target = frozen_copy(self.value)
+        self.critic_optimizer = torch.optim.AdamW(self.value.parameters(), lr=self.params.critic_lr)
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {**super().optimizers(), "value": self.critic_optimizer}
+
+    def extra_modules(self) -> dict[str, torch.nn.Module]:
+        return {"value": self.value, "value_target": self.value_target}
+
+    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+        require_fields(batch, AWR_FIELDS, "awr")
+        stale, stale_metrics = self.base_weights(batch)
+        text = instruction_embeddings(self.policy, batch)
+        batch = {**batch, "instruction_embedding": text}
+        _, features = observation_features(self.policy, batch, text)
+        _, next_features = observation_features(self.policy, batch, text, prefix="next.")
+
+        def field_(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.as_tensor(batch[name], dtype=dtype).to(self.device)
+
+        with torch.no_grad():
+            targets, has_target = value_targets(
+                field_("return"), field_("chunk_reward"), field_("chunk_discount"), self.value_target(next_features),
+                field_("episode_finished", torch.bool), field_("transition_valid", torch.bool), self.params.mc_mix)
+        value = self.value(features)
+        critic_metrics = self._critic_step(value, targets, has_target.float() * stale.to(self.device))
+        advantages = targets - value.detach()
+        weights = advantage_weights(advantages, has_target, self.params.beta, self.params.max_weight,
+                                    self.params.normalize_advantages)
+        metrics = self.policy_step(batch, weights.cpu() * stale)
+        known = has_target.any()
+        return {**metrics, **critic_metrics, **stale_metrics,
+                "advantage_mean": float(advantages[has_target].mean()) if known else 0.0,
+                "value_mean": float(value.detach().mean())}
+
+    def _critic_step(self, value: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        loss = (mask * (value - targets).pow(2)).sum() / mask.sum().clamp_min(1.0)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.config.grad_clip)
+        self.critic_optimizer.step()
+        polyak_update(self.value_target, self.value, self.params.tau)
+        self.value.num_updates += 1
+        return {"value_loss": float(loss.item()), "target_fraction": float((mask > 0).float().mean())}

@@ -1,0 +1,216 @@
+"""Reward-weighted regression on the flow-matching loss: the Hi-ORS recipe.
+
+Hi-ORS (human-in-the-loop online rejection sampling) fine-tunes a VLA with plain
+supervised learning on its own rollouts, filtered and weighted by outcome:
+
+- rejection sampling: policy-driven steps of failed episodes are dropped (or down-weighted);
+- human corrections (intervention segments) are weighted up: they show what to do exactly
+  where the policy went wrong (as in HG-DAgger);
+- what remains is weighted by exp(R / beta) of its return R (reward-weighted regression,
+  Peters & Schaal 2007), normalised to mean 1 over the kept samples and clipped, so a few
+  lucky samples cannot take over the batch. The effective sample size of the weights is
+  logged to show how far the update is from plain behaviour cloning (ESS = batch size).
+
+This module also holds what the three weighted algorithms share (``WeightedFlowAlgorithm``):
+per-algorithm config parsing, the staleness bound, and the guarded weighted policy step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from policies.flow_vla import FlowVLA
+from robot_rl.learner.algorithms.bc import WeightedBC
+from robot_rl.learner.config import STREAMS, TrainerConfig
+from robot_rl.learner.staleness import StalenessBound, StalenessConfig
+
+log = logging.getLogger(__name__)
+
+ONLINE, INTERVENTION, DEMONSTRATION = (STREAMS.index(s) for s in ("online", "intervention", "demonstration"))
+C = TypeVar("C")
+
+
+# ---------------------------------------------------------------- weights
+
+
+def effective_sample_size(weights: torch.Tensor) -> float:
+    """(sum w)^2 / sum w^2 (Kish): B for equal weights, 1 when a single sample carries all weight."""
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    total_sq = float(w.pow(2).sum())
+    return float(w.sum()) ** 2 / total_sq if total_sq > 0 else 0.0
+
+
+def exponential_weights(scores: torch.Tensor, beta: float, max_weight: float,
+                        log_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """w_i ∝ exp(s_i / beta) * factor_i, normalised to mean 1 over w > 0, then clipped at ``max_weight``.
+
+    ``log_factors`` (log of per-sample multipliers, -inf = rejected) enter the exponent so
+    that very small or large scores never overflow. All samples rejected -> all zeros.
+    """
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    logits = torch.as_tensor(scores, dtype=torch.float64) / beta
+    if log_factors is not None:
+        logits = logits + torch.as_tensor(log_factors, dtype=torch.float64)
+    kept = torch.isfinite(logits)
+    weights = torch.zeros_like(logits)
+    if kept.any():
+        weights[kept] = torch.exp(logits[kept] - logits[kept].max())
+        weights[kept] = weights[kept] / weights[kept].mean()
+    return weights.clamp(max=max_weight).to(torch.float32)
+
+
+def weight_metrics(weights: torch.Tensor, prefix: str = "") -> dict[str, float]:
+    ess = effective_sample_size(weights)
+    return {f"{prefix}ess": ess, f"{prefix}ess_fraction": ess / max(len(weights), 1),
+            f"{prefix}weight_max": float(weights.max()) if len(weights) else 0.0,
+            f"{prefix}kept_fraction": float((weights > 0).float().mean()) if len(weights) else 0.0}
+
+
+# ---------------------------------------------------------------- config and shared base
+
+
+def algorithm_config(cls: type[C], trainer_config: TrainerConfig) -> C:
+    """Build an algorithm's own config from ``trainer_config.algorithm_params`` (a plain dict).
+
+    Nested dataclass fields (``staleness``) accept dicts. Unknown keys are an error, so a
+    typo in a YAML file does not silently fall back to a default.
+    """
+    return _from_dict(cls, getattr(trainer_config, "algorithm_params", None) or {})
+
+
+def _from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} parameter(s) {unknown} in trainer.algorithm_params; "
+                         f"known: {sorted(fields)}")
+    values = {}
+    for name, value in data.items():
+        default = fields[name].default_factory() if fields[name].default_factory is not dataclasses.MISSING else None
+        values[name] = _from_dict(type(default), value) if dataclasses.is_dataclass(default) and isinstance(
+            value, Mapping) else value
+    return cls(**values)
+
+
+class WeightedFlowAlgorithm(WeightedBC):
+    """A weighted flow-matching policy step plus a staleness bound; subclasses choose the weights."""
+
+    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device,
+                 staleness: StalenessConfig) -> None:
+        super().__init__(policy, config, device)
+        self.staleness = StalenessBound(staleness)
+
+    def set_policy_version(self, version: int) -> None:
+        """The trainer calls this after each publish: staleness is measured against it."""
+        self.staleness.current_version = int(version)
+
+    def base_weights(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The sampler's own per-sample ``weight`` (1 if absent) times the staleness bound's."""
+        stale, metrics = self.staleness(batch)
+        incoming = batch.get("weight")
+        if incoming is not None:
+            stale = stale * torch.as_tensor(incoming, dtype=torch.float32).cpu()
+        return stale, metrics
+
+    def policy_step(self, batch: dict[str, Any], weights: torch.Tensor) -> dict[str, float]:
+        """One weighted flow-matching step; skipped (no optimiser state change) when every weight is 0."""
+        weights = weights.detach().to(torch.float32).cpu()
+        metrics = weight_metrics(weights)
+        if float(weights.sum()) <= 0:
+            # Still draw the flow noise so the generator advances exactly as in a normal update.
+            self._draw_noise(batch)
+            return {"loss": 0.0, "grad_norm": 0.0, "loss_max": 0.0, "skipped": 1.0, **metrics}
+        return {**super().update({**batch, "weight": weights}), "skipped": 0.0, **metrics}
+
+
+def _warn_once(owner: object, key: str, message: str) -> None:
+    seen = owner.__dict__.setdefault("_warned", set())
+    if key not in seen:
+        seen.add(key)
+        log.warning(message)
+
+
+# ---------------------------------------------------------------- RWR
+
+
+@dataclass
+class RWRConfig:
+    beta: float = 0.5  # temperature of exp(R / beta); smaller = greedier
+    max_weight: float = 10.0  # clip, in units of the mean weight
+    failures: str = "drop"  # online steps of failed episodes: "drop" (rejection sampling), "downweight", "keep"
+    failure_weight: float = 0.1  # multiplier for "downweight"
+    intervention_weight: float = 2.0  # human corrections count this much more
+    demonstration_weight: float = 1.0
+    drop_unfinished: bool = True  # online steps of episodes whose outcome is not known yet
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+
+    def __post_init__(self) -> None:
+        if self.failures not in ("drop", "downweight", "keep"):
+            raise ValueError(f"RWRConfig: failures must be 'drop', 'downweight' or 'keep', got {self.failures!r}")
+        if self.beta <= 0 or self.max_weight <= 0:
+            raise ValueError(f"RWRConfig: beta and max_weight must be > 0, got {self.beta}, {self.max_weight}")
+        if min(self.failure_weight, self.intervention_weight, self.demonstration_weight) < 0:
+            raise ValueError("RWRConfig: stream and failure weights must be >= 0")
+
+
+def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tensor | None,
+                finished: torch.Tensor | None, config: RWRConfig) -> torch.Tensor:
+    """Hi-ORS weights [B]: rejection of failed online steps, stream multipliers, clipped exp(R / beta)."""
+    stream = torch.as_tensor(stream, dtype=torch.int64)
+    factors = torch.ones(len(stream), dtype=torch.float64)
+    factors[stream == INTERVENTION] = config.intervention_weight
+    factors[stream == DEMONSTRATION] = config.demonstration_weight
+    online = stream == ONLINE
+    finished = torch.ones_like(online) if finished is None else torch.as_tensor(finished, dtype=torch.bool)
+    if config.drop_unfinished:
+        factors[online & ~finished] = 0.0
+    if success is not None and config.failures != "keep":
+        failed = online & finished & ~torch.as_tensor(success, dtype=torch.bool)
+        factors[failed] *= 0.0 if config.failures == "drop" else config.failure_weight
+    return exponential_weights(scores, config.beta, config.max_weight, torch.log(factors))
+
+
+class RWR(WeightedFlowAlgorithm):
+    """Reward-weighted regression on the flow-matching loss (Hi-ORS). Uses batch fields
+    ``stream``, ``return`` (else ``reward``), ``episode_success``, ``episode_finished``, ``policy_version``."""
+
+    name = "rwr"
+
+    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        self.params = algorithm_config(RWRConfig, config)
+        super().__init__(policy, config, device, self.params.staleness)
+
+    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+        stale, stale_metrics = self.base_weights(batch)
+        weights = rwr_weights(self._scores(batch), batch["stream"], batch.get("episode_success"),
+                              batch.get("episode_finished"), self.params)
+        success = batch.get("episode_success")
+        if success is None:
+            _warn_once(self, "success", "rwr: batches carry no 'episode_success' field; failed episodes cannot be "
+                                        "rejected (add robot_rl.learner.rewards.transition_fields to the sampler)")
+        metrics = self.policy_step(batch, weights * stale)
+        if success is not None:
+            metrics["batch_success_fraction"] = float(torch.as_tensor(success, dtype=torch.float32).mean())
+        return {**metrics, **stale_metrics}
+
+    def _scores(self, batch: dict[str, Any]) -> torch.Tensor:
+        if "return" in batch:
+            return torch.as_tensor(batch["return"], dtype=torch.float32)
+        _warn_once(self, "return", "rwr: batches carry no 'return' field; weighting by the per-step 'reward' "
+                                   "instead (add robot_rl.learner.rewards.transition_fields to the sampler)")
+        return torch.as_tensor(batch["reward"], dtype=torch.float32)
+
+
+def require_fields(batch: dict[str, Any], names: tuple[str, ...], who: str) -> None:
+    """Fail early, naming every missing per-sample field and where it comes from."""
+    missing = [n for n in names if n not in batch]
+    if missing:
+        raise KeyError(f"{who} needs batch field(s) {missing}; the sampler adds them with "
+                       "robot_rl.learner.rewards.transition_fields")

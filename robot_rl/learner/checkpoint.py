@@ -1,0 +1,182 @@
+"""Atomic trainer checkpoints: model, optimisers, step, RNG states and the store's index manifest.
+
+Layout: ``<dir>/step-00001234/`` holding the policy (``save_pretrained``: model.safetensors
++ config.json), ``trainer.safetensors`` (optimiser tensors, RNG states, extra modules) and
+``trainer.json`` (step, version, optimiser hyper-parameters and scalars, numpy RNG state,
+index manifest). Everything is safetensors or JSON: loading a checkpoint never unpickles.
+
+Atomicity: the directory is written under a temporary name, every file fsynced, then
+renamed into place and the parent fsynced; ``latest`` (the name of the newest complete
+checkpoint) is replaced the same way. A crash leaves either the old or the new
+checkpoint, never a half-written one that ``--resume`` would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+STATE_TENSORS = "trainer.safetensors"
+STATE_JSON = "trainer.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TrainerState:
+    """Everything besides the policy weights that a resumed trainer needs."""
+
+    step: int
+    version: int  # last published weights version
+    optimizers: dict[str, dict[str, Any]]  # name -> optimizer.state_dict()
+    torch_rng: torch.Tensor
+    algorithm_rng: torch.Tensor
+    numpy_rng: dict[str, Any]
+    extra_modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    cuda_rng: list[torch.Tensor] = field(default_factory=list)
+    index_manifest: list[list] = field(default_factory=list)
+    config_hash: str = ""
+
+
+# ---------------------------------------------------------------- optimiser state <-> flat tensors
+
+
+def _flatten_optimizer(name: str, state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Tensors go to ``tensors`` under ``optim.<name>.<param>.<key>``; the rest is returned as JSON."""
+    scalars: dict[str, dict[str, Any]] = {}
+    for param_id, values in state["state"].items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{name}.{param_id}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(param_id), {})[key] = value
+    return {"param_groups": state["param_groups"], "scalars": scalars,
+            "param_ids": [str(p) for p in state["state"]]}
+
+
+def _unflatten_optimizer(name: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {int(p): dict(meta["scalars"].get(p, {})) for p in meta["param_ids"]}
+    prefix = f"optim.{name}."
+    for key, value in tensors.items():
+        if key.startswith(prefix):
+            param_id, _, field_name = key[len(prefix):].partition(".")
+            state[int(param_id)][field_name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+# ---------------------------------------------------------------- write
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(root: str | Path, policy: Any, state: TrainerState, keep: int = 3) -> Path:
+    """Write a complete checkpoint atomically; returns its directory."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{state.step:08d}"
+    final, tmp = root / name, root / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    policy.save_pretrained(tmp)
+    tensors: dict[str, torch.Tensor] = {"rng.torch": state.torch_rng, "rng.algorithm": state.algorithm_rng}
+    for i, t in enumerate(state.cuda_rng):
+        tensors[f"rng.cuda.{i}"] = t
+    optim_meta = {n: _flatten_optimizer(n, s, tensors) for n, s in state.optimizers.items()}
+    for module, module_state in state.extra_modules.items():
+        for key, value in module_state.items():
+            tensors[f"module.{module}.{key}"] = value.detach().cpu().contiguous()
+    save_file(tensors, str(tmp / STATE_TENSORS))
+    meta = {"format_version": FORMAT_VERSION, "step": state.step, "version": state.version,
+            "optimizers": optim_meta, "numpy_rng": state.numpy_rng, "num_cuda_rng": len(state.cuda_rng),
+            "extra_modules": sorted(state.extra_modules), "index_manifest": state.index_manifest,
+            "config_hash": state.config_hash}
+    (tmp / STATE_JSON).write_text(json.dumps(meta))
+    _fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    _write_latest(root, name)
+    _prune(root, keep)
+    log.info("checkpoint %s written", final)
+    return final
+
+
+def _write_latest(root: Path, name: str) -> None:
+    tmp = root / f".{LATEST}.tmp"
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / LATEST)
+    _fsync_dir(root)
+
+
+def _prune(root: Path, keep: int) -> None:
+    checkpoints = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for old in checkpoints[: max(0, len(checkpoints) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- read
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, or None if there is none."""
+    pointer = Path(root) / LATEST
+    if not pointer.is_file():
+        return None
+    path = Path(root) / pointer.read_text().strip()
+    if not (path / STATE_JSON).is_file():
+        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing; "
+                                f"point it at one of {sorted(p.name for p in Path(root).glob('step-*'))}")
+    return path
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainerState]:
+    """(policy state dict, trainer state) of the checkpoint in ``path``."""
+    path = Path(path)
+    meta = json.loads((path / STATE_JSON).read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: trainer checkpoint format {meta.get('format_version')}, expected {FORMAT_VERSION}")
+    weights = load_file(str(path / "model.safetensors"))
+    tensors = load_file(str(path / STATE_TENSORS))
+    extra = {m: {k[len(f"module.{m}."):]: v for k, v in tensors.items() if k.startswith(f"module.{m}.")}
+             for m in meta["extra_modules"]}
+    state = TrainerState(
+        step=int(meta["step"]),
+        version=int(meta["version"]),
+        optimizers={n: _unflatten_optimizer(n, m, tensors) for n, m in meta["optimizers"].items()},
+        torch_rng=tensors["rng.torch"],
+        algorithm_rng=tensors["rng.algorithm"],
+        numpy_rng=meta["numpy_rng"],
+        extra_modules=extra,
+        cuda_rng=[tensors[f"rng.cuda.{i}"] for i in range(meta["num_cuda_rng"])],
+        index_manifest=meta["index_manifest"],
+        config_hash=meta["config_hash"],
+    )
+    return weights, state

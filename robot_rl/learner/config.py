@@ -1,0 +1,136 @@
+"""Learner settings in plain types, so ``configs/learner/*.yaml`` can mirror them field by field.
+
+Three groups, one per job: where the replay store lives and how it samples
+(``StoreConfig``), how the trainer updates and publishes (``TrainerConfig``), and
+where the service listens (``ServiceConfig``). ``LearnerConfig`` bundles them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STREAMS = ("online", "intervention", "demonstration")
+
+
+@dataclass
+class StoreConfig:
+    """The replay store: a LeRobotDataset v3 on disk plus an in-memory sampling index."""
+
+    root: str = "outputs/learner/store"
+    repo_id: str = "local/robot_rl_replay"
+    fps: int = 30
+    joint_names: tuple[str, ...] = (
+        "shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
+    cameras: tuple[str, ...] = ("front", "wrist")
+    image_height: int = 96
+    image_width: int = 96
+    # Recorded demonstrations (a LeRobotDataset v3 dir) preloaded into the demonstration stream.
+    demonstrations: str | None = None
+    demonstrations_repo_id: str = "local/robot_rl"
+    # An open episode that receives nothing for this long is stored as truncated.
+    episode_timeout_s: float = 300.0
+    # Write finished episodes on a background thread (True) or inline (False: tests, tools).
+    background_commit: bool = True
+
+    def __post_init__(self) -> None:
+        self.joint_names = tuple(self.joint_names)
+        self.cameras = tuple(self.cameras)
+        if self.fps <= 0 or self.image_height <= 0 or self.image_width <= 0:
+            raise ValueError(f"StoreConfig: fps and image size must be > 0, got fps={self.fps}, "
+                             f"image={self.image_height}x{self.image_width}")
+        if not self.joint_names:
+            raise ValueError("StoreConfig: joint_names must name at least one joint")
+
+    @property
+    def camera_shapes(self) -> dict[str, tuple[int, int]]:
+        return {cam: (self.image_height, self.image_width) for cam in self.cameras}
+
+
+@dataclass
+class TrainerConfig:
+    """The update loop: batch mixing, optimiser, publishing and checkpoint cadence."""
+
+    algorithm: str = "bc"
+    batch_size: int = 32
+    lr: float = 1e-4
+    weight_decay: float = 1e-4
+    grad_clip: float = 1.0
+    # Share of each batch drawn from each stream (renormalised over the non-empty ones).
+    online_ratio: float = 0.5
+    intervention_ratio: float = 0.25
+    demonstration_ratio: float = 0.25
+    min_steps_to_train: int = 64  # wait (idle, not blocking ingest) until the store holds this many steps
+    max_updates: int | None = None  # None: train until stopped
+    publish_every_updates: int = 50
+    publish_every_s: float = 30.0
+    transfer_dtype: str = "float32"  # weights on the wire: float32, float16 or bfloat16
+    checkpoint_dir: str = "outputs/learner/checkpoints"
+    checkpoint_every_updates: int = 500
+    keep_checkpoints: int = 3
+    seed: int = 0
+    device: str = "auto"  # "auto": CUDA when present, else CPU
+
+    def __post_init__(self) -> None:
+        ratios = (self.online_ratio, self.intervention_ratio, self.demonstration_ratio)
+        if min(ratios) < 0 or sum(ratios) <= 0:
+            raise ValueError(f"TrainerConfig: stream ratios must be >= 0 with a positive sum, got {ratios}")
+        if self.batch_size < 1:
+            raise ValueError(f"TrainerConfig: batch_size must be >= 1, got {self.batch_size}")
+        if self.publish_every_updates < 1 or self.checkpoint_every_updates < 1:
+            raise ValueError("TrainerConfig: publish_every_updates and checkpoint_every_updates must be >= 1")
+
+    @property
+    def stream_ratios(self) -> dict[str, float]:
+        return dict(zip(STREAMS, (self.online_ratio, self.intervention_ratio, self.demonstration_ratio), strict=True))
+
+
+@dataclass
+class ServiceConfig:
+    """Where the learner listens and whom it lets in."""
+
+    router_endpoint: str = "tcp://127.0.0.1:5555"
+    pub_endpoint: str = "tcp://127.0.0.1:5556"
+    server_id: str = "learner"
+    # CURVE: the learner's NAME.key_secret and a directory of robots' *.key files (both or neither).
+    secret_key: str | None = None
+    robot_keys_dir: str | None = None
+    allow_insecure: bool = False
+    heartbeat_interval_s: float = 1.0
+    peer_timeout_s: float = 15.0
+    status_every_s: float = 10.0  # log a one-line status this often
+
+
+@dataclass
+class LearnerConfig:
+    """Everything ``robot-rl learner`` needs besides the policy config."""
+
+    store: StoreConfig = field(default_factory=StoreConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    # Initial weights: a FlowVLA checkpoint dir (save_pretrained layout); None = fresh init.
+    init_checkpoint: str | None = None
+
+
+def learner_config_from(node: object) -> LearnerConfig:
+    """Build a ``LearnerConfig`` from the composed ``learner`` group (None -> defaults).
+
+    Each sub-group goes through ``robot_rl.config.to_dataclass``, so an unknown key
+    (a typo in YAML or on the command line) is refused with the list of known fields.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    from robot_rl.config import ConfigError, to_dataclass
+
+    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    unknown = sorted(set(raw) - {"store", "trainer", "service", "init_checkpoint", "_name"})
+    if unknown:
+        raise ConfigError(f"learner config has unknown key(s) {unknown}; known: store, trainer, service, init_checkpoint")
+    try:
+        return LearnerConfig(
+            store=to_dataclass(raw.get("store"), StoreConfig),
+            trainer=to_dataclass(raw.get("trainer"), TrainerConfig),
+            service=to_dataclass(raw.get("service"), ServiceConfig),
+            init_checkpoint=raw.get("init_checkpoint"),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc

@@ -1,0 +1,222 @@
+"""In-memory sampling index over the replay store: online, intervention and demonstration streams.
+
+Why in memory: the trainer draws thousands of random (episode, t) samples per second
+with state-offset augmentation, which indexes across time inside an episode; reading
+frames back from parquet for that would starve the GPU.
+
+Why canonical order: entries are kept sorted by their key (robot, episode, fragment),
+and a sample is located through per-stream cumulative counts, so the index is a pure
+function of its content. An index rebuilt from disk after a restart therefore samples
+exactly like the one that was checkpointed, whatever order the data arrived in.
+
+Streams: every step of a demonstration entry is a demonstration step; robot steps go
+to ``intervention`` when a human was driving and to ``online`` otherwise.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from policies.flow_vla.augment import build_sample, sample_offsets
+from robot_rl.core.types import Step
+from robot_rl.learner.config import STREAMS
+
+EntryKey = tuple[str, int, int]  # (robot_id, episode_id, fragment); demonstrations use robot_id "~demo"
+DEMO_ROBOT = "~demo"
+
+
+class GrowingEpisode:
+    """One episode's arrays, appended segment by segment (amortised O(1) growth by doubling)."""
+
+    def __init__(self, instruction: str, is_demonstration: bool) -> None:
+        self.instruction = instruction
+        self.is_demonstration = is_demonstration
+        self.length = 0
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def append(self, columns: Mapping[str, np.ndarray]) -> None:
+        n = len(next(iter(columns.values())))
+        for name, values in columns.items():
+            values = np.asarray(values)
+            if len(values) != n:
+                raise ValueError(f"column {name!r} has {len(values)} rows, expected {n}")
+            buf = self._arrays.get(name)
+            if buf is None:
+                buf = np.empty((max(16, n), *values.shape[1:]), dtype=values.dtype)
+            elif self.length + n > len(buf):
+                bigger = np.empty((max(2 * len(buf), self.length + n), *buf.shape[1:]), dtype=buf.dtype)
+                bigger[: self.length] = buf[: self.length]
+                buf = bigger
+            buf[self.length : self.length + n] = values
+            self._arrays[name] = buf
+        self.length += n
+
+    def view(self) -> dict:
+        """The episode dict ``build_sample`` reads (views, no copies)."""
+        out: dict = {name: buf[: self.length] for name, buf in self._arrays.items()}
+        out["instruction"] = self.instruction
+        return out
+
+    def stream_positions(self, stream: str) -> np.ndarray:
+        if self.is_demonstration:
+            return np.arange(self.length) if stream == "demonstration" else np.empty(0, dtype=np.int64)
+        flags = self._arrays["is_intervention"][: self.length]
+        if stream == "intervention":
+            return np.flatnonzero(flags)
+        if stream == "online":
+            return np.flatnonzero(~flags)
+        return np.empty(0, dtype=np.int64)
+
+
+def steps_to_columns(steps: Sequence[Step], cameras: Sequence[str]) -> dict[str, np.ndarray]:
+    """Steps -> the column arrays the index keeps (state, action, images, flags, reward)."""
+    columns = {
+        "state": np.stack([np.asarray(s.state, dtype=np.float32) for s in steps]),
+        "action": np.stack([np.asarray(s.action, dtype=np.float32) for s in steps]),
+        "is_intervention": np.array([s.is_intervention for s in steps], dtype=bool),
+        "reward": np.array([s.reward for s in steps], dtype=np.float32),
+        "success": np.array([s.success for s in steps], dtype=bool),
+        "policy_version": np.array([s.policy_version for s in steps], dtype=np.int64),
+    }
+    for cam in cameras:
+        columns[f"images.{cam}"] = np.stack([s.images[cam] for s in steps])
+    return columns
+
+
+def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str]) -> dict[str, np.ndarray]:
+    """An episode dict from ``load_episode_arrays`` -> the same columns as ``steps_to_columns``."""
+    n = len(episode["action"])
+
+    def flat(key: str, dtype: type, default: float | bool | int) -> np.ndarray:
+        value = episode.get(key)
+        return np.full(n, default, dtype=dtype) if value is None else np.asarray(value, dtype=dtype).reshape(n)
+
+    columns = {
+        "state": np.asarray(episode["state"], dtype=np.float32),
+        "action": np.asarray(episode["action"], dtype=np.float32),
+        "is_intervention": flat("is_intervention", bool, False),
+        "reward": flat("next.reward", np.float32, 0.0),
+        "success": flat("next.success", bool, False),
+        "policy_version": flat("policy_version", np.int64, -1),
+    }
+    for cam in cameras:
+        columns[f"images.{cam}"] = np.asarray(episode[f"images.{cam}"], dtype=np.uint8)
+    return columns
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What a batch needs from the policy's config: chunking, cameras, augmentation."""
+
+    chunk_size: int
+    cameras: tuple[str, ...]
+    max_state_offset: int = 0
+    offset_weights: tuple[float, ...] | None = None
+
+
+class SamplingIndex:
+    """Thread-safe index: the store appends, the trainer samples."""
+
+    def __init__(self, cameras: Sequence[str]) -> None:
+        self.cameras = tuple(cameras)
+        self._lock = threading.Lock()
+        self._keys: list[EntryKey] = []  # sorted
+        self._entries: dict[EntryKey, GrowingEpisode] = {}
+        self._positions: dict[tuple[EntryKey, str], np.ndarray] = {}
+        self._cumulative: dict[str, np.ndarray] | None = None
+        self._stream_keys: dict[str, list[EntryKey]] = {}
+
+    # ------------------------------------------------------------ writing
+
+    def append(self, key: EntryKey, columns: Mapping[str, np.ndarray], instruction: str) -> None:
+        """Add steps to entry ``key`` (created on first use)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = GrowingEpisode(instruction, is_demonstration=key[0] == DEMO_ROBOT)
+                self._entries[key] = entry
+                bisect.insort(self._keys, key)
+            entry.append(columns)
+            for stream in STREAMS:
+                self._positions[(key, stream)] = entry.stream_positions(stream)
+            self._cumulative = None
+
+    # ------------------------------------------------------------ reading
+
+    def counts(self) -> dict[str, int]:
+        """Steps per stream."""
+        with self._lock:
+            cumulative = self._cumulative_locked()
+            return {s: int(cumulative[s][-1]) if len(cumulative[s]) else 0 for s in STREAMS}
+
+    @property
+    def num_entries(self) -> int:
+        return len(self._keys)
+
+    def manifest(self) -> list[list]:
+        """[robot_id, episode_id, fragment, length] per entry, in index order: what a checkpoint records."""
+        with self._lock:
+            return [[*key, self._entries[key].length] for key in self._keys]
+
+    def sample(self, batch_size: int, ratios: Mapping[str, float], spec: SampleSpec,
+               rng: np.random.Generator) -> dict:
+        """A training batch (torch tensors, FlowVLA layout) mixing streams by ``ratios``.
+
+        Ratios are renormalised over the streams that hold data, so an empty
+        intervention stream early in a run does not shrink the batch. Extra keys:
+        ``weight`` (1.0), ``stream`` (index into STREAMS), ``reward`` and ``is_intervention``
+        at the sampled step, for algorithms that need them.
+        """
+        with self._lock:
+            cumulative = self._cumulative_locked()
+            totals = np.array([cumulative[s][-1] if len(cumulative[s]) else 0 for s in STREAMS], dtype=np.int64)
+            weights = np.array([ratios.get(s, 0.0) if totals[i] > 0 else 0.0 for i, s in enumerate(STREAMS)])
+            if weights.sum() <= 0:
+                raise LookupError(f"no steps to sample from streams with a positive ratio (steps per stream: "
+                                  f"{dict(zip(STREAMS, totals.tolist()))}, ratios: {dict(ratios)})")
+            streams = rng.choice(len(STREAMS), size=batch_size, p=weights / weights.sum())
+            offsets = sample_offsets(rng, batch_size, spec.max_state_offset, spec.offset_weights)
+            samples, instructions, rewards, flags = [], [], [], []
+            for stream_index, offset in zip(streams, offsets, strict=True):
+                stream = STREAMS[stream_index]
+                pick = int(rng.integers(0, totals[stream_index]))
+                slot = int(np.searchsorted(cumulative[stream], pick, side="right"))
+                key = self._stream_keys[stream][slot]
+                before = int(cumulative[stream][slot - 1]) if slot else 0
+                t = int(self._positions[(key, stream)][pick - before])
+                entry = self._entries[key]
+                episode = entry.view()
+                samples.append(build_sample(episode, t, int(offset), spec.chunk_size, spec.cameras))
+                instructions.append(entry.instruction)
+                rewards.append(float(episode["reward"][t]))
+                flags.append(bool(episode["is_intervention"][t]))
+        batch = {key: torch.as_tensor(np.stack([s[key] for s in samples])) for key in samples[0]}
+        batch["instruction"] = instructions
+        batch["weight"] = torch.ones(batch_size)
+        batch["stream"] = torch.as_tensor(streams, dtype=torch.int64)
+        batch["reward"] = torch.tensor(rewards)
+        batch["is_intervention"] = torch.tensor(flags)
+        return batch
+
+    def states_and_actions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every state and action held, for normalisation statistics of a fresh policy."""
+        with self._lock:
+            views = [self._entries[k].view() for k in self._keys]
+        if not views:
+            raise LookupError("the index is empty")
+        return np.concatenate([v["state"] for v in views]), np.concatenate([v["action"] for v in views])
+
+    def _cumulative_locked(self) -> dict[str, np.ndarray]:
+        if self._cumulative is None:
+            self._cumulative, self._stream_keys = {}, {}
+            for stream in STREAMS:
+                keys = [k for k in self._keys if len(self._positions[(k, stream)])]
+                self._stream_keys[stream] = keys
+                self._cumulative[stream] = np.cumsum([len(self._positions[(k, stream)]) for k in keys], dtype=np.int64)
+        return self._cumulative

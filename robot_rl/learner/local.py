@@ -1,0 +1,153 @@
+"""A learner and N simulated edge nodes in one process, on loopback: what ``robot-rl run`` starts.
+
+Every robot runs the real edge runtime (``EdgeNode`` + ``EdgeStreamer``) against the
+real learner service over real sockets; only the process boundary is missing, so what
+works here works across machines.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridges.zmq.client import ClientConfig
+from bridges.zmq.segments import ImageEncoding
+from policies.flow_vla import FlowVLA
+from robot_rl.core.clock import WallClock
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.node import EdgeNode
+from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.learner.config import LearnerConfig
+from robot_rl.learner.service import LearnerService
+
+log = logging.getLogger(__name__)
+
+# (robot index) -> (robot, task or None, reset(episode) -> instruction)
+RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
+
+
+@dataclass
+class LocalRunConfig:
+    num_robots: int = 4
+    episodes_per_robot: int = 3
+    max_steps: int = 300
+    segment_steps: int = 15
+    spool_dir: str = "outputs/run/spool"
+    image_format: str = "jpeg"
+    edge: EdgeConfig = field(default_factory=EdgeConfig)
+
+
+@dataclass
+class LocalRunResult:
+    episodes: int
+    steps: int
+    successes: int
+    updates: int
+    weights_version: int
+    robot_versions: dict[str, int]
+    store: dict[str, int]
+
+
+def sim_robot_factory(index: int) -> tuple[Any, Any, Callable[[int], str]]:
+    """One MuJoCo SO-101 per robot (hardware.sim), seeded by its index."""
+    try:
+        from hardware.sim import SimSO101
+    except ImportError as exc:
+        raise RuntimeError("the MuJoCo SO-101 sim (hardware.sim.SimSO101) is not available yet; "
+                           "pass robot_factory= to run_local") from exc
+    sim = SimSO101(seed=index)
+    sim.connect()
+
+    def reset(episode: int) -> str:
+        out = sim.reset(seed=index * 100_000 + episode)  # the sim's API is still being finished
+        return out if isinstance(out, str) else str(getattr(sim, "instruction", ""))
+
+    return sim, sim, reset
+
+
+def run_local(
+    learner_config: LearnerConfig,
+    policy: FlowVLA,
+    run: LocalRunConfig,
+    robot_factory: RobotFactory = sim_robot_factory,
+    *,
+    resume: bool = False,
+    train: bool = True,
+) -> LocalRunResult:
+    """Start the learner, run every robot's episodes on its own thread, stop, and summarise."""
+    learner = LearnerService(learner_config, copy.deepcopy(policy), resume=resume, train=train).start()
+    results: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+    versions: dict[str, int] = {}
+
+    def robot_thread(index: int) -> None:
+        try:
+            results.append(_run_robot(index, learner, policy, run, robot_factory, versions))
+        except BaseException as exc:  # reported after join
+            log.exception("robot %d failed", index)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=robot_thread, args=(i,), name=f"robot-{i}") for i in range(run.num_robots)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        learner.store.flush(120)
+    finally:
+        learner.stop(checkpoint=train)
+    if errors:
+        raise RuntimeError(f"{len(errors)} robot(s) failed; first error: {errors[0]}") from errors[0]
+    return LocalRunResult(
+        episodes=sum(r[0] for r in results), steps=sum(r[1] for r in results), successes=sum(r[2] for r in results),
+        updates=learner.trainer.step, weights_version=learner.trainer.version, robot_versions=versions,
+        store=learner.store.stats())
+
+
+def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
+               robot_factory: RobotFactory, versions: dict[str, int]) -> tuple[int, int, int]:
+    robot_id = f"sim-{index}"
+    client = ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
+                          pub_endpoint=learner.pub_endpoint, spool_dir=str(Path(run.spool_dir) / robot_id),
+                          config_hash=policy.config_hash(), policy_version=0)
+    return run_edge(client, policy, run, robot_factory(index), versions)
+
+
+def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
+             robot_parts: tuple[Any, Any, Callable[[int], str]],
+             versions: dict[str, int] | None = None) -> tuple[int, int, int]:
+    """One edge node: run ``run.episodes_per_robot`` episodes streaming to the learner in ``client``.
+
+    Returns (episodes, steps, successes). Used by ``run_local`` and by ``robot-rl edge``.
+    """
+    robot, task, reset = robot_parts
+    robot_id = client.robot_id
+    own_policy = copy.deepcopy(policy)
+    streamer = EdgeStreamer(client, own_policy, segment_steps=run.segment_steps,
+                            image_encoding=ImageEncoding(run.image_format))
+    node = EdgeNode(robot, own_policy, WallClock(), run.edge, task=task, robot_id=robot_id, policy_version=0)
+    streamer.attach(node).start()
+    steps = successes = 0
+    try:
+        if not streamer.link.wait_connected(10.0):
+            log.warning("%s: learner not reachable yet; running anyway, segments wait in the spool", robot_id)
+        for episode in range(run.episodes_per_robot):
+            instruction = reset(episode)
+            result = node.run_episode(run.max_steps, instruction, episode_id=episode)
+            steps += result.num_steps
+            successes += int(result.success)
+            log.info("%s episode %d: %d steps, success=%s, policy v%d, late ticks so far %d", robot_id, episode,
+                     result.num_steps, result.success, node.policy_version, node.stats.late_ticks)
+        if not streamer.link.flush(30.0):
+            log.warning("%s: not everything acked yet; the rest stays in the spool for next time", robot_id)
+    finally:
+        if versions is not None:
+            versions[robot_id] = node.policy_version
+        streamer.stop()
+        node.close()
+    return run.episodes_per_robot, steps, successes

@@ -1,0 +1,46 @@
+"""Turn the trainer's weights into versioned wire snapshots (safetensors + sha256).
+
+Separate from the trainer so the cadence rule (every N updates or T seconds,
+whichever comes first) and the serialisation can be tested without sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from bridges.zmq.weights import WeightsBlob, serialize_tensors
+
+log = logging.getLogger(__name__)
+
+PublishFn = Callable[[WeightsBlob], None]
+
+
+def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_dtype: str = "float32") -> WeightsBlob:
+    """A wire snapshot of ``policy``'s state dict (CPU copy; floats cast to ``transfer_dtype``)."""
+    data = serialize_tensors(policy.state_dict(), transfer_dtype=transfer_dtype,
+                             metadata={"version": str(version), "config_hash": config_hash})
+    return WeightsBlob(version=version, data=data, config_hash=config_hash, dtype=transfer_dtype)
+
+
+class PublishSchedule:
+    """Decides when to publish: ``every_updates`` updates or ``every_s`` seconds since the last one."""
+
+    def __init__(self, every_updates: int, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_updates = every_updates
+        self.every_s = every_s
+        self.clock = clock
+        self._updates_since = 0
+        self._last_s = clock()
+
+    def note_update(self) -> bool:
+        """Count one update; True if it is time to publish (the caller then calls ``published``)."""
+        self._updates_since += 1
+        return self._updates_since >= self.every_updates or self.clock() - self._last_s >= self.every_s
+
+    def published(self) -> None:
+        self._updates_since = 0
+        self._last_s = self.clock()

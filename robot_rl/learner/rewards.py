@@ -1,0 +1,359 @@
+"""Rewards and returns from what a recorded episode carries.
+
+A robot episode in the replay index is a dict of per-step columns (``state``, ``action``,
+``images.<cam>``, ``is_intervention``, ``reward`` = the sim's dense shaping or 0,
+``success``, optionally ``done`` and ``policy_version``). This module turns it into the
+learning signal the ``rwr``, ``awr`` and ``rl`` algorithms need:
+
+- **task outcome**: a terminal reward at the first successful step (or at the last step
+  of an episode that ended without success);
+- **dense shaping** (optional): the recorded ``reward`` column used as a potential, so
+  the shaped return cannot change which policy is optimal (Ng, Harada & Russell 1999);
+- **intervention penalty** (RLIF, Luo et al. 2023): a human takeover says "the policy was
+  going wrong", so the policy-driven steps just before each takeover share a penalty;
+- **returns**: discounted return-to-go, n-step and TD(lambda) targets, and the chunk-level
+  transition (reward summed over one action chunk, discount, next observation) that the
+  critics over action chunks are trained on.
+
+It also holds an optional learned **success classifier** (HIL-SERL style): a small CNN on a
+camera frame plus the instruction embedding -> P(success), for robots where no success
+label arrives from the operator.
+
+Everything per-sample is computed on demand from the episode as it stands, because online
+episodes are sampled while they are still growing (their outcome is then not yet known:
+``episode_finished`` is False and their returns are partial).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from policies.flow_vla.encoders import images_to_float
+
+# Per-sample fields that ``transition_fields`` adds to a training sample (see there).
+TRANSITION_FIELDS = ("return", "chunk_reward", "chunk_discount", "transition_valid", "episode_success",
+                     "episode_finished", "policy_version", "next.state")  # + "next.images.<cam>"
+
+
+@dataclass
+class RewardConfig:
+    """How an episode's columns become rewards. Discounting is per control tick."""
+
+    gamma: float = 0.99
+    success_reward: float = 1.0  # at the first step where ``success`` is True
+    failure_reward: float = 0.0  # at the last step of a finished episode without success
+    dense_scale: float = 0.0  # 0 = sparse task reward only
+    # Total penalty per human takeover, shared by the policy-driven steps just before it.
+    intervention_penalty: float = 1.0
+    # How many steps before a takeover share the penalty: the mistake that made the person
+    # take over happened a reaction time (~0.5 s = 15 ticks at 30 fps) before the takeover.
+    penalty_window: int = 15
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"RewardConfig: gamma must be in [0, 1], got {self.gamma}")
+        if self.penalty_window < 1:
+            raise ValueError(f"RewardConfig: penalty_window must be >= 1, got {self.penalty_window}")
+        if self.intervention_penalty < 0:
+            raise ValueError("RewardConfig: intervention_penalty is a magnitude and must be >= 0 "
+                             f"(it is subtracted), got {self.intervention_penalty}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RewardConfig:
+        return config_from_dict(cls, data)
+
+
+def config_from_dict(cls: type, data: Mapping[str, Any] | None) -> Any:
+    """Build dataclass ``cls`` from a plain dict (Hydra/YAML); unknown keys are an error, not ignored."""
+    data = dict(data or {})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}")
+    return cls(**data)
+
+
+# ---------------------------------------------------------------- per-step rewards
+
+
+@dataclass(frozen=True)
+class EpisodeRewards:
+    """An episode's shaped per-step rewards and its outcome, computed once per episode state.
+
+    ``horizon`` is the number of steps that count: up to and including the first success
+    step of a successful episode (what happens after the task is done is not rewarded),
+    else the whole episode.
+    """
+
+    rewards: np.ndarray  # float64 [T]
+    success: bool
+    finished: bool
+    horizon: int
+
+
+def takeover_steps(is_intervention: np.ndarray) -> np.ndarray:
+    """Indices where a human takes over (intervention starts after a policy-driven step)."""
+    flags = np.asarray(is_intervention, dtype=bool)
+    starts = np.flatnonzero(flags[1:] & ~flags[:-1]) + 1
+    return starts.astype(np.int64)
+
+
+def intervention_penalties(is_intervention: np.ndarray, penalty: float, window: int) -> np.ndarray:
+    """Per-step penalties (<= 0): each takeover's ``penalty`` split over the policy steps before it.
+
+    Only policy-driven steps in the ``window`` steps before the takeover are blamed; a takeover
+    at the very first step has no policy step to blame and costs nothing.
+    """
+    flags = np.asarray(is_intervention, dtype=bool)
+    out = np.zeros(len(flags), dtype=np.float64)
+    for start in takeover_steps(flags):
+        lo = max(0, int(start) - window)
+        blamed = lo + np.flatnonzero(~flags[lo:start])
+        if len(blamed):
+            out[blamed] -= penalty / len(blamed)
+    return out
+
+
+def potential_shaping(potential: np.ndarray, gamma: float) -> np.ndarray:
+    """F_t = gamma * phi_t - phi_{t-1} (phi_{-1} = phi_0): progress rewards that keep the optimum.
+
+    The sim records a progress measure in [0, 1] at each tick (1 on success); summing it
+    as a reward would pay a policy for lingering near the goal, its increments do not.
+    """
+    phi = np.asarray(potential, dtype=np.float64)
+    if len(phi) == 0:
+        return phi
+    previous = np.concatenate([phi[:1], phi[:-1]])
+    return gamma * phi - previous
+
+
+def episode_rewards(episode: Mapping[str, Any], config: RewardConfig) -> EpisodeRewards:
+    """Shaped per-step rewards of one episode (see the module docstring for the terms)."""
+    n = len(episode["action"])
+    success_flags = _column(episode, "success", n, False).astype(bool)
+    done = episode.get("done")
+    # Without a ``done`` column (older datasets) an episode is taken as finished.
+    finished = True if done is None else n > 0 and bool(_column(episode, "done", n, False)[-1])
+    success = bool(success_flags.any())
+    horizon = int(np.argmax(success_flags)) + 1 if success else n
+
+    rewards = np.zeros(n, dtype=np.float64)
+    if config.dense_scale:
+        rewards += config.dense_scale * potential_shaping(_column(episode, "reward", n, 0.0), config.gamma)
+    if config.intervention_penalty:
+        flags = _column(episode, "is_intervention", n, False).astype(bool)
+        rewards += intervention_penalties(flags, config.intervention_penalty, config.penalty_window)
+    if success:
+        rewards[horizon - 1] += config.success_reward
+    elif finished and n:
+        rewards[n - 1] += config.failure_reward
+    rewards[horizon:] = 0.0
+    return EpisodeRewards(rewards=rewards, success=success, finished=finished, horizon=horizon)
+
+
+def _column(episode: Mapping[str, Any], name: str, n: int, default: float | bool) -> np.ndarray:
+    value = episode.get(name)
+    if value is None:
+        return np.full(n, default)
+    value = np.asarray(value)
+    if len(value) != n:
+        raise ValueError(f"episode column {name!r} has {len(value)} rows but the episode has {n} actions")
+    return value.reshape(n)
+
+
+# ---------------------------------------------------------------- returns and targets
+
+
+def discounted_sum(rewards: np.ndarray, gamma: float) -> float:
+    """sum_k gamma^k r_k."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return float(rewards @ np.power(gamma, np.arange(len(rewards)))) if len(rewards) else 0.0
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float, bootstrap: float = 0.0) -> np.ndarray:
+    """Return-to-go G_t = r_t + gamma * G_{t+1}, with G_T = ``bootstrap`` (0 at a terminal)."""
+    out = np.empty(len(rewards), dtype=np.float64)
+    running = float(bootstrap)
+    for t in range(len(rewards) - 1, -1, -1):
+        running = float(rewards[t]) + gamma * running
+        out[t] = running
+    return out
+
+
+def n_step_targets(rewards: np.ndarray, values: np.ndarray, gamma: float, n: int) -> np.ndarray:
+    """y_t = sum_{k<n} gamma^k r_{t+k} + gamma^n V_{t+n}, cut at the trajectory end.
+
+    ``values`` has T + 1 entries: V(s_0..s_T), where V(s_T) is the value after the last step
+    (0 if the episode terminated there). Works for any time unit: pass chunk rewards and
+    gamma**H to get chunk-level targets.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    t_len = len(rewards)
+    if values.shape != (t_len + 1,):
+        raise ValueError(f"values must have T + 1 = {t_len + 1} entries (V of s_0..s_T), got {values.shape}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    out = np.empty(t_len, dtype=np.float64)
+    for t in range(t_len):
+        end = min(t + n, t_len)
+        out[t] = discounted_sum(rewards[t:end], gamma) + gamma ** (end - t) * values[end]
+    return out
+
+
+def td_lambda_returns(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+    """TD(lambda) returns G_t = r_t + gamma * ((1 - lam) V_{t+1} + lam G_{t+1}), G_T = V_T (Sutton & Barto 12.1).
+
+    lam = 0 is the one-step TD target, lam = 1 the Monte-Carlo return bootstrapped at the end.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (len(rewards) + 1,):
+        raise ValueError(f"values must have T + 1 = {len(rewards) + 1} entries, got {values.shape}")
+    out = np.empty(len(rewards), dtype=np.float64)
+    running = values[-1]
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * ((1.0 - lam) * values[t + 1] + lam * running)
+        out[t] = running
+    return out
+
+
+def chunk_rewards(rewards: np.ndarray, chunk_size: int, gamma: float) -> np.ndarray:
+    """Per-step rewards -> one reward per action chunk, sum_{k<H} gamma^k r_{cH+k} (chunk MDP of Q-chunking)."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    return np.array([discounted_sum(rewards[i:i + chunk_size], gamma) for i in range(0, len(rewards), chunk_size)])
+
+
+# ---------------------------------------------------------------- per-sample transition fields
+
+
+def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_size: int, cameras: Sequence[str],
+                      config: RewardConfig, rewards: EpisodeRewards | None = None) -> dict[str, np.ndarray]:
+    """What the learning algorithms need for the training sample at time ``t`` with state offset ``offset``.
+
+    The sample's chunk starts at ``s = t + offset`` (offset clipped as in
+    ``policies.flow_vla.augment.offset_indices``) and spans H = ``chunk_size`` steps. Returns:
+
+    - ``return``: discounted return-to-go from ``s`` (partial while the episode is open);
+    - ``chunk_reward``: sum_{k<H} gamma^k r_{s+k}; ``chunk_discount``: gamma^H, or 0 when the
+      episode terminates inside the chunk, so a TD target is chunk_reward + chunk_discount * V(next);
+    - ``next.state`` / ``next.images.<cam>``: the observation at the next chunk boundary s + H;
+    - ``transition_valid``: False when the open episode has not reached s + H yet (no next
+      observation, so no TD target);
+    - ``episode_success``, ``episode_finished``, ``policy_version`` (of the step at ``t``).
+
+    Pass ``rewards`` (from ``episode_rewards``) to reuse it across samples of one episode.
+    Values are numpy scalars/arrays, so a sampler can stack them like ``build_sample``'s.
+    """
+    n = len(episode["action"])
+    if not 0 <= t < n:
+        raise IndexError(f"t={t} is outside the episode [0, {n})")
+    if rewards is None:
+        rewards = episode_rewards(episode, config)
+    start = t + min(max(offset, 0), n - 1 - t)
+    end = start + chunk_size
+    horizon = rewards.horizon if rewards.finished else n
+    if rewards.finished and end >= horizon:
+        discount, next_index, valid = 0.0, horizon - 1, True  # terminal inside the chunk
+    elif end <= n - 1:
+        discount, next_index, valid = config.gamma ** chunk_size, end, True
+    else:
+        discount, next_index, valid = 0.0, n - 1, False  # open episode, next boundary not recorded yet
+    fields: dict[str, np.ndarray] = {
+        "return": np.float32(discounted_sum(rewards.rewards[start:horizon], config.gamma)),
+        "chunk_reward": np.float32(discounted_sum(rewards.rewards[start:min(end, horizon)], config.gamma)),
+        "chunk_discount": np.float32(discount),
+        "transition_valid": np.bool_(valid),
+        "episode_success": np.bool_(rewards.success),
+        "episode_finished": np.bool_(rewards.finished),
+        "policy_version": np.int64(_column(episode, "policy_version", n, -1)[t]),
+        "next.state": np.asarray(episode["state"][next_index], dtype=np.float32),
+    }
+    for cam in cameras:
+        fields[f"next.images.{cam}"] = episode[f"images.{cam}"][next_index]
+    return fields
+
+
+# ---------------------------------------------------------------- learned success classifier
+
+
+class SuccessClassifier(nn.Module):
+    """P(success | camera frame, instruction): a small CNN whose features are gated by the instruction.
+
+    The instruction matters (the same frame is a success for "pick the red cube" and not for
+    "push the blue one"), so the text embedding modulates the image features (FiLM, Perez et
+    al. 2018) instead of only being concatenated.
+    """
+
+    def __init__(self, text_dim: int = 384, image_size: int = 64, channels: Sequence[int] = (16, 32, 32),
+                 hidden: int = 64) -> None:
+        super().__init__()
+        self.image_size = image_size
+        layers: list[nn.Module] = []
+        c_in = 3
+        for c_out in channels:
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), nn.GELU()]
+            c_in = c_out
+        self.cnn = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.film = nn.Linear(text_dim, 2 * c_in)
+        self.head = nn.Sequential(nn.Linear(c_in, hidden), nn.GELU(), nn.Linear(hidden, 1))
+
+    def forward(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, H, W, 3] frames, [B, text_dim] embeddings -> success logits [B]."""
+        device = self.film.weight.device
+        features = self.cnn(images_to_float(torch.as_tensor(images).to(device), self.image_size))
+        scale, shift = self.film(torch.as_tensor(text, dtype=torch.float32).to(device)).chunk(2, dim=-1)
+        return self.head(features * (1 + scale) + shift).squeeze(-1)
+
+    @torch.no_grad()
+    def probability(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        was_training = self.training
+        self.eval()
+        try:
+            return torch.sigmoid(self(images, text))
+        finally:
+            self.train(was_training)
+
+
+def train_success_classifier(model: SuccessClassifier, images: torch.Tensor, text: torch.Tensor,
+                             labels: torch.Tensor, *, steps: int = 200, batch_size: int = 32, lr: float = 1e-3,
+                             seed: int = 0) -> list[float]:
+    """Fit on labelled frames (label 1 = success); returns the loss per step.
+
+    Successes are rare early in a run, so the loss weights positives by the class ratio.
+    """
+    labels = torch.as_tensor(labels, dtype=torch.float32)
+    if not len(labels) == len(images) == len(text):
+        raise ValueError(f"images ({len(images)}), text ({len(text)}) and labels ({len(labels)}) "
+                         "must have one row each")
+    positives = float(labels.sum())
+    if positives == 0 or positives == len(labels):
+        raise ValueError("the success classifier needs both successful and failed frames to learn from")
+    pos_weight = torch.tensor((len(labels) - positives) / positives, device=model.film.weight.device)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator)
+        logits = model(images[idx], text[idx])
+        loss = F.binary_cross_entropy_with_logits(logits, labels[idx].to(logits.device), pos_weight=pos_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.item()))
+    return losses
+
+
+def label_success(model: SuccessClassifier, frames: torch.Tensor, text: torch.Tensor,
+                  threshold: float = 0.5) -> torch.Tensor:
+    """Success labels [B] (bool) for frames with no label from the operator or the sim."""
+    return model.probability(frames, text) >= threshold

@@ -1,0 +1,163 @@
+"""The learner service: the wire server, the replay store and the trainer, running together.
+
+Threads: one serves the sockets (hello, segments -> store -> ack, heartbeats, weight
+chunks), one trains (``Trainer``), one writes finished episodes to the dataset (inside
+``ReplayStore``). The serving thread never waits for training, so robots are acked as
+fast as their segments reach the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from bridges.zmq.keys import ServerCurve
+from bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
+from bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from policies.flow_vla import FlowVLA
+from robot_rl.learner.config import LearnerConfig, ServiceConfig
+from robot_rl.learner.store import ReplayStore
+from robot_rl.learner.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RobotStatus:
+    """What the learner knows about one robot (from its hello and heartbeats)."""
+
+    robot_id: str
+    policy_version: int
+    connected: bool = True
+    segments: int = 0
+    steps: int = 0
+    last_seen_s: float = 0.0
+
+
+def server_config(service: ServiceConfig, config_hash: str) -> ServerConfig:
+    curve = None
+    if service.secret_key or service.robot_keys_dir:
+        if not (service.secret_key and service.robot_keys_dir):
+            raise ValueError("CURVE needs both service.secret_key (learner NAME.key_secret) and "
+                             "service.robot_keys_dir (the robots' *.key files); generate them with `robot-rl keys`")
+        curve = ServerCurve.from_files(service.secret_key, service.robot_keys_dir)
+    return ServerConfig(router_endpoint=service.router_endpoint, pub_endpoint=service.pub_endpoint,
+                        server_id=service.server_id, config_hash=config_hash, curve=curve,
+                        allow_insecure=service.allow_insecure, heartbeat_interval_s=service.heartbeat_interval_s,
+                        peer_timeout_s=service.peer_timeout_s)
+
+
+def check_layout(config: LearnerConfig, policy: FlowVLA) -> None:
+    """The store must record what the policy reads, or training would fail much later."""
+    store, pc = config.store, policy.config
+    missing = [c for c in pc.cameras if c not in store.cameras]
+    if missing or len(store.joint_names) != pc.state_dim or len(store.joint_names) != pc.action_dim:
+        raise ValueError(f"learner.store records cameras {list(store.cameras)} and {len(store.joint_names)} joints, "
+                         f"but the policy reads cameras {list(pc.cameras)} with state_dim {pc.state_dim} / "
+                         f"action_dim {pc.action_dim}; make learner.store match the policy config")
+
+
+class LearnerService(ServerHandlers):
+    """``with LearnerService(config, policy) as learner: learner.start(); ...``"""
+
+    def __init__(self, config: LearnerConfig, policy: FlowVLA, *, resume: bool = False, train: bool = True) -> None:
+        self.config = config
+        self.robots: dict[str, RobotStatus] = {}
+        check_layout(config, policy)
+        self.store = ReplayStore(config.store)
+        try:
+            self.server = ZmqServer(server_config(config.service, policy.config_hash()), handlers=self)
+            self.trainer = Trainer(policy, self.store.index, config.trainer, publish=self.server.publish_weights)
+            if resume:
+                self.trainer.resume()
+        except BaseException:
+            self.store.close()
+            raise
+        self._train = train
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_status_s = time.monotonic()
+
+    @property
+    def router_endpoint(self) -> str:
+        return self.server.router_endpoint
+
+    @property
+    def pub_endpoint(self) -> str:
+        return self.server.pub_endpoint
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> LearnerService:
+        """Publish the current weights, then serve (and train) on background threads."""
+        self.trainer.publish_now()
+        self._thread = threading.Thread(target=self._serve, name="learner-serve", daemon=True)
+        self._thread.start()
+        if self._train:
+            self.trainer.start()
+        log.info("learner serving on %s (weights on %s)", self.router_endpoint, self.pub_endpoint)
+        return self
+
+    def stop(self, checkpoint: bool = True) -> None:
+        """Stop training and serving; write a final checkpoint; staged data stays for the next start."""
+        self.trainer.stop()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+        if checkpoint and self.trainer.step > 0:
+            self.trainer.checkpoint()
+        self.server.close()
+        self.store.close()
+
+    def __enter__(self) -> LearnerService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(checkpoint=False)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.server.serve_once(50)
+                self.store.close_stale()
+                self._log_status()
+            except Exception:  # the server already survives bad messages; this is the last guard
+                log.exception("learner serving loop error; continuing")
+
+    def _log_status(self) -> None:
+        now = time.monotonic()
+        if now - self._last_status_s < self.config.service.status_every_s:
+            return
+        self._last_status_s = now
+        robots = ", ".join(f"{r.robot_id}:v{r.policy_version}{'' if r.connected else '(gone)'}"
+                           for r in self.robots.values()) or "none"
+        log.info("robots [%s] | store %s | update %d, weights v%d", robots, self.store.stats(),
+                 self.trainer.step, self.trainer.version)
+
+    # ------------------------------------------------------------ wire handlers (serving thread)
+
+    def on_hello(self, peer: Peer, msg: Hello) -> Error | None:
+        status = self.robots.get(msg.robot_id) or RobotStatus(msg.robot_id, msg.policy_version)
+        status.policy_version, status.connected, status.last_seen_s = msg.policy_version, True, time.monotonic()
+        self.robots[msg.robot_id] = status
+        return None
+
+    def on_segment(self, peer: Peer, msg: Segment) -> Ack | Error:
+        result = self.store.ingest(msg)  # ProtocolError -> the server replies with a clear error
+        status = self.robots.get(peer.robot_id)
+        if status is not None and not result.duplicate:
+            status.segments += 1
+            status.steps += result.num_steps
+        return Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq, duplicate=result.duplicate)
+
+    def on_heartbeat(self, peer: Peer, msg: Heartbeat) -> None:
+        status = self.robots.get(peer.robot_id)
+        if status is not None:
+            status.policy_version, status.last_seen_s, status.connected = msg.policy_version, time.monotonic(), True
+
+    def on_peer_lost(self, peer: Peer) -> None:
+        status = self.robots.get(peer.robot_id)
+        if status is not None:
+            status.connected = False

@@ -1,0 +1,368 @@
+"""The replay store: every streamed step stored exactly once, on disk and in a sampling index.
+
+Path of a segment (edge -> learner):
+
+1. ``ingest`` decodes and validates it (layout, finite numbers), then checks the dedup
+   key (robot_id, episode_id, seq) against what is staged or committed. A duplicate is
+   acknowledged as such and dropped.
+2. A new segment is appended to the *staging* log (``bridges.zmq.Spool``, fsynced) as the
+   very frames that arrived, then added to the in-memory ``SamplingIndex``. Only now may
+   the learner ack it: it survives a crash.
+3. When the episode is finished (``episode_done`` and no seq missing), or is cut short
+   (the robot started another episode, or went silent for ``episode_timeout_s``), it is
+   *committed*: written to the LeRobotDataset v3 by ``EpisodeRecorder`` between an intent
+   and a commit line of the ``Ledger``, then its staged records are released.
+
+On restart the store rebuilds everything from disk: committed seqs from the ledger,
+half-done commits resolved against the dataset, committed episodes and preloaded
+demonstrations into the index from the dataset, open episodes from staging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_message
+from bridges.zmq.segments import decode_segment
+from bridges.zmq.spool import Spool
+from robot_rl.core.types import Episode, Step
+from robot_rl.data.recorder import EpisodeRecorder, RecordingError
+from robot_rl.learner.config import StoreConfig
+from robot_rl.learner.index import (
+    DEMO_ROBOT,
+    SamplingIndex,
+    dataset_episode_to_columns,
+    steps_to_columns,
+)
+from robot_rl.learner.ledger import CommitRecord, Ledger
+
+log = logging.getLogger(__name__)
+
+EpisodeKey = tuple[str, int]  # (robot_id, episode_id)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    duplicate: bool
+    num_steps: int
+
+
+@dataclass
+class _OpenEpisode:
+    """An episode (fragment) whose segments are staged but not yet in the dataset."""
+
+    robot_id: str
+    episode_id: int
+    fragment: int
+    seqs: dict[int, int] = field(default_factory=dict)  # seq -> number of steps
+    done_seq: int | None = None
+    last_seen_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def complete(self) -> bool:
+        return self.done_seq is not None and all(s in self.seqs for s in range(self.done_seq + 1))
+
+
+def _staging_key(robot_id: str, episode_id: int, seq: int) -> str:
+    return json.dumps([robot_id, episode_id, seq])
+
+
+class ReplayStore:
+    """Exactly-once, crash-safe storage of streamed episodes plus the trainer's sampling index."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        root = Path(config.root)
+        root.mkdir(parents=True, exist_ok=True)
+        self.dataset_root = root / "dataset"
+        self.recorder = EpisodeRecorder(self.dataset_root, config.fps, config.joint_names, config.camera_shapes,
+                                        repo_id=config.repo_id)
+        self.index = SamplingIndex(config.cameras)
+        self.counters: Counter[str] = Counter()
+        self._lock = threading.RLock()  # staging spool, ledger and the dedup maps
+        self._ledger = Ledger(root / "ledger.jsonl")
+        self._staging = Spool(root / "staging")
+        self._committed: dict[EpisodeKey, set[int]] = {}
+        self._fragments: Counter[EpisodeKey] = Counter()
+        self._open: dict[EpisodeKey, _OpenEpisode] = {}
+        self._open_of_robot: dict[str, EpisodeKey] = {}
+        self._jobs: queue.Queue[_OpenEpisode | None] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._committer: threading.Thread | None = None
+        self._restore()
+        if config.background_commit:
+            self._committer = threading.Thread(target=self._commit_loop, name="store-commit", daemon=True)
+            self._committer.start()
+
+    # ------------------------------------------------------------ ingest
+
+    def ingest(self, segment: Segment) -> IngestResult:
+        """Store one segment unless already stored. Raises ``ProtocolError`` for bad content.
+
+        When this returns, the segment is durable: the caller may acknowledge it.
+        """
+        steps = decode_segment(segment)
+        self._check_layout(steps, segment)
+        key = (segment.robot_id, segment.episode_id)
+        with self._lock:
+            if self._already_stored(key, segment.seq):
+                self.counters["duplicate_segments"] += 1
+                return IngestResult(duplicate=True, num_steps=segment.num_steps)
+            other = self._open_of_robot.get(segment.robot_id)
+            if other is not None and other != key and key not in self._committed:
+                log.info("robot %s started episode %d while episode %d was open; storing %d as truncated",
+                         segment.robot_id, segment.episode_id, other[1], other[1])
+                self._close(other)
+            self._staging.append(_staging_key(*key, segment.seq), encode_message(segment))
+            episode = self._track(segment.robot_id, segment.episode_id, segment.seq, len(steps),
+                                  segment.episode_done)
+            self._add_to_index(episode, steps)
+            self.counters["segments"] += 1
+            self.counters["steps"] += len(steps)
+            if episode.complete:
+                self._close(key)
+        return IngestResult(duplicate=False, num_steps=len(steps))
+
+    def close_stale(self, now_s: float | None = None) -> int:
+        """Commit open episodes silent for ``episode_timeout_s`` as truncated; returns how many."""
+        now_s = time.monotonic() if now_s is None else now_s
+        with self._lock:
+            stale = [k for k, ep in self._open.items() if now_s - ep.last_seen_s > self.config.episode_timeout_s]
+            for key in stale:
+                log.warning("robot %s episode %d silent for %.0f s; storing it as truncated", *key,
+                            now_s - self._open[key].last_seen_s)
+                self._close(key)
+        return len(stale)
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait until every closed episode is in the dataset."""
+        if self._committer is None:
+            return True
+        return self._idle.wait(timeout_s)
+
+    def close(self) -> None:
+        """Finish pending commits and release files. Open episodes stay staged for the next start."""
+        if self._committer is not None:
+            self._jobs.put(None)
+            self._committer.join()
+            self._committer = None
+        with self._lock:
+            self._ledger.close()
+            self._staging.close()
+
+    def __enter__(self) -> ReplayStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ queries
+
+    def stats(self) -> dict[str, int]:
+        counts = self.index.counts()
+        with self._lock:
+            return {
+                "episodes_stored": self.recorder.num_episodes,
+                "episodes_open": len(self._open),
+                "segments_staged": len(self._staging),
+                "segments_ingested": self.counters["segments"],
+                "duplicate_segments": self.counters["duplicate_segments"],
+                "steps_ingested": self.counters["steps"],
+                **{f"{stream}_steps": n for stream, n in counts.items()},
+            }
+
+    def is_stored(self, robot_id: str, episode_id: int, seq: int) -> bool:
+        with self._lock:
+            return self._already_stored((robot_id, episode_id), seq)
+
+    # ------------------------------------------------------------ internals: bookkeeping
+
+    def _already_stored(self, key: EpisodeKey, seq: int) -> bool:
+        if seq in self._committed.get(key, ()):
+            return True
+        episode = self._open.get(key)
+        return episode is not None and seq in episode.seqs
+
+    def _track(self, robot_id: str, episode_id: int, seq: int, num_steps: int, done: bool) -> _OpenEpisode:
+        key = (robot_id, episode_id)
+        episode = self._open.get(key)
+        if episode is None:
+            episode = _OpenEpisode(robot_id, episode_id, self._fragments[key])
+            self._open[key] = episode
+            if key not in self._committed:  # a late fragment of an old episode is not "the current one"
+                self._open_of_robot[robot_id] = key
+        episode.seqs[seq] = num_steps
+        episode.last_seen_s = time.monotonic()
+        if done:
+            episode.done_seq = seq
+        return episode
+
+    def _add_to_index(self, episode: _OpenEpisode, steps: Sequence[Step]) -> None:
+        if steps:
+            self.index.append((episode.robot_id, episode.episode_id, episode.fragment),
+                              steps_to_columns(steps, self.config.cameras), steps[0].instruction)
+
+    def _close(self, key: EpisodeKey) -> None:
+        """Move an open episode to the commit queue; its seqs count as stored from now on."""
+        episode = self._open.pop(key)
+        if self._open_of_robot.get(key[0]) == key:
+            del self._open_of_robot[key[0]]
+        self._committed.setdefault(key, set()).update(episode.seqs)
+        self._fragments[key] += 1
+        if self._committer is None:
+            self._commit(episode)
+        else:
+            self._idle.clear()
+            self._jobs.put(episode)
+
+    def _check_layout(self, steps: Sequence[Step], segment: Segment) -> None:
+        dim = len(self.config.joint_names)
+        cameras = set(self.config.cameras)
+        shape = (self.config.image_height, self.config.image_width, 3)
+        where = f"segment {segment.robot_id}/{segment.episode_id}/{segment.seq}"
+        for step in steps:
+            for name in ("state", "action"):
+                value = np.asarray(getattr(step, name))
+                if value.shape != (dim,):
+                    raise ProtocolError(f"{where}: {name} has shape {value.shape}, this learner stores ({dim},) "
+                                        f"joints {list(self.config.joint_names)}", code="rejected")
+                if not np.isfinite(value).all():
+                    raise ProtocolError(f"{where}: tick {step.tick} {name} holds NaN/inf; not stored",
+                                        code="rejected")
+            if set(step.images) != cameras or any(img.shape != shape for img in step.images.values()):
+                got = {cam: tuple(img.shape) for cam, img in step.images.items()}
+                raise ProtocolError(f"{where}: images {got}, this learner stores cameras {sorted(cameras)} "
+                                    f"at {shape}", code="rejected")
+
+    # ------------------------------------------------------------ internals: committing
+
+    def _commit_loop(self) -> None:
+        while True:
+            episode = self._jobs.get()
+            if episode is None:
+                self._idle.set()
+                return
+            try:
+                self._commit(episode)
+            except Exception:
+                # Disk trouble: the episode stays staged and is committed on the next start.
+                log.exception("could not store episode %d of robot %s; it stays staged",
+                              episode.episode_id, episode.robot_id)
+            if self._jobs.empty():
+                self._idle.set()
+
+    def _commit(self, episode: _OpenEpisode) -> None:
+        keys = [_staging_key(episode.robot_id, episode.episode_id, s) for s in sorted(episode.seqs)]
+        steps = self._staged_steps(keys)
+        record = CommitRecord(episode.robot_id, episode.episode_id, episode.fragment,
+                              self.recorder.num_episodes if steps else -1, tuple(sorted(episode.seqs)))
+        if steps:
+            with self._lock:
+                self._ledger.write_intent(record)
+            try:
+                self.recorder.write_episode(Episode(episode.robot_id, episode.episode_id, steps[0].instruction,
+                                                    steps=steps, success=any(s.success for s in steps)))
+            except RecordingError as exc:
+                # Validated at ingest, so this is a bug; keep the data staged rather than lose it.
+                log.error("episode %d of robot %s could not be written (%s); it stays staged",
+                          episode.episode_id, episode.robot_id, exc)
+                raise
+        with self._lock:
+            self._ledger.write_commit(record)
+            for key in keys:
+                self._staging.ack(key)
+        log.info("stored episode %d of robot %s (fragment %d): %d steps from %d segments, dataset episode %d",
+                 episode.episode_id, episode.robot_id, episode.fragment, len(steps), len(keys), record.index)
+
+    def _staged_steps(self, keys: Sequence[str]) -> list[Step]:
+        steps: list[Step] = []
+        for key in keys:
+            with self._lock:
+                frames = self._staging.get(key)
+            if frames is None:
+                raise RuntimeError(f"staged segment {key} is missing from the staging log")
+            steps.extend(decode_segment(decode_message(frames)))  # type: ignore[arg-type]
+        return steps
+
+    # ------------------------------------------------------------ internals: restart
+
+    def _restore(self) -> None:
+        for record in self._ledger.commits:
+            self._remember_commit(record)
+        self._resolve_intents()
+        self._load_dataset_into_index()
+        self._load_demonstrations()
+        self._load_staging()
+        log.info("replay store %s: %d episodes stored, %d open, streams %s", self.config.root,
+                 self.recorder.num_episodes, len(self._open), self.index.counts())
+
+    def _remember_commit(self, record: CommitRecord) -> None:
+        key = (record.robot_id, record.episode_id)
+        self._committed.setdefault(key, set()).update(record.seqs)
+        self._fragments[key] = max(self._fragments[key], record.fragment + 1)
+
+    def _resolve_intents(self) -> None:
+        """A crash between dataset write and commit line: the dataset says which happened."""
+        for record in list(self._ledger.pending_intents):
+            if self.recorder.num_episodes > record.index:
+                log.info("episode %d of robot %s was written before a crash; completing its commit",
+                         record.episode_id, record.robot_id)
+                self._ledger.write_commit(record)
+                self._remember_commit(record)
+                for seq in record.seqs:
+                    self._staging.ack(_staging_key(record.robot_id, record.episode_id, seq))
+
+    def _load_dataset_into_index(self) -> None:
+        if self.recorder.num_episodes == 0:
+            return
+        from robot_rl.data.reader import load_episode_arrays
+
+        by_index = {r.index: r for r in self._ledger.commits if r.index >= 0}
+        for episode in load_episode_arrays(self.dataset_root, self.config.repo_id):
+            record = by_index.get(episode["episode_index"])
+            if record is None:
+                log.warning("dataset episode %d has no ledger entry; indexing it as online data",
+                            episode["episode_index"])
+                key = ("~unledgered", int(episode["episode_index"]), 0)
+            else:
+                key = (record.robot_id, record.episode_id, record.fragment)
+            self.index.append(key, dataset_episode_to_columns(episode, self.config.cameras), episode["instruction"])
+
+    def _load_demonstrations(self) -> None:
+        if not self.config.demonstrations:
+            return
+        from robot_rl.data.reader import load_episode_arrays
+
+        episodes = load_episode_arrays(self.config.demonstrations, self.config.demonstrations_repo_id)
+        for i, episode in enumerate(episodes):
+            self.index.append((DEMO_ROBOT, i, 0), dataset_episode_to_columns(episode, self.config.cameras),
+                              episode["instruction"])
+        log.info("preloaded %d demonstration episodes from %s", len(episodes), self.config.demonstrations)
+
+    def _load_staging(self) -> None:
+        """Re-open the episodes whose segments were staged but not committed before the restart."""
+        pending_intents = {(r.robot_id, r.episode_id, r.fragment) for r in self._ledger.pending_intents}
+        for key, frames in list(self._staging.pending()):
+            robot_id, episode_id, seq = json.loads(key)
+            if seq in self._committed.get((robot_id, episode_id), ()):
+                self._staging.ack(key)  # committed, but released too late before the crash
+                continue
+            segment = decode_message(frames)
+            assert isinstance(segment, Segment)
+            steps = decode_segment(segment)
+            episode = self._track(robot_id, episode_id, seq, len(steps), segment.episode_done)
+            self._add_to_index(episode, steps)
+        for key, episode in list(self._open.items()):
+            if episode.complete or (episode.robot_id, episode.episode_id, episode.fragment) in pending_intents:
+                self._close(key)

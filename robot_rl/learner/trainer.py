@@ -1,0 +1,195 @@
+"""The trainer loop: sample mixed batches, update, publish weights, checkpoint.
+
+It runs on its own thread next to ingest and never waits for robots: when the
+store holds too little data it idles briefly and looks again; otherwise it trains on
+whatever the index holds at that moment. Everything that decides the next update
+(weights, optimiser, step, algorithm and sampling RNG, and the index content, which
+is rebuilt from disk in a canonical order) is saved by ``checkpoint``, so
+``resume`` continues exactly where an uninterrupted run would be.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from policies.flow_vla import FlowVLA
+from policies.flow_vla.training import auto_device
+from robot_rl.learner import checkpoint as ckpt
+from robot_rl.learner.algorithms import make_algorithm
+from robot_rl.learner.config import TrainerConfig
+from robot_rl.learner.index import SampleSpec, SamplingIndex
+from robot_rl.learner.publisher import PublishFn, PublishSchedule, snapshot
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    return auto_device() if name == "auto" else torch.device(name)
+
+
+class Trainer:
+    """Owns the policy being trained; ``start()`` runs it on a thread, ``update_once()`` steps it by hand."""
+
+    def __init__(
+        self,
+        policy: FlowVLA,
+        index: SamplingIndex,
+        config: TrainerConfig,
+        publish: PublishFn | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.index = index
+        self.device = resolve_device(config.device)
+        self.policy = policy.to(self.device).train()
+        self.algorithm = make_algorithm(self.policy, config, self.device)
+        self.rng = np.random.default_rng(config.seed)
+        self.step = 0
+        self.version = 0  # the initial weights are version 0
+        self.last_metrics: dict[str, float] = {}
+        self._publish = publish
+        self._schedule = PublishSchedule(config.publish_every_updates, config.publish_every_s, clock)
+        self._spec = SampleSpec(policy.config.chunk_size, tuple(policy.config.cameras),
+                                policy.config.max_state_offset, policy.config.offset_weights)
+        self._lock = threading.Lock()  # one update / checkpoint / publish at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_log_s = 0.0
+
+    # ------------------------------------------------------------ one update
+
+    def ready(self) -> bool:
+        return sum(self.index.counts().values()) >= max(1, self.config.min_steps_to_train)
+
+    def update_once(self) -> dict[str, float] | None:
+        """One update if the store holds enough data (None otherwise); publishes/checkpoints on schedule."""
+        if not self.ready():
+            return None
+        with self._lock:
+            if not self.policy.normalizer.fitted:
+                self.policy.normalizer.fit(*self.index.states_and_actions())
+                log.info("normalisation statistics fitted on %d stored steps", sum(self.index.counts().values()))
+            batch = self.index.sample(self.config.batch_size, self.config.stream_ratios, self._spec, self.rng)
+            metrics = self.algorithm.update(batch)
+            self.step += 1
+            self.last_metrics = metrics
+            if self._schedule.note_update():
+                self._publish_locked()
+            if self.step % self.config.checkpoint_every_updates == 0:
+                self._checkpoint_locked()
+        return metrics
+
+    def publish_now(self) -> None:
+        """Publish the current weights under the current version (e.g. at service start)."""
+        with self._lock:
+            if self._publish is not None:
+                self._publish(snapshot(self.policy, self.version, self.policy.config_hash(), self.config.transfer_dtype))
+                self._schedule.published()
+
+    def _publish_locked(self) -> None:
+        self._schedule.published()
+        if self._publish is None:
+            return
+        self.version += 1
+        self._publish(snapshot(self.policy, self.version, self.policy.config_hash(), self.config.transfer_dtype))
+        log.info("published weights v%d at update %d", self.version, self.step)
+
+    # ------------------------------------------------------------ thread
+
+    def start(self) -> Trainer:
+        self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("trainer thread did not stop within %.0f s", timeout_s)
+
+    def _run(self) -> None:
+        limit = self.config.max_updates
+        try:
+            while not self._stop.is_set() and (limit is None or self.step < limit):
+                if self.update_once() is None:
+                    self._stop.wait(0.1)  # not enough data yet: look again soon, never block ingest
+                    continue
+                self._log_progress()
+        except Exception:
+            log.exception("trainer crashed at update %d; the learner keeps ingesting", self.step)
+
+    def _log_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log_s >= 10.0:
+            self._last_log_s = now
+            log.info("update %d  loss %.4f  streams %s  weights v%d", self.step,
+                     self.last_metrics.get("loss", float("nan")), self.index.counts(), self.version)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> Path:
+        with self._lock:
+            return self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> Path:
+        state = ckpt.TrainerState(
+            step=self.step,
+            version=self.version,
+            optimizers={n: o.state_dict() for n, o in self.algorithm.optimizers().items()},
+            torch_rng=torch.get_rng_state(),
+            algorithm_rng=self.algorithm.rng_state(),
+            numpy_rng=self.rng.bit_generator.state,
+            extra_modules={n: m.state_dict() for n, m in self.algorithm.extra_modules().items()},
+            cuda_rng=list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+            index_manifest=self.index.manifest(),
+            config_hash=self.policy.config_hash(),
+        )
+        return ckpt.write_checkpoint(self.config.checkpoint_dir, self.policy, state, self.config.keep_checkpoints)
+
+    def resume(self, path: str | Path | None = None) -> Path:
+        """Restore from ``path`` (default: the latest checkpoint in ``checkpoint_dir``)."""
+        path = Path(path) if path is not None else ckpt.latest_checkpoint(self.config.checkpoint_dir)
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint to resume from in {self.config.checkpoint_dir}; "
+                                    "start without --resume to train from the initial weights")
+        weights, state = ckpt.read_checkpoint(path)
+        if state.config_hash != self.policy.config_hash():
+            raise ValueError(f"checkpoint {path} was trained with policy config {state.config_hash[:12]}, this "
+                             f"learner runs {self.policy.config_hash()[:12]}; use the same policy config to resume")
+        with self._lock:
+            self.policy.load_state_dict(weights)
+            for name, optimizer in self.algorithm.optimizers().items():
+                optimizer.load_state_dict(state.optimizers[name])
+            for name, module in self.algorithm.extra_modules().items():
+                module.load_state_dict(state.extra_modules[name])
+            torch.set_rng_state(state.torch_rng)
+            if state.cuda_rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state.cuda_rng)
+            self.algorithm.set_rng_state(state.algorithm_rng)
+            self.rng.bit_generator.state = state.numpy_rng
+            self.step, self.version = state.step, state.version
+        self._check_manifest(state.index_manifest)
+        log.info("resumed from %s at update %d (weights v%d)", path, self.step, self.version)
+        return path
+
+    def _check_manifest(self, saved: list[list]) -> None:
+        """Say whether the rebuilt index is the checkpointed one (sampling is exact only then)."""
+        current = self.index.manifest()
+        if current == saved:
+            log.info("store index matches the checkpoint (%d entries)", len(saved))
+            return
+        lost = [e for e in saved if e not in current and [*e[:3]] not in [c[:3] for c in current]]
+        if lost:
+            log.error("the store lost %d entries the checkpoint trained on (e.g. %s); was the store moved?",
+                      len(lost), lost[:3])
+        else:
+            log.info("the store holds more data than at the checkpoint (%d vs %d entries); "
+                     "training continues on all of it", len(current), len(saved))

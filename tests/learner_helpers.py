@@ -1,0 +1,105 @@
+"""Shared by the learner and streaming tests: synthetic Steps, a tiny FlowVLA, small configs."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from policies.flow_vla import FlowVLA, FlowVLAConfig
+from policies.text_encoder import InstructionEncoder
+from robot_rl.core.types import Step
+from robot_rl.learner.config import StoreConfig, TrainerConfig
+
+JOINTS = tuple(f"j{i}" for i in range(6))
+IMG = 16
+CAMERAS = ("front",)
+
+
+def hashed_embeddings(texts: list[str]) -> np.ndarray:
+    """Offline stand-in for the sentence encoder: a fixed random unit vector per string."""
+    out = []
+    for s in texts:
+        seed = int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
+        v = np.random.default_rng(seed).standard_normal(384)
+        out.append(v / np.linalg.norm(v))
+    return np.stack(out).astype(np.float32)
+
+
+TEXT = InstructionEncoder(backend=hashed_embeddings)
+
+
+def tiny_policy_config() -> FlowVLAConfig:
+    return FlowVLAConfig(cameras=CAMERAS, image_size=IMG, chunk_size=4, cnn_channels=(8, 8), image_grid=2,
+                         d_model=16, n_heads=2, n_layers=1, n_expert_layers=1, ffn_mult=2, max_state_offset=2,
+                         num_integration_steps=2)
+
+
+def tiny_policy(seed: int = 0) -> FlowVLA:
+    torch.manual_seed(seed)
+    return FlowVLA(tiny_policy_config(), text_encoder=TEXT).eval()
+
+
+def store_config(root: Path, **overrides) -> StoreConfig:
+    base = dict(root=str(root), joint_names=JOINTS, cameras=CAMERAS, image_height=IMG, image_width=IMG,
+                background_commit=False)
+    return StoreConfig(**{**base, **overrides})
+
+
+def trainer_config(checkpoints: Path, **overrides) -> TrainerConfig:
+    base = dict(batch_size=4, lr=1e-3, min_steps_to_train=1, publish_every_updates=1000, publish_every_s=1e9,
+                checkpoint_dir=str(checkpoints), checkpoint_every_updates=1000, device="cpu")
+    return TrainerConfig(**{**base, **overrides})
+
+
+def make_step(tick: int, *, episode: int = 0, robot: int = 0, intervention: bool = False, done: bool = False,
+              version: int = 0) -> Step:
+    """A step whose numbers say where it came from: state[0]=robot, state[1]=episode, state[2]=tick."""
+    state = np.array([robot, episode, tick, 0, 0, 0], dtype=np.float32)
+    image = np.full((IMG, IMG, 3), (tick * 7) % 256, dtype=np.uint8)
+    return Step(tick=tick, time_s=tick / 30, state=state, action=state + 1, images={"front": image},
+                instruction="pick the cube", is_intervention=intervention, done=done, policy_version=version)
+
+
+def make_steps(n: int, **kwargs) -> list[Step]:
+    return [make_step(t, done=(t == n - 1), **kwargs) for t in range(n)]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
+    """Bounded wait for socket-driven state (not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def learner_config(root: Path, router: str = "tcp://127.0.0.1:*", pub: str = "tcp://127.0.0.1:*", **trainer):
+    from robot_rl.learner.config import LearnerConfig, ServiceConfig
+
+    return LearnerConfig(store=store_config(root / "store", background_commit=True),
+                         trainer=trainer_config(root / "ckpt", **trainer),
+                         service=ServiceConfig(router_endpoint=router, pub_endpoint=pub, heartbeat_interval_s=0.2))
+
+
+def client_config(robot: str, learner, spool: Path, **overrides):
+    from bridges.zmq.client import ClientConfig
+
+    base = dict(robot_id=robot, router_endpoint=learner.router_endpoint, pub_endpoint=learner.pub_endpoint,
+                spool_dir=str(spool / robot), config_hash=tiny_policy().config_hash(), heartbeat_interval_s=0.2,
+                hello_retry_s=0.1, ack_timeout_s=2.0, server_timeout_s=2.0)
+    return ClientConfig(**{**base, **overrides})
+
+
+def stored_triples(store_root: Path) -> list[tuple[int, int, int]]:
+    """(robot, episode, tick) of every step in the dataset, read back with LeRobot."""
+    from robot_rl.data.reader import load_episode_arrays
+
+    out = []
+    for episode in load_episode_arrays(store_root / "dataset", "local/robot_rl_replay"):
+        out += [tuple(int(v) for v in row[:3]) for row in episode["state"]]
+    return out

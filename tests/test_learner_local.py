@@ -1,0 +1,45 @@
+"""`run_local`: a learner and 4 edge nodes (real EdgeNode + EdgeStreamer, wall clock) in one process;
+plus the keys command and config parsing."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+from robot_rl.config import ConfigError
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.learner.config import learner_config_from
+from robot_rl.learner.local import LocalRunConfig, run_local
+from tests.learner_helpers import learner_config, stored_triples, tiny_policy
+from tests.test_stream_edge import CameraRobot
+
+
+def test_four_robots_learn_together_on_loopback(tmp_path):
+    config = learner_config(tmp_path, publish_every_updates=3, max_updates=6)
+    run = LocalRunConfig(num_robots=4, episodes_per_robot=2, max_steps=12, segment_steps=5,
+                         spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30))
+    result = run_local(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"))
+    assert result.episodes == 8 and result.steps == 8 * 12
+    assert result.store["episodes_stored"] == 8 and result.store["online_steps"] == 96
+    assert sorted(result.robot_versions) == [f"sim-{i}" for i in range(4)]
+    assert len(stored_triples(tmp_path / "store")) == 96
+
+
+def test_keys_command_writes_learner_and_robot_pairs(tmp_path):
+    from bridges.zmq.keys import load_keypair, load_public_keys
+    from robot_rl.commands import keys
+
+    assert keys.main(["--out", str(tmp_path), "--robots", "a", "b"]) == 0
+    assert load_keypair(tmp_path / "learner.key_secret").public
+    assert len(load_public_keys(tmp_path / "robots")) == 2
+    assert keys.main(["--out", str(tmp_path), "--robots", "a"]) == 2  # refuses to overwrite without --force
+
+
+def test_learner_config_refuses_unknown_keys():
+    config = learner_config_from({"trainer": {"batch_size": 8}, "store": {"cameras": ["front"]}})
+    assert config.trainer.batch_size == 8 and config.store.cameras == ("front",)
+    with pytest.raises(ConfigError, match="batch_sise"):
+        learner_config_from({"trainer": {"batch_sise": 8}})
