@@ -93,9 +93,11 @@ def _from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
                          f"known: {sorted(fields)}")
     values = {}
     for name, value in data.items():
-        default = fields[name].default_factory() if fields[name].default_factory is not dataclasses.MISSING else None
-        values[name] = _from_dict(type(default), value) if dataclasses.is_dataclass(default) and isinstance(
-            value, Mapping) else value
+        spec = fields[name]
+        default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+        if dataclasses.is_dataclass(default) and isinstance(value, Mapping):
+            value = _from_dict(type(default), value)
+        values[name] = value
     return cls(**values)
 
 
