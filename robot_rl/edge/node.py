@@ -141,6 +141,7 @@ class EdgeNode:
         self._next_chunk_id = 0
         self._generation = 0
         self._last_tick_time: float | None = None
+        self.hand_backs = 0  # takeovers that ended with a hand-back (hand_back calls)
         self.reset_episode("")
 
     # ----------------------------------------------------------------- public API
@@ -201,6 +202,20 @@ class EdgeNode:
         self._hold: np.ndarray | None = None
         self._had_chunk = False
         self._episode_limit: int | None = None
+
+    def hand_back(self) -> None:
+        """A human hands control back to the policy: forget the plan, ask for a fresh chunk.
+
+        The queued plan (and any chunk still being computed) was made from where the arm
+        was before or during the takeover; executing it would yank the arm back along the
+        old path. So the queue is flushed, answers to earlier requests are ignored, and the
+        next tick asks for a chunk from the measured state. The arm holds the human's last
+        target until it arrives, counted as waiting by design, not as a stall.
+        """
+        self.queue.clear()
+        self._generation += 1
+        self._had_chunk = False
+        self.hand_backs += 1
 
     def tick(self) -> Step:
         """Run one control tick and return its Step."""
