@@ -1,9 +1,96 @@
-"""`robot-rl eval`: closed-loop evaluation of checkpoints (issue #7, not built yet)."""
+"""`robot-rl eval policy.path=CKPT [compare.path=CKPT2] [episodes=N] [dataset=DIR_OR_HUB_ID]`.
+
+Closed-loop evaluation in the sim through the real EdgeNode (mode and simulated latency
+from the ``edge`` group). With ``compare.path`` both checkpoints run on the same scenes
+in one run and are printed side by side; results go to ``eval.out_dir``/eval.json and a
+bar plot with 95 % confidence intervals.
+"""
 
 from __future__ import annotations
 
-from robot_rl.commands.not_yet import not_yet_built
+import copy
+
+from omegaconf import DictConfig
+
+from robot_rl.config import ConfigError, to_dataclass
+
+ALIASES = ("episodes", "dataset", "dataset_episodes", "compare", "first_seed", "max_steps")
 
 
 def main(argv: list[str]) -> int:
-    return not_yet_built("eval", 7, "closed-loop evaluation of checkpoints")
+    from robot_rl.replay.cli_config import load_group_config
+    from robot_rl.replay.report import eval_table, print_table
+
+    cfg = load_group_config(argv, "eval", ALIASES)
+    evals, json_path, plot_path = run_eval(cfg)
+    print_table(eval_table(evals))
+    print(f"wrote {json_path}\nwrote {plot_path}")
+    return 0
+
+
+def run_eval(cfg: DictConfig, progress: bool = True):
+    """Evaluate ``policy.path`` (and ``eval.compare.path``) on shared scenes; returns (evals, json, plot)."""
+    from pathlib import Path
+
+    from robot_rl.commands.sim_setup import make_sim
+    from robot_rl.edge import EdgeConfig
+    from robot_rl.replay import compare_policies
+    from robot_rl.replay.report import plot_eval, write_json
+
+    policies = _load_policies(cfg)
+    robot = make_sim(cfg)
+    try:
+        scenes = _scenes(cfg, robot)
+        edge = to_dataclass(cfg.edge, EdgeConfig)
+        max_steps = cfg.eval.max_steps
+        evals = compare_policies(robot, policies, edge, scenes, max_steps=int(max_steps) if max_steps else None,
+                                 fallback_seed=int(cfg.eval.first_seed), progress=progress)
+    finally:
+        robot.disconnect()
+    out = Path(cfg.eval.out_dir)
+    payload = {
+        "scenes": "dataset " + str(cfg.eval.dataset) if cfg.eval.dataset else f"seeds from {cfg.eval.first_seed}",
+        "edge": {"mode": edge.mode, "simulated_latency_ms": edge.simulated_latency_ms},
+        "ranking": [e.name for e in evals],
+        "checkpoints": [e.as_dict() for e in evals],
+    }
+    return evals, write_json(out / "eval.json", payload), plot_eval(out / "eval.png", evals)
+
+
+def _load_policies(cfg: DictConfig) -> dict[str, object]:
+    """{name: policy} for policy.path and, if given, eval.compare.path (names are the paths)."""
+    from robot_rl.commands.policy_loading import load_policy
+
+    main_name = str(cfg.policy.get("path") or cfg.bc.checkpoint_dir)
+    policies = {main_name: load_policy(cfg, deterministic=True)}
+    compare = cfg.eval.compare
+    if compare.get("path"):
+        other = copy.deepcopy(cfg)
+        other.policy.path = compare.path
+        other.policy.type = compare.type
+        name = str(compare.path) if str(compare.path) != main_name else f"{compare.path} (compare)"
+        policies[name] = load_policy(other, deterministic=True)
+    return policies
+
+
+def _scenes(cfg: DictConfig, robot):
+    from robot_rl.replay import (
+        DatasetError,
+        JointMapping,
+        JointMappingError,
+        dataset_scenes,
+        load_logged_dataset,
+        seed_scenes,
+    )
+
+    if not cfg.eval.dataset:
+        n = int(cfg.eval.episodes)
+        if n < 1:
+            raise ConfigError(f"episodes must be >= 1, got {n}")
+        return seed_scenes(n, int(cfg.eval.first_seed))
+    episodes = cfg.eval.dataset_episodes
+    try:
+        dataset = load_logged_dataset(str(cfg.eval.dataset), list(episodes) if episodes is not None else None)
+        return dataset_scenes(dataset, to_dataclass(cfg.eval.mapping, JointMapping), tuple(robot.joint_names))
+    except (DatasetError, JointMappingError) as exc:
+        raise ConfigError(str(exc)) from exc

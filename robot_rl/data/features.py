@@ -18,6 +18,8 @@ EXTRA_COLUMNS: dict[str, tuple[str, int]] = {
     "delay_ticks": ("int64", 1),
     "stall": ("bool", 1),
     "lateness_s": ("float32", 1),
+    # The sim seed that re-creates the episode's scene on replay (-1: unknown, e.g. a real robot).
+    "episode_seed": ("int64", 1),
 }
 
 

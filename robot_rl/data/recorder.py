@@ -58,7 +58,8 @@ class EpisodeRecorder:
 
     def write_episode(self, episode: Episode) -> int:
         """Store one episode; returns its index in the dataset."""
-        frames = [self._frame(step, episode.instruction) for step in episode.steps]
+        seed = -1 if episode.seed is None else int(episode.seed)
+        frames = [self._frame(step, episode.instruction, seed) for step in episode.steps]
         if not frames:
             raise RecordingError(f"episode {episode.episode_id} of {episode.robot_id} has no steps")
         dataset = self._open()
@@ -101,7 +102,7 @@ class EpisodeRecorder:
                 f"missing columns {missing}); record into a new directory instead of mixing them"
             )
 
-    def _frame(self, step: Step, instruction: str) -> dict:
+    def _frame(self, step: Step, instruction: str, seed: int) -> dict:
         dim = len(self.joint_names)
         state = _vector(step.state, dim, "state", step.tick)
         action = _vector(step.action, dim, "action", step.tick)
@@ -131,6 +132,7 @@ class EpisodeRecorder:
             "delay_ticks": step.delay_ticks,
             "stall": step.stall,
             "lateness_s": step.lateness_s,
+            "episode_seed": seed,
         }
         for column, (dtype, _) in EXTRA_COLUMNS.items():
             frame[column] = np.array([values[column]], dtype=dtype)

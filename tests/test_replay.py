@@ -1,0 +1,259 @@
+"""Replay of logged datasets in the sim: open-loop tracking, joint mapping, counterfactuals, video.
+
+The datasets are real LeRobotDataset v3 directories: one recorded by our own stack
+(scripted expert -> EpisodeRecorder), one written with lerobot's ``LeRobotDataset.create``
+in another robot's joint layout. Both are read back through lerobot, never by hand.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hardware.sim import ScriptedExpert, SimConfig, SimSO101
+from robot_rl.config import ConfigError
+from robot_rl.data import EpisodeRecorder
+from robot_rl.demos import expert_episode
+from robot_rl.replay import (
+    JointMapping,
+    JointMappingError,
+    ReplayConfig,
+    build_mapper,
+    counterfactual_replay,
+    load_logged_dataset,
+    replay_dataset,
+)
+from robot_rl.replay.dataset import logged_episode
+from robot_rl.replay.video import count_frames
+
+IMAGE = 32
+# (seed, family) of the recorded episodes; the dataset does not store seeds, so the
+# test passes them as `replay.seeds` (what a researcher does for an old recording).
+EPISODES = ((3, "pick"), (5, "push"))
+INTERVENTION = range(10, 20)  # ticks marked as a human takeover (flags only: physics unchanged)
+
+# Replaying our own recording with the same seed must reproduce the logged states up to
+# float32 storage: MuJoCo is deterministic, the reset re-creates the scene bit for bit,
+# and the logged actions are the exact float32 commands that were executed. 1e-3 (deg,
+# gripper %) leaves room for float32 rounding only; a wrong scene gives errors of degrees.
+SAME_PHYSICS_TOLERANCE = 1e-3
+
+
+def make_robot() -> SimSO101:
+    robot = SimSO101(SimConfig(image_height=IMAGE, image_width=IMAGE))
+    robot.connect()
+    return robot
+
+
+def record_expert_dataset(robot: SimSO101, root, which=EPISODES) -> list:
+    """Record ``which`` (seed, family) pairs with the scripted expert into a LeRobotDataset; returns the Episodes."""
+    cameras = {cam: (IMAGE, IMAGE) for cam in robot.camera_names}
+    recorder = EpisodeRecorder(root, robot.fps, robot.joint_names, cameras)
+    episodes = []
+    for i, (seed, family) in enumerate(which):
+        episode = expert_episode(robot, ScriptedExpert(robot), seed, family, i)
+        assert episode.success, f"the scripted expert failed seed {seed}; pick another seed for the test"
+        for step in episode.steps:
+            step.is_intervention = step.tick in INTERVENTION
+            step.policy_version = 1 if step.tick < 25 else 2
+        recorder.write_episode(episode)
+        episodes.append(episode)
+    return episodes
+
+
+@pytest.fixture(scope="module")
+def robot():
+    robot = make_robot()
+    yield robot
+    robot.disconnect()
+
+
+@pytest.fixture(scope="module")
+def recorded(robot, tmp_path_factory):
+    root = tmp_path_factory.mktemp("recorded") / "ds"
+    return root, record_expert_dataset(robot, root)
+
+
+def test_replay_reproduces_own_recording_and_writes_video(robot, recorded, tmp_path):
+    root, episodes = recorded
+    dataset = load_logged_dataset(str(root))
+    assert dataset.state_names[0] == "shoulder_pan.pos" and dataset.cameras == ("front", "wrist")
+    assert dataset.episodes[0].is_intervention[list(INTERVENTION)].all()
+
+    config = ReplayConfig(out_dir=str(tmp_path / "same"), seeds=[seed for seed, _ in EPISODES])
+    run = replay_dataset(robot, dataset, config, progress=False)
+
+    for result, episode in zip(run.episodes, episodes):
+        np.testing.assert_allclose(result.tracking.logged, np.stack([s.state for s in episode.steps]))
+        assert max(result.tracking.max_abs().values()) <= SAME_PHYSICS_TOLERANCE
+        assert result.tracking.scene_recreated
+        assert count_frames(result.video) == episode.num_steps
+        assert result.plot.stat().st_size > 0
+    summary = json.loads(run.summary_path.read_text())
+    assert [e["episode"] for e in summary["episodes"]] == [0, 1]
+    assert summary["mapping_is_identity"] is True
+
+
+def test_replay_without_seed_starts_from_first_state_but_misses_the_cube(robot, recorded, tmp_path):
+    """Without the scene the arm starts right, but the cube is elsewhere: the pick's gripper closes on air."""
+    root, _ = recorded
+    dataset = load_logged_dataset(str(root), episodes=[0])
+    config = ReplayConfig(out_dir=str(tmp_path), video=False, plots=False)
+    (result,) = replay_dataset(robot, dataset, config, progress=False).episodes
+    error = np.abs(result.tracking.error)
+    assert not result.tracking.scene_recreated
+    assert error[0].max() <= 0.01  # placed at the first logged state
+    assert result.tracking.max_abs()["gripper"] > 2.0  # the logged gripper stopped on the cube
+
+
+# ----------------------------------------------------------------------------- another robot's layout
+
+OTHER_JOINTS = [f"joint{i}" for i in range(1, 7)]
+
+
+def write_other_robot_dataset(root, episode) -> None:
+    """A dataset as another lab would log it: joint1..6, arm in radians, gripper 0..1, one 'laptop' camera."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    def to_other(v: np.ndarray) -> np.ndarray:
+        return np.append(np.deg2rad(v[:5]), v[5] / 100.0).astype(np.float32)
+
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (6,), "names": OTHER_JOINTS},
+        "action": {"dtype": "float32", "shape": (6,), "names": OTHER_JOINTS},
+        "observation.images.laptop": {"dtype": "image", "shape": (24, 32, 3), "names": ["height", "width", "channels"]},
+    }
+    dataset = LeRobotDataset.create("other_lab/arm", fps=30, features=features, root=root, use_videos=False)
+    for step in episode.steps:
+        image = np.ascontiguousarray(step.images["front"][4:28, :, :])
+        dataset.add_frame({"observation.state": to_other(step.state), "action": to_other(step.action),
+                           "observation.images.laptop": image, "task": episode.instruction})
+    dataset.save_episode()
+    dataset.finalize()
+
+
+def test_other_robot_layout_needs_a_mapping_then_replays(recorded, tmp_path):
+    from robot_rl.commands.replay import run_replay
+    from robot_rl.replay.cli_config import load_group_config
+
+    _, episodes = recorded
+    root = tmp_path / "other"
+    write_other_robot_dataset(root, episodes[0])
+    common = [f"dataset={root}", f"output_dir={tmp_path / 'out'}", f"robot.image_height={IMAGE}",
+              f"robot.image_width={IMAGE}", "replay.plots=false"]
+
+    with pytest.raises(ConfigError) as excinfo:
+        run_replay(load_group_config(common, "replay", ["dataset", "seeds"]), progress=False)
+    message = str(excinfo.value)
+    assert "['shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex', 'wrist_roll', 'gripper']" in message
+    assert "joint1" in message and "replay.mapping.names" in message
+
+    cfg = load_group_config(["replay=radians_6dof", f"seeds=[{EPISODES[0][0]}]", *common], "replay", ["dataset", "seeds"])
+    (result,) = run_replay(cfg, progress=False).episodes
+    # Radians and 0..1 round-trip through float32, so the commands differ from the
+    # recorded ones by ~1e-5 deg; the states then agree to well under a hundredth of a degree.
+    assert max(result.tracking.max_abs().values()) < 0.01
+    assert count_frames(result.video) == episodes[0].num_steps
+
+
+def test_mapping_errors_name_the_problem():
+    sim = ("a", "b")
+    with pytest.raises(JointMappingError, match=r"sim joints \['b'\] have no dataset joint.*dataset joints \['x'\]"):
+        build_mapper(JointMapping(), ["a.pos", "x"], sim)
+    with pytest.raises(JointMappingError, match="same sim joint"):
+        build_mapper(JointMapping(names={"x": "a"}), ["a", "x", "b"], sim)
+    with pytest.raises(JointMappingError, match=r"dataset joints \['nope'\]"):
+        build_mapper(JointMapping(names={"nope": "a"}), ["a", "b"], sim)
+    mapper = build_mapper(JointMapping(names={"x": "b"}, scale={"b": 2.0}, offset=1.0), ["x", "a"], sim)
+    np.testing.assert_allclose(mapper.to_sim(np.array([10.0, 3.0])), [4.0, 21.0])
+
+
+def test_hub_ids_go_through_lerobot():
+    """Offline (conftest), a Hub id reaches LeRobot's download path and fails there, with its reason."""
+    from robot_rl.replay import DatasetError
+
+    with pytest.raises(DatasetError, match=r"could not read dataset 'someone/some_dataset' with lerobot"):
+        load_logged_dataset("someone/some_dataset")
+    with pytest.raises(DatasetError, match="neither an existing directory nor"):
+        load_logged_dataset("./missing/dir")
+
+
+def test_seed_column_is_picked_up():
+    arrays = {"episode_index": 4, "state": np.zeros((3, 6)), "action": np.zeros((3, 6)),
+              "episode_seed": np.array([[17], [17], [17]])}
+    assert logged_episode(arrays).seed == 17
+    arrays["episode_seed"] = np.full((3, 1), -1)
+    assert logged_episode(arrays).seed is None
+
+
+# ----------------------------------------------------------------------------- counterfactual
+
+
+class LoggedActionsPolicy:
+    """Answers with the logged future actions (looked up by the logged state), plus ``bias`` at some steps."""
+
+    chunk_size = 8
+    action_dim = 6
+
+    def __init__(self, states: np.ndarray, actions: np.ndarray, biased_steps: range, bias: float) -> None:
+        self.index = {s.tobytes(): t for t, s in enumerate(states)}
+        self.actions = actions
+        self.biased_steps = biased_steps
+        self.bias = bias
+
+    def predict_chunk(self, observation, state, instruction) -> np.ndarray:
+        t = self.index[np.asarray(state, np.float32).tobytes()]
+        future = self.actions[t : t + self.chunk_size]
+        chunk = np.concatenate([future, np.repeat(future[-1:], self.chunk_size - len(future), axis=0)])
+        return chunk + (self.bias if t in self.biased_steps else 0.0)
+
+    def save_pretrained(self, directory) -> None:  # pragma: no cover - protocol only
+        raise NotImplementedError
+
+
+def test_counterfactual_error_is_zero_where_policy_agrees_and_large_where_it_deviates(recorded):
+    root, _ = recorded
+    episode = load_logged_dataset(str(root), episodes=[0]).episodes[0]
+    deviating = range(30, 40)
+    policy = LoggedActionsPolicy(episode.state, episode.action, deviating, bias=20.0)
+    result = counterfactual_replay(policy, episode.images, episode.state, episode.action, episode.instruction,
+                                   episode.interventions(), progress=False)
+
+    agrees = np.ones(episode.length, bool)
+    agrees[list(deviating)] = False
+    assert result.first_error[agrees].max() < 1e-5
+    assert result.chunk_error[agrees].max() < 1e-5
+    np.testing.assert_allclose(result.first_error[~agrees], 20.0, rtol=1e-4)
+    assert set(result.top_deviations(5)) <= set(deviating)
+    summary = result.as_dict()
+    assert summary["intervention_spans"] == [[INTERVENTION.start, INTERVENTION.stop]]
+    assert summary["mean_chunk_error_during_interventions"] < 1e-5
+
+
+def test_counterfactual_cli_with_a_flow_vla_checkpoint(recorded, tmp_path, monkeypatch):
+    """`replay counterfactual=true policy.path=...` end to end: loads the checkpoint, writes plot and JSON."""
+    from policies.flow_vla import FlowVLA
+    from policies.text_encoder import InstructionEncoder
+    from robot_rl.commands import replay as replay_command
+    from tests.learner_helpers import TEXT, tiny_policy_config
+
+    monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)  # offline stand-in: skip the 90 MB encoder load
+    config = tiny_policy_config()
+    config.cameras = ("front", "wrist")
+    checkpoint = tmp_path / "ckpt"
+    FlowVLA(config, text_encoder=TEXT).save_pretrained(checkpoint)
+    root, episodes = recorded
+    out = tmp_path / "out"
+    code = replay_command.main([f"dataset={root}", "episodes=[1]", "counterfactual=true", f"policy.path={checkpoint}",
+                                f"output_dir={out}", f"robot.image_height={IMAGE}", f"robot.image_width={IMAGE}",
+                                "replay.video=false", f"seeds=[{EPISODES[1][0]}]"])
+    assert code == 0
+    summary = json.loads((out / "replay" / "replay.json").read_text())
+    (episode,) = summary["episodes"]
+    assert episode["episode"] == 1
+    counterfactual = episode["counterfactual"]
+    assert counterfactual["intervention_spans"] == [[INTERVENTION.start, INTERVENTION.stop]]
+    assert counterfactual["mean_chunk_error"] > 0.0  # an untrained policy disagrees with the expert
+    assert (out / "replay" / "episode_001.png").stat().st_size > 0
