@@ -47,8 +47,11 @@ def make_robot() -> SimSO101:
     return robot
 
 
-def record_expert_dataset(robot: SimSO101, root, which=EPISODES) -> list:
-    """Record ``which`` (seed, family) pairs with the scripted expert into a LeRobotDataset; returns the Episodes."""
+def record_expert_dataset(robot: SimSO101, root, which=EPISODES, keep_seed: bool = True) -> list:
+    """Record ``which`` (seed, family) pairs with the scripted expert into a LeRobotDataset; returns the Episodes.
+
+    ``keep_seed=False`` stores the episodes as a real robot would: without a sim seed.
+    """
     cameras = {cam: (IMAGE, IMAGE) for cam in robot.camera_names}
     recorder = EpisodeRecorder(root, robot.fps, robot.joint_names, cameras)
     episodes = []
@@ -58,6 +61,8 @@ def record_expert_dataset(robot: SimSO101, root, which=EPISODES) -> list:
         for step in episode.steps:
             step.is_intervention = step.tick in INTERVENTION
             step.policy_version = 1 if step.tick < 25 else 2
+        if not keep_seed:
+            episode.seed = None
         recorder.write_episode(episode)
         episodes.append(episode)
     return episodes
@@ -82,7 +87,8 @@ def test_replay_reproduces_own_recording_and_writes_video(robot, recorded, tmp_p
     assert dataset.state_names[0] == "shoulder_pan.pos" and dataset.cameras == ("front", "wrist")
     assert dataset.episodes[0].is_intervention[list(INTERVENTION)].all()
 
-    config = ReplayConfig(out_dir=str(tmp_path / "same"), seeds=[seed for seed, _ in EPISODES])
+    # No seeds given: the recording carries each episode's sim seed, so the scene is re-created.
+    config = ReplayConfig(out_dir=str(tmp_path / "same"))
     run = replay_dataset(robot, dataset, config, progress=False)
 
     for result, episode in zip(run.episodes, episodes):
@@ -96,11 +102,12 @@ def test_replay_reproduces_own_recording_and_writes_video(robot, recorded, tmp_p
     assert summary["mapping_is_identity"] is True
 
 
-def test_replay_without_seed_starts_from_first_state_but_misses_the_cube(robot, recorded, tmp_path):
+def test_replay_without_seed_starts_from_first_state_but_misses_the_cube(robot, tmp_path):
     """Without the scene the arm starts right, but the cube is elsewhere: the pick's gripper closes on air."""
-    root, _ = recorded
+    root = tmp_path / "no_seed"
+    record_expert_dataset(robot, root, which=EPISODES[:1], keep_seed=False)
     dataset = load_logged_dataset(str(root), episodes=[0])
-    config = ReplayConfig(out_dir=str(tmp_path), video=False, plots=False)
+    config = ReplayConfig(out_dir=str(tmp_path / "out"), video=False, plots=False)
     (result,) = replay_dataset(robot, dataset, config, progress=False).episodes
     error = np.abs(result.tracking.error)
     assert not result.tracking.scene_recreated
