@@ -75,7 +75,8 @@ def record_expert_demos(
     """Record ``episodes_per_family`` successful demonstrations per task family into ``out_dir``."""
     families = list(families)
     cameras = {cam: (robot.config.image_height, robot.config.image_width) for cam in robot.camera_names}
-    recorder = EpisodeRecorder(out_dir, robot.fps, robot.joint_names, cameras)
+    # Demonstrations can be re-recorded after a crash, so finalize in batches (resume costs seconds).
+    recorder = EpisodeRecorder(out_dir, robot.fps, robot.joint_names, cameras, finalize_every=25)
     per_family: dict[str, tuple[int, int]] = {}
     attempted = stored = steps = 0
     bar = tqdm(total=episodes_per_family * len(families), desc="recording demos", disable=not progress)
@@ -95,5 +96,6 @@ def record_expert_demos(
                 steps += episode.num_steps
                 bar.update(1)
         per_family[family] = (ok, tries)
+    recorder.close()
     bar.close()
     return DemoSummary(attempted=attempted, stored=stored, steps=steps, per_family=per_family)

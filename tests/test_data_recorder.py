@@ -76,3 +76,10 @@ def test_mismatched_layout_is_refused(tmp_path):
     EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS).write_episode(make_episode(0, 3, 1))
     with pytest.raises(RecordingError, match="another layout"):
         EpisodeRecorder(tmp_path / "ds", fps=15, joint_names=JOINTS, cameras=CAMS)
+
+
+def test_batched_finalize_keeps_every_episode(tmp_path):
+    with EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS, finalize_every=3) as recorder:
+        indices = [recorder.write_episode(make_episode(i, 3 + i, i)) for i in range(4)]
+    assert indices == [0, 1, 2, 3]
+    assert [len(e["state"]) for e in load_episode_arrays(tmp_path / "ds")] == [3, 4, 5, 6]

@@ -1,9 +1,11 @@
 """Write Episodes into a LeRobotDataset v3 with lerobot's own writer.
 
 Crash safety: each episode is validated completely before its first frame is
-buffered, then saved and finalized on its own, so a crash or a bad episode can
-lose at most the episode being written, never one already stored. The next
-episode re-opens the dataset with ``LeRobotDataset.resume``.
+buffered, then saved and (by default) finalized on its own, so a crash or a bad
+episode can lose at most the episode being written, never one already stored. The
+next episode re-opens the dataset with ``LeRobotDataset.resume``, which costs a few
+seconds; bulk jobs that can simply be rerun (demonstrations) may finalize every N
+episodes instead (``finalize_every``) and call ``close()``.
 """
 
 from __future__ import annotations
@@ -36,8 +38,13 @@ class EpisodeRecorder:
         repo_id: str = "local/robot_rl",
         robot_type: str = "so101",
         use_videos: bool = False,
+        finalize_every: int = 1,
     ) -> None:
+        if finalize_every < 1:
+            raise ValueError(f"finalize_every must be >= 1, got {finalize_every}")
         self.root = Path(root)
+        self.finalize_every = finalize_every
+        self._since_finalize = 0
         self.fps = int(fps)
         self.joint_names = tuple(joint_names)
         self.cameras = dict(cameras)
@@ -62,18 +69,34 @@ class EpisodeRecorder:
         frames = [self._frame(step, episode.instruction, seed) for step in episode.steps]
         if not frames:
             raise RecordingError(f"episode {episode.episode_id} of {episode.robot_id} has no steps")
-        dataset = self._open()
+        dataset = self._dataset or self._open()
+        self._dataset = dataset
         try:
             for frame in frames:
                 dataset.add_frame(frame)
             dataset.save_episode()
         except Exception:
             dataset.clear_episode_buffer()
+            self.close()
             raise
-        finally:
-            dataset.finalize()
+        index = dataset.meta.total_episodes - 1
+        self._since_finalize += 1
+        if self._since_finalize >= self.finalize_every:
+            self.close()
+        return index
+
+    def close(self) -> None:
+        """Finalize what is open; until then the last ``finalize_every - 1`` episodes are not crash-safe."""
+        if self._dataset is not None:
+            self._dataset.finalize()
             self._dataset = None
-        return self.num_episodes - 1
+        self._since_finalize = 0
+
+    def __enter__(self) -> EpisodeRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- internals -----------------------------------------------------------------
 
