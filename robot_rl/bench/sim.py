@@ -1,0 +1,145 @@
+"""Benchmark of the MuJoCo SO-101 sim: rendering, physics and the scripted expert.
+
+Measured side by side in one run, because these machines are shared and noisy:
+render frames/s per camera for the default ``fast`` look and for the stock ``full``
+meshes (a few frames only; it is ~100x slower), raw ``mj_step`` calls per second,
+and the scripted expert's success rate per task family.
+
+    python -m robot_rl.bench.sim --episodes 20 --json sim_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
+from hardware.sim.rendering import mujoco
+
+
+def measure_render_fps(config: SimConfig, frames: int, seed: int = 0) -> dict[str, float]:
+    """Frames per second for each camera, rendered one at a time on the calling thread."""
+    robot = SimSO101(config)
+    robot.connect()
+    try:
+        robot.reset(seed)
+        fps = {}
+        for cam in config.cameras:
+            robot.render((cam,))  # warm-up: GL context, uploads
+            start = time.perf_counter()
+            for _ in range(frames):
+                robot.render((cam,))
+            fps[cam] = frames / (time.perf_counter() - start)
+        return fps
+    finally:
+        robot.disconnect()
+
+
+def measure_steps_per_s(config: SimConfig, steps: int = 5000, seed: int = 0) -> float:
+    """Raw ``mj_step`` calls per second with the arm holding a pose over the cubes."""
+    robot = SimSO101(config)
+    robot.reset(seed)
+    model, data = robot.model, robot.data
+    start = time.perf_counter()
+    for _ in range(steps):
+        mujoco.mj_step(model, data)
+    return steps / (time.perf_counter() - start)
+
+
+def measure_expert(
+    episodes_per_family: int, seed: int, progress: bool
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Success rate and mean episode length (seconds of sim time) per task family."""
+    robot = SimSO101(SimConfig(cameras=()))
+    robot.connect()
+    expert = ScriptedExpert(robot)
+    success: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    total = episodes_per_family * len(TASK_FAMILIES)
+    with tqdm(total=total, desc="expert episodes", disable=not progress, leave=False) as bar:
+        for family in TASK_FAMILIES:
+            results = []
+            for k in range(episodes_per_family):
+                results.append(run_expert_episode(robot, expert, seed=seed + k, family=family))
+                bar.update(1)
+            success[family] = float(np.mean([r["success"] for r in results]))
+            seconds[family] = float(np.mean([r["sim_time_s"] for r in results]))
+    robot.disconnect()
+    return success, seconds
+
+
+def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """Run the whole benchmark, print a table, return the numbers as a dict."""
+    fast_config = SimConfig(render_quality="fast")
+    full_config = SimConfig(render_quality="full")
+    render_fps = measure_render_fps(fast_config, frames=300, seed=seed)
+    render_fps_full = measure_render_fps(full_config, frames=5, seed=seed)
+    steps_per_s = measure_steps_per_s(fast_config, seed=seed)
+    expert_success, expert_seconds = measure_expert(episodes_per_family, seed, progress)
+    result = {
+        "render_fps": render_fps,
+        "render_fps_full": render_fps_full,
+        "render_speedup_fast_vs_full": {
+            cam: render_fps[cam] / render_fps_full[cam] for cam in render_fps
+        },
+        "image_size": [fast_config.image_height, fast_config.image_width],
+        "steps_per_s": steps_per_s,
+        "physics_dt": fast_config.physics_dt,
+        "realtime_factor": steps_per_s * fast_config.physics_dt,
+        "expert_success": expert_success,
+        "expert_episode_s": expert_seconds,
+        "episodes_per_family": episodes_per_family,
+        "seed": seed,
+    }
+    print_table(result)
+    return result
+
+
+def print_table(result: dict[str, Any]) -> None:
+    console = Console()
+    h, w = result["image_size"]
+    render = Table(title=f"SO-101 sim rendering ({h}x{w}, one core)")
+    for column in ("camera", "fast fps", "full fps", "fast / full"):
+        render.add_column(column, justify="right")
+    for cam, fps in result["render_fps"].items():
+        full = result["render_fps_full"][cam]
+        render.add_row(cam, f"{fps:.0f}", f"{full:.1f}", f"{fps / full:.0f}x")
+    console.print(render)
+    console.print(
+        f"physics: {result['steps_per_s']:.0f} mj_step/s "
+        f"(dt {result['physics_dt'] * 1000:.2f} ms, {result['realtime_factor']:.1f}x real time)"
+    )
+    expert = Table(title=f"scripted expert ({result['episodes_per_family']} episodes per family)")
+    for column in ("family", "success", "mean episode (s)"):
+        expert.add_column(column, justify="right")
+    for family, rate in result["expert_success"].items():
+        expert.add_row(family, f"{rate:.0%}", f"{result['expert_episode_s'][family]:.1f}")
+    console.print(expert)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m robot_rl.bench.sim", description=__doc__.split("\n")[0])
+    parser.add_argument("--episodes", type=int, default=20, help="expert episodes per task family")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    result = run_sim_bench(args.episodes, args.seed, progress=not args.no_progress)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
