@@ -126,6 +126,13 @@ def print_table(result: dict[str, Any]) -> None:
     console.print(expert)
 
 
+def run_from_cli(quick: bool, overrides: list[str]) -> dict[str, Any]:
+    """Entry for `robot-rl bench sim` (the table is printed by run_sim_bench)."""
+    if overrides:
+        raise SystemExit(f"robot-rl bench sim takes no overrides, got {overrides}")
+    return run_sim_bench(episodes_per_family=5 if quick else 20)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m robot_rl.bench.sim", description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=20, help="expert episodes per task family")
