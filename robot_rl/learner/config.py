@@ -8,6 +8,11 @@ where the service listens (``ServiceConfig``). ``LearnerConfig`` bundles them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from robot_rl.learner.rewards import RewardConfig
 
 STREAMS = ("online", "intervention", "demonstration")
 
@@ -69,8 +74,21 @@ class TrainerConfig:
     keep_checkpoints: int = 3
     seed: int = 0
     device: str = "auto"  # "auto": CUDA when present, else CPU
+    # The algorithm's own settings (fields of RWRConfig / AWRConfig / RLConfig; nested ``staleness: {...}``).
+    algorithm_params: dict[str, Any] = field(default_factory=dict)
+    # Fields of robot_rl.learner.rewards.RewardConfig: discount, success/failure reward, shaping, takeover penalty.
+    rewards: dict[str, Any] = field(default_factory=dict)
+    # TensorBoard event files. None: "<parent of checkpoint_dir>/tensorboard"; "" turns file logging off.
+    log_dir: str | None = None
+    log_every_updates: int = 10
+    wandb_project: str | None = None  # also log to Weights & Biases (needs the wandb package); None = off
 
     def __post_init__(self) -> None:
+        self.algorithm_params = dict(self.algorithm_params or {})
+        self.rewards = dict(self.rewards or {})
+        self.reward_config()  # a typo in ``rewards`` fails here, at start, not at the first batch
+        if self.log_every_updates < 1:
+            raise ValueError(f"TrainerConfig: log_every_updates must be >= 1, got {self.log_every_updates}")
         ratios = (self.online_ratio, self.intervention_ratio, self.demonstration_ratio)
         if min(ratios) < 0 or sum(ratios) <= 0:
             raise ValueError(f"TrainerConfig: stream ratios must be >= 0 with a positive sum, got {ratios}")
@@ -82,6 +100,19 @@ class TrainerConfig:
     @property
     def stream_ratios(self) -> dict[str, float]:
         return dict(zip(STREAMS, (self.online_ratio, self.intervention_ratio, self.demonstration_ratio), strict=True))
+
+    def reward_config(self) -> RewardConfig:
+        """``rewards`` as a RewardConfig (unknown keys are an error)."""
+        from robot_rl.learner.rewards import RewardConfig
+
+        return RewardConfig.from_dict(self.rewards)
+
+    @property
+    def tensorboard_dir(self) -> Path | None:
+        """Where the learning metrics go (None: file logging is off)."""
+        if self.log_dir == "":
+            return None
+        return Path(self.log_dir) if self.log_dir is not None else Path(self.checkpoint_dir).parent / "tensorboard"
 
 
 @dataclass
@@ -101,12 +132,35 @@ class ServiceConfig:
 
 
 @dataclass
+class HubConfig:
+    """Pushing checkpoints and the replay store to the Hugging Face Hub (``robot_rl.learner.hub``); off by default."""
+
+    enabled: bool = False
+    checkpoints_repo_id: str | None = None  # model repo, e.g. "me/robot_rl-run1"; None: checkpoints stay local
+    store_repo_id: str | None = None  # dataset repo for the replay store (LeRobotDataset v3); None: not pushed
+    every_checkpoints: int = 1  # push after this many new checkpoints (0: only by time)
+    every_minutes: float = 30.0  # ... or this long after the last attempt (0: only by count)
+    private: bool = True  # repos created by the learner are private
+    token: str | None = None  # None: HF_TOKEN or `huggingface-cli login`
+    poll_s: float = 5.0  # how often the pusher thread looks at the schedule
+
+    def __post_init__(self) -> None:
+        if self.enabled and not (self.checkpoints_repo_id or self.store_repo_id):
+            raise ValueError("HubConfig: hub.enabled needs hub.checkpoints_repo_id and/or hub.store_repo_id")
+        if self.every_checkpoints < 0 or self.every_minutes < 0 or (self.every_checkpoints == 0 and
+                                                                   self.every_minutes == 0):
+            raise ValueError(f"HubConfig: every_checkpoints ({self.every_checkpoints}) and every_minutes "
+                             f"({self.every_minutes}) must be >= 0 and not both 0")
+
+
+@dataclass
 class LearnerConfig:
     """Everything ``robot-rl learner`` needs besides the policy config."""
 
     store: StoreConfig = field(default_factory=StoreConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
     # Initial weights: a FlowVLA checkpoint dir (save_pretrained layout); None = fresh init.
     init_checkpoint: str | None = None
 
@@ -122,14 +176,16 @@ def learner_config_from(node: object) -> LearnerConfig:
     from robot_rl.config import ConfigError, to_dataclass
 
     raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
-    unknown = sorted(set(raw) - {"store", "trainer", "service", "init_checkpoint", "_name"})
+    unknown = sorted(set(raw) - {"store", "trainer", "service", "hub", "init_checkpoint", "_name"})
     if unknown:
-        raise ConfigError(f"learner config has unknown key(s) {unknown}; known: store, trainer, service, init_checkpoint")
+        raise ConfigError(f"learner config has unknown key(s) {unknown}; "
+                          "known: store, trainer, service, hub, init_checkpoint")
     try:
         return LearnerConfig(
             store=to_dataclass(raw.get("store"), StoreConfig),
             trainer=to_dataclass(raw.get("trainer"), TrainerConfig),
             service=to_dataclass(raw.get("service"), ServiceConfig),
+            hub=to_dataclass(raw.get("hub"), HubConfig),
             init_checkpoint=raw.get("init_checkpoint"),
         )
     except ValueError as exc:

@@ -11,6 +11,12 @@ exactly like the one that was checkpointed, whatever order the data arrived in.
 
 Streams: every step of a demonstration entry is a demonstration step; robot steps go
 to ``intervention`` when a human was driving and to ``online`` otherwise.
+
+Learning signal: each sample also carries the reward fields of
+``robot_rl.learner.rewards.transition_fields`` (return, chunk reward and discount, next
+observation, episode outcome, policy version), computed from the episode as it stands.
+An entry's ``done`` column says whether its episode has ended: online episodes are
+sampled while still growing, and their outcome (hence their return) is unknown until then.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,6 +32,7 @@ import torch
 from policies.flow_vla.augment import build_sample, sample_offsets
 from robot_rl.core.types import Step
 from robot_rl.learner.config import STREAMS
+from robot_rl.learner.rewards import EpisodeRewards, RewardConfig, episode_rewards, transition_fields
 
 EntryKey = tuple[str, int, int]  # (robot_id, episode_id, fragment); demonstrations use robot_id "~demo"
 DEMO_ROBOT = "~demo"
@@ -57,6 +64,11 @@ class GrowingEpisode:
             self._arrays[name] = buf
         self.length += n
 
+    def mark_finished(self) -> None:
+        """The episode will receive no more steps (e.g. cut short): its last step becomes terminal."""
+        if self.length and "done" in self._arrays:
+            self._arrays["done"][self.length - 1] = True
+
     def view(self) -> dict:
         """The episode dict ``build_sample`` reads (views, no copies)."""
         out: dict = {name: buf[: self.length] for name, buf in self._arrays.items()}
@@ -75,13 +87,14 @@ class GrowingEpisode:
 
 
 def steps_to_columns(steps: Sequence[Step], cameras: Sequence[str]) -> dict[str, np.ndarray]:
-    """Steps -> the column arrays the index keeps (state, action, images, flags, reward)."""
+    """Steps -> the column arrays the index keeps (state, action, images, flags, reward, done)."""
     columns = {
         "state": np.stack([np.asarray(s.state, dtype=np.float32) for s in steps]),
         "action": np.stack([np.asarray(s.action, dtype=np.float32) for s in steps]),
         "is_intervention": np.array([s.is_intervention for s in steps], dtype=bool),
         "reward": np.array([s.reward for s in steps], dtype=np.float32),
         "success": np.array([s.success for s in steps], dtype=bool),
+        "done": np.array([s.done for s in steps], dtype=bool),
         "policy_version": np.array([s.policy_version for s in steps], dtype=np.int64),
     }
     for cam in cameras:
@@ -90,7 +103,11 @@ def steps_to_columns(steps: Sequence[Step], cameras: Sequence[str]) -> dict[str,
 
 
 def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str]) -> dict[str, np.ndarray]:
-    """An episode dict from ``load_episode_arrays`` -> the same columns as ``steps_to_columns``."""
+    """An episode dict from ``load_episode_arrays`` -> the same columns as ``steps_to_columns``.
+
+    A dataset episode is complete (committed, or a recorded demonstration), so its last
+    step is terminal even if it was cut short: no more steps of it will ever arrive.
+    """
     n = len(episode["action"])
 
     def flat(key: str, dtype: type, default: float | bool | int) -> np.ndarray:
@@ -104,7 +121,10 @@ def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str]) -> dict
         "reward": flat("next.reward", np.float32, 0.0),
         "success": flat("next.success", bool, False),
         "policy_version": flat("policy_version", np.int64, -1),
+        "done": flat("next.done", bool, False),
     }
+    if n:
+        columns["done"][-1] = True
     for cam in cameras:
         columns[f"images.{cam}"] = np.asarray(episode[f"images.{cam}"], dtype=np.uint8)
     return columns
@@ -112,12 +132,13 @@ def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str]) -> dict
 
 @dataclass(frozen=True)
 class SampleSpec:
-    """What a batch needs from the policy's config: chunking, cameras, augmentation."""
+    """What a batch needs: chunking, cameras, augmentation (the policy's config) and rewards (the trainer's)."""
 
     chunk_size: int
     cameras: tuple[str, ...]
     max_state_offset: int = 0
     offset_weights: tuple[float, ...] | None = None
+    rewards: RewardConfig = field(default_factory=RewardConfig)
 
 
 class SamplingIndex:
@@ -131,6 +152,8 @@ class SamplingIndex:
         self._positions: dict[tuple[EntryKey, str], np.ndarray] = {}
         self._cumulative: dict[str, np.ndarray] | None = None
         self._stream_keys: dict[str, list[EntryKey]] = {}
+        # Per entry: (length, reward config, rewards) of the last computation; recomputed when either changes.
+        self._rewards: dict[EntryKey, tuple[int, RewardConfig, EpisodeRewards]] = {}
 
     # ------------------------------------------------------------ writing
 
@@ -146,6 +169,14 @@ class SamplingIndex:
             for stream in STREAMS:
                 self._positions[(key, stream)] = entry.stream_positions(stream)
             self._cumulative = None
+
+    def mark_finished(self, key: EntryKey) -> None:
+        """Entry ``key`` ends here (its episode was cut short): its outcome and returns become final."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.mark_finished()
+                self._rewards.pop(key, None)
 
     # ------------------------------------------------------------ reading
 
@@ -171,7 +202,8 @@ class SamplingIndex:
         Ratios are renormalised over the streams that hold data, so an empty
         intervention stream early in a run does not shrink the batch. Extra keys:
         ``weight`` (1.0), ``stream`` (index into STREAMS), ``reward`` and ``is_intervention``
-        at the sampled step, for algorithms that need them.
+        at the sampled step, and the reward fields of ``transition_fields`` (under
+        ``spec.rewards``), for algorithms that need them.
         """
         with self._lock:
             cumulative = self._cumulative_locked()
@@ -192,7 +224,10 @@ class SamplingIndex:
                 t = int(self._positions[(key, stream)][pick - before])
                 entry = self._entries[key]
                 episode = entry.view()
-                samples.append(build_sample(episode, t, int(offset), spec.chunk_size, spec.cameras))
+                sample = build_sample(episode, t, int(offset), spec.chunk_size, spec.cameras)
+                sample.update(transition_fields(episode, t, int(offset), spec.chunk_size, spec.cameras, spec.rewards,
+                                                self._episode_rewards_locked(key, episode, spec.rewards)))
+                samples.append(sample)
                 instructions.append(entry.instruction)
                 rewards.append(float(episode["reward"][t]))
                 flags.append(bool(episode["is_intervention"][t]))
@@ -211,6 +246,16 @@ class SamplingIndex:
         if not views:
             raise LookupError("the index is empty")
         return np.concatenate([v["state"] for v in views]), np.concatenate([v["action"] for v in views])
+
+    def _episode_rewards_locked(self, key: EntryKey, episode: dict, config: RewardConfig) -> EpisodeRewards:
+        """Rewards of entry ``key``, computed once per (length, config): a batch samples many steps of one episode."""
+        length = len(episode["action"])
+        cached = self._rewards.get(key)
+        if cached is not None and cached[0] == length and cached[1] == config:
+            return cached[2]
+        rewards = episode_rewards(episode, config)
+        self._rewards[key] = (length, config, rewards)
+        return rewards
 
     def _cumulative_locked(self) -> dict[str, np.ndarray]:
         if self._cumulative is None:

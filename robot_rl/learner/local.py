@@ -8,9 +8,10 @@ works here works across machines.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from robot_rl.core.clock import WallClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
 from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
+from robot_rl.learner.metrics import VersionStats
 from robot_rl.learner.service import LearnerService
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,9 @@ class LocalRunConfig:
     spool_dir: str = "outputs/run/spool"
     image_format: str = "jpeg"
     edge: EdgeConfig = field(default_factory=EdgeConfig)
+    # Robots keep starting episodes (at most episodes_per_robot) only until the trainer has
+    # done trainer.max_updates: a run sized by its training budget rather than by episodes.
+    until_trained: bool = False
 
 
 @dataclass
@@ -51,23 +57,38 @@ class LocalRunResult:
     weights_version: int
     robot_versions: dict[str, int]
     store: dict[str, int]
+    per_version: dict[int, VersionStats] = field(default_factory=dict)  # stored episodes' outcomes by weights
+    checkpoint: Path | None = None  # the learner's final checkpoint (None when it did not train)
+
+
+def make_sim_robot_factory(sim_config: Any = None, families: Sequence[str] | None = None,
+                           seed_base: int = 0) -> RobotFactory:
+    """Robots for ``run_local``: one MuJoCo SO-101 (hardware.sim) each.
+
+    Robot ``i`` resets episode ``e`` with seed ``seed_base + 100_000 * i + e``, so robots never
+    repeat each other's scenes and a run is reproducible scene by scene. ``families`` (None:
+    the sim draws one per seed) rotate over the episodes.
+    """
+    from hardware.sim import SimConfig, SimSO101
+
+    base = sim_config or SimConfig()
+
+    def factory(index: int) -> tuple[Any, Any, Callable[[int], str]]:
+        sim = SimSO101(dataclasses.replace(base, seed=seed_base + 100_000 * index))
+        sim.connect()
+
+        def reset(episode: int) -> str:
+            family = families[episode % len(families)] if families else None
+            return sim.reset(seed=seed_base + 100_000 * index + episode, family=family)
+
+        return sim, sim, reset
+
+    return factory
 
 
 def sim_robot_factory(index: int) -> tuple[Any, Any, Callable[[int], str]]:
-    """One MuJoCo SO-101 per robot (hardware.sim), seeded by its index."""
-    try:
-        from hardware.sim import SimSO101
-    except ImportError as exc:
-        raise RuntimeError("the MuJoCo SO-101 sim (hardware.sim.SimSO101) is not available yet; "
-                           "pass robot_factory= to run_local") from exc
-    sim = SimSO101(seed=index)
-    sim.connect()
-
-    def reset(episode: int) -> str:
-        out = sim.reset(seed=index * 100_000 + episode)  # the sim's API is still being finished
-        return out if isinstance(out, str) else str(getattr(sim, "instruction", ""))
-
-    return sim, sim, reset
+    """One default MuJoCo SO-101 per robot, seeded by its index."""
+    return make_sim_robot_factory()(index)
 
 
 def run_local(
@@ -85,9 +106,16 @@ def run_local(
     errors: list[BaseException] = []
     versions: dict[str, int] = {}
 
+    limit = learner_config.trainer.max_updates
+    if run.until_trained and (not train or limit is None):
+        raise ValueError("LocalRunConfig.until_trained needs training on and trainer.max_updates set")
+
+    def trained() -> bool:
+        return run.until_trained and learner.trainer.step >= limit
+
     def robot_thread(index: int) -> None:
         try:
-            results.append(_run_robot(index, learner, policy, run, robot_factory, versions))
+            results.append(_run_robot(index, learner, policy, run, robot_factory, versions, trained))
         except BaseException as exc:  # reported after join
             log.exception("robot %d failed", index)
             errors.append(exc)
@@ -106,24 +134,28 @@ def run_local(
     return LocalRunResult(
         episodes=sum(r[0] for r in results), steps=sum(r[1] for r in results), successes=sum(r[2] for r in results),
         updates=learner.trainer.step, weights_version=learner.trainer.version, robot_versions=versions,
-        store=learner.store.stats())
+        store=learner.store.stats(), per_version=learner.store.outcomes.per_version(),
+        checkpoint=latest_checkpoint(learner_config.trainer.checkpoint_dir) if train else None)
 
 
 def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
-               robot_factory: RobotFactory, versions: dict[str, int]) -> tuple[int, int, int]:
+               robot_factory: RobotFactory, versions: dict[str, int],
+               stop: Callable[[], bool]) -> tuple[int, int, int]:
     robot_id = f"sim-{index}"
     client = ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
                           pub_endpoint=learner.pub_endpoint, spool_dir=str(Path(run.spool_dir) / robot_id),
                           config_hash=policy.config_hash(), policy_version=0)
-    return run_edge(client, policy, run, robot_factory(index), versions)
+    return run_edge(client, policy, run, robot_factory(index), versions, stop)
 
 
 def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
              robot_parts: tuple[Any, Any, Callable[[int], str]],
-             versions: dict[str, int] | None = None) -> tuple[int, int, int]:
+             versions: dict[str, int] | None = None,
+             stop: Callable[[], bool] | None = None) -> tuple[int, int, int]:
     """One edge node: run ``run.episodes_per_robot`` episodes streaming to the learner in ``client``.
 
-    Returns (episodes, steps, successes). Used by ``run_local`` and by ``robot-rl edge``.
+    ``stop`` (checked before each episode) ends the run early. Returns (episodes, steps,
+    successes). Used by ``run_local`` and by ``robot-rl edge``.
     """
     robot, task, reset = robot_parts
     robot_id = client.robot_id
@@ -132,13 +164,16 @@ def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
                             image_encoding=ImageEncoding(run.image_format))
     node = EdgeNode(robot, own_policy, WallClock(), run.edge, task=task, robot_id=robot_id, policy_version=0)
     streamer.attach(node).start()
-    steps = successes = 0
+    episodes = steps = successes = 0
     try:
         if not streamer.link.wait_connected(10.0):
             log.warning("%s: learner not reachable yet; running anyway, segments wait in the spool", robot_id)
         for episode in range(run.episodes_per_robot):
+            if stop is not None and stop():
+                break
             instruction = reset(episode)
             result = node.run_episode(run.max_steps, instruction, episode_id=episode)
+            episodes += 1
             steps += result.num_steps
             successes += int(result.success)
             log.info("%s episode %d: %d steps, success=%s, policy v%d, late ticks so far %d", robot_id, episode,
@@ -150,4 +185,4 @@ def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
             versions[robot_id] = node.policy_version
         streamer.stop()
         node.close()
-    return run.episodes_per_robot, steps, successes
+    return episodes, steps, successes

@@ -18,6 +18,9 @@ from bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
 from bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
 from policies.flow_vla import FlowVLA
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
+from robot_rl.learner.ddp import DistContext, DistributedTrainer
+from robot_rl.learner.hub import HubPusher, dataset_snapshot
+from robot_rl.learner.metrics import make_logger
 from robot_rl.learner.store import ReplayStore
 from robot_rl.learner.trainer import Trainer
 
@@ -62,14 +65,27 @@ def check_layout(config: LearnerConfig, policy: FlowVLA) -> None:
 class LearnerService(ServerHandlers):
     """``with LearnerService(config, policy) as learner: learner.start(); ...``"""
 
-    def __init__(self, config: LearnerConfig, policy: FlowVLA, *, resume: bool = False, train: bool = True) -> None:
+    def __init__(self, config: LearnerConfig, policy: FlowVLA, *, resume: bool = False, train: bool = True,
+                 dist: DistContext | None = None) -> None:
+        """``dist``: this is rank 0 of a data-parallel job (``robot_rl.learner.ddp``); None: one process."""
+        if dist is not None and not train:
+            raise ValueError("--no-train under torchrun leaves the other ranks idle; start a single process instead")
         self.config = config
         self.robots: dict[str, RobotStatus] = {}
         check_layout(config, policy)
         self.store = ReplayStore(config.store)
         try:
             self.server = ZmqServer(server_config(config.service, policy.config_hash()), handlers=self)
-            self.trainer = Trainer(policy, self.store.index, config.trainer, publish=self.server.publish_weights)
+            self.logger = make_logger(config.trainer, self.store.outcomes) if train else None
+            self.hub = HubPusher(config.hub, dataset_snapshot(self.store)) if config.hub.enabled else None
+            on_checkpoint = self.hub.notify_checkpoint if self.hub is not None else None
+            if dist is None:
+                self.trainer = Trainer(policy, self.store.index, config.trainer, publish=self.server.publish_weights,
+                                       logger=self.logger, on_checkpoint=on_checkpoint)
+            else:
+                self.trainer = DistributedTrainer(policy, self.store.index, config.trainer, dist,
+                                                  publish=self.server.publish_weights, logger=self.logger,
+                                                  on_checkpoint=on_checkpoint)
             if resume:
                 self.trainer.resume()
         except BaseException:
@@ -97,6 +113,8 @@ class LearnerService(ServerHandlers):
         self._thread.start()
         if self._train:
             self.trainer.start()
+        if self.hub is not None:
+            self.hub.start()
         log.info("learner serving on %s (weights on %s)", self.router_endpoint, self.pub_endpoint)
         return self
 
@@ -109,7 +127,11 @@ class LearnerService(ServerHandlers):
         if checkpoint and self.trainer.step > 0:
             self.trainer.checkpoint()
         self.server.close()
+        if self.hub is not None:
+            self.hub.stop(final_push=checkpoint)  # before the store closes: it may snapshot it
         self.store.close()
+        if self.logger is not None:
+            self.logger.close()  # after the store: the last committed episodes are logged too
 
     def __enter__(self) -> LearnerService:
         return self

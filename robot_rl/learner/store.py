@@ -13,6 +13,9 @@ Path of a segment (edge -> learner):
    *committed*: written to the LeRobotDataset v3 by ``EpisodeRecorder`` between an intent
    and a commit line of the ``Ledger``, then its staged records are released.
 
+Each committed robot episode's outcome (success, interventions, the policy version that
+drove it) goes to ``outcomes``, which learning curves per policy version are made from.
+
 On restart the store rebuilds everything from disk: committed seqs from the ledger,
 half-done commits resolved against the dataset, committed episodes and preloaded
 demonstrations into the index from the dataset, open episodes from staging.
@@ -45,6 +48,7 @@ from robot_rl.learner.index import (
     steps_to_columns,
 )
 from robot_rl.learner.ledger import CommitRecord, Ledger
+from robot_rl.learner.metrics import OutcomeTracker, outcome_from_columns
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,7 @@ class ReplayStore:
         self.recorder = EpisodeRecorder(self.dataset_root, config.fps, config.joint_names, config.camera_shapes,
                                         repo_id=config.repo_id)
         self.index = SamplingIndex(config.cameras)
+        self.outcomes = OutcomeTracker()
         self.counters: Counter[str] = Counter()
         self._lock = threading.RLock()  # staging spool, ledger and the dedup maps
         self._ledger = Ledger(root / "ledger.jsonl")
@@ -220,6 +225,8 @@ class ReplayStore:
             del self._open_of_robot[key[0]]
         self._committed.setdefault(key, set()).update(episode.seqs)
         self._fragments[key] += 1
+        # Cut short (no done step) or complete, nothing more arrives: its returns are final now.
+        self.index.mark_finished((episode.robot_id, episode.episode_id, episode.fragment))
         if self._committer is None:
             self._commit(episode)
         else:
@@ -282,8 +289,17 @@ class ReplayStore:
             self._ledger.write_commit(record)
             for key in keys:
                 self._staging.ack(key)
+        if steps:
+            self._record_outcome(episode.robot_id, episode.episode_id, {
+                "success": np.array([s.success for s in steps]),
+                "is_intervention": np.array([s.is_intervention for s in steps]),
+                "policy_version": np.array([s.policy_version for s in steps])})
         log.info("stored episode %d of robot %s (fragment %d): %d steps from %d segments, dataset episode %d",
                  episode.episode_id, episode.robot_id, episode.fragment, len(steps), len(keys), record.index)
+
+    def _record_outcome(self, robot_id: str, episode_id: int, columns: dict[str, np.ndarray]) -> None:
+        self.outcomes.add(outcome_from_columns(robot_id, episode_id, columns["success"], columns["is_intervention"],
+                                               columns["policy_version"]))
 
     def _staged_steps(self, keys: Sequence[str]) -> list[Step]:
         steps: list[Step] = []
@@ -337,7 +353,9 @@ class ReplayStore:
                 key = ("~unledgered", int(episode["episode_index"]), 0)
             else:
                 key = (record.robot_id, record.episode_id, record.fragment)
-            self.index.append(key, dataset_episode_to_columns(episode, self.config.cameras), episode["instruction"])
+            columns = dataset_episode_to_columns(episode, self.config.cameras)
+            self.index.append(key, columns, episode["instruction"])
+            self._record_outcome(key[0], key[1], columns)
 
     def _load_demonstrations(self) -> None:
         if not self.config.demonstrations:

@@ -25,6 +25,7 @@ from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.algorithms import make_algorithm
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex
+from robot_rl.learner.metrics import LearningLogger
 from robot_rl.learner.publisher import PublishFn, PublishSchedule, snapshot
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class Trainer:
         config: TrainerConfig,
         publish: PublishFn | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_checkpoint: Callable[[Path], None] | None = None,
+        logger: LearningLogger | None = None,
     ) -> None:
         self.config = config
         self.index = index
@@ -53,11 +56,15 @@ class Trainer:
         self.rng = np.random.default_rng(config.seed)
         self.step = 0
         self.version = 0  # the initial weights are version 0
+        self.algorithm.set_policy_version(self.version)
         self.last_metrics: dict[str, float] = {}
         self._publish = publish
+        self._on_checkpoint = on_checkpoint  # e.g. the Hub pusher; must return at once
+        self.logger = logger  # learning curves (TensorBoard); None: not logged
         self._schedule = PublishSchedule(config.publish_every_updates, config.publish_every_s, clock)
         self._spec = SampleSpec(policy.config.chunk_size, tuple(policy.config.cameras),
-                                policy.config.max_state_offset, policy.config.offset_weights)
+                                policy.config.max_state_offset, policy.config.offset_weights,
+                                config.reward_config())
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -73,17 +80,26 @@ class Trainer:
         if not self.ready():
             return None
         with self._lock:
-            if not self.policy.normalizer.fitted:
-                self.policy.normalizer.fit(*self.index.states_and_actions())
-                log.info("normalisation statistics fitted on %d stored steps", sum(self.index.counts().values()))
-            batch = self.index.sample(self.config.batch_size, self.config.stream_ratios, self._spec, self.rng)
-            metrics = self.algorithm.update(batch)
-            self.step += 1
-            self.last_metrics = metrics
-            if self._schedule.note_update():
-                self._publish_locked()
-            if self.step % self.config.checkpoint_every_updates == 0:
-                self._checkpoint_locked()
+            return self._apply_locked(self._sample_locked())
+
+    def _sample_locked(self) -> dict:
+        """The next batch from the index (fits the normaliser first on a fresh policy)."""
+        if not self.policy.normalizer.fitted:
+            self.policy.normalizer.fit(*self.index.states_and_actions())
+            log.info("normalisation statistics fitted on %d stored steps", sum(self.index.counts().values()))
+        return self.index.sample(self.config.batch_size, self.config.stream_ratios, self._spec, self.rng)
+
+    def _apply_locked(self, batch: dict) -> dict[str, float]:
+        """One update on ``batch``, then publish / checkpoint on schedule (the data-parallel trainer reuses it)."""
+        metrics = self.algorithm.update(batch)
+        self.step += 1
+        self.last_metrics = metrics
+        if self.logger is not None:
+            self.logger.log_update(self.step, metrics, self.version)
+        if self._schedule.note_update():
+            self._publish_locked()
+        if self.step % self.config.checkpoint_every_updates == 0:
+            self._checkpoint_locked()
         return metrics
 
     def publish_now(self) -> None:
@@ -99,6 +115,7 @@ class Trainer:
             return
         self.version += 1
         self._publish(snapshot(self.policy, self.version, self.policy.config_hash(), self.config.transfer_dtype))
+        self.algorithm.set_policy_version(self.version)  # staleness is measured against the newest weights
         log.info("published weights v%d at update %d", self.version, self.step)
 
     # ------------------------------------------------------------ thread
@@ -114,6 +131,13 @@ class Trainer:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.error("trainer thread did not stop within %.0f s", timeout_s)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for the training thread to end by itself (``max_updates`` reached); True if it has."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         limit = self.config.max_updates
@@ -152,10 +176,16 @@ class Trainer:
             index_manifest=self.index.manifest(),
             config_hash=self.policy.config_hash(),
         )
-        return ckpt.write_checkpoint(self.config.checkpoint_dir, self.policy, state, self.config.keep_checkpoints)
+        path = ckpt.write_checkpoint(self.config.checkpoint_dir, self.policy, state, self.config.keep_checkpoints)
+        if self._on_checkpoint is not None:
+            self._on_checkpoint(path)
+        return path
 
-    def resume(self, path: str | Path | None = None) -> Path:
-        """Restore from ``path`` (default: the latest checkpoint in ``checkpoint_dir``)."""
+    def resume(self, path: str | Path | None = None, *, check_index: bool = True) -> Path:
+        """Restore from ``path`` (default: the latest checkpoint in ``checkpoint_dir``).
+
+        ``check_index=False`` for a data-parallel follower rank, whose index stays empty.
+        """
         path = Path(path) if path is not None else ckpt.latest_checkpoint(self.config.checkpoint_dir)
         if path is None:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.config.checkpoint_dir}; "
@@ -176,7 +206,9 @@ class Trainer:
             self.algorithm.set_rng_state(state.algorithm_rng)
             self.rng.bit_generator.state = state.numpy_rng
             self.step, self.version = state.step, state.version
-        self._check_manifest(state.index_manifest)
+            self.algorithm.set_policy_version(self.version)
+        if check_index:
+            self._check_manifest(state.index_manifest)
         log.info("resumed from %s at update %d (weights v%d)", path, self.step, self.version)
         return path
 

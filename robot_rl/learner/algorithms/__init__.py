@@ -5,11 +5,14 @@ from __future__ import annotations
 import torch
 
 from policies.flow_vla import FlowVLA
+from robot_rl.learner.algorithms.awr import AWR
 from robot_rl.learner.algorithms.base import Algorithm
 from robot_rl.learner.algorithms.bc import WeightedBC
+from robot_rl.learner.algorithms.rl import ChunkQLearning
+from robot_rl.learner.algorithms.rwr import RWR
 from robot_rl.learner.config import TrainerConfig
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"bc": WeightedBC}
+ALGORITHMS: dict[str, type[Algorithm]] = {"bc": WeightedBC, "rwr": RWR, "awr": AWR, "rl": ChunkQLearning}
 
 
 def make_algorithm(policy: FlowVLA, config: TrainerConfig, device: torch.device) -> Algorithm:
@@ -20,4 +23,4 @@ def make_algorithm(policy: FlowVLA, config: TrainerConfig, device: torch.device)
     return cls(policy, config, device)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "WeightedBC", "make_algorithm"]
+__all__ = ["ALGORITHMS", "AWR", "RWR", "Algorithm", "ChunkQLearning", "WeightedBC", "make_algorithm"]

@@ -37,6 +37,10 @@ class Algorithm(ABC):
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Every optimiser, by name, so checkpoints can save and restore them."""
 
+    def set_policy_version(self, version: int) -> None:
+        """The trainer reports each published (or resumed) weights version; algorithms with a
+        staleness bound measure sample age against it. Plain BC has no use for it."""
+
     def extra_modules(self) -> dict[str, torch.nn.Module]:
         """Trainable modules besides the policy (critics...), by name, for checkpoints."""
         return {}
