@@ -71,6 +71,13 @@ class TeleopIntervention:
             self._pushed.clear()
             self._pending.clear()
 
+    def begin_episode(self, episode: int) -> None:
+        """New episode ``episode``: reset the hook and, if it keeps per-episode state, the device."""
+        self.reset()
+        reset_device = getattr(self.teleop, "reset_episode", None)
+        if reset_device is not None:
+            reset_device(episode)
+
     def __call__(self, observation: Observation) -> np.ndarray | None:
         reading = self.teleop.read(observation)
         with self._lock:

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 
 # (robot index) -> (robot, task or None, reset(episode) -> instruction)
 RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
+# (robot index, robot) -> an intervention hook with bind(node) and begin_episode(episode),
+# e.g. hardware.teleop.TeleopIntervention around the scripted operator
+OperatorFactory = Callable[[int, Any], Any]
+# Called on the robot's thread after each episode: (robot_id, episode, policy version in use)
+EpisodeCallback = Callable[[str, Any, int], None]
 
 
 @dataclass
@@ -46,6 +52,8 @@ class LocalRunConfig:
     # Robots keep starting episodes (at most episodes_per_robot) only until the trainer has
     # done trainer.max_updates: a run sized by its training budget rather than by episodes.
     until_trained: bool = False
+    # Robots start no new episode after this many seconds of wall time (None: no limit).
+    time_budget_s: float | None = None
 
 
 @dataclass
@@ -99,9 +107,19 @@ def run_local(
     *,
     resume: bool = False,
     train: bool = True,
+    operator_factory: OperatorFactory | None = None,
+    on_episode: EpisodeCallback | None = None,
+    on_start: Callable[[LearnerService], None] | None = None,
 ) -> LocalRunResult:
-    """Start the learner, run every robot's episodes on its own thread, stop, and summarise."""
+    """Start the learner, run every robot's episodes on its own thread, stop, and summarise.
+
+    ``operator_factory`` gives each robot a (simulated) operator who may take over;
+    ``on_episode`` sees every finished episode (progress displays, learning curves);
+    ``on_start`` gets the running service (to watch its trainer and store).
+    """
     learner = LearnerService(learner_config, copy.deepcopy(policy), resume=resume, train=train).start()
+    if on_start is not None:
+        on_start(learner)
     results: list[tuple[int, int, int]] = []
     errors: list[BaseException] = []
     versions: dict[str, int] = {}
@@ -110,12 +128,17 @@ def run_local(
     if run.until_trained and (not train or limit is None):
         raise ValueError("LocalRunConfig.until_trained needs training on and trainer.max_updates set")
 
+    started = time.monotonic()
+
     def trained() -> bool:
+        if run.time_budget_s is not None and time.monotonic() - started >= run.time_budget_s:
+            return True
         return run.until_trained and learner.trainer.step >= limit
 
     def robot_thread(index: int) -> None:
         try:
-            results.append(_run_robot(index, learner, policy, run, robot_factory, versions, trained))
+            results.append(_run_robot(index, learner, policy, run, robot_factory, versions, trained,
+                                      operator_factory, on_episode))
         except BaseException as exc:  # reported after join
             log.exception("robot %d failed", index)
             errors.append(exc)
@@ -140,18 +163,23 @@ def run_local(
 
 def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
                robot_factory: RobotFactory, versions: dict[str, int],
-               stop: Callable[[], bool]) -> tuple[int, int, int]:
+               stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
+               on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
     robot_id = f"sim-{index}"
     client = ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
                           pub_endpoint=learner.pub_endpoint, spool_dir=str(Path(run.spool_dir) / robot_id),
                           config_hash=policy.config_hash(), policy_version=0)
-    return run_edge(client, policy, run, robot_factory(index), versions, stop)
+    parts = robot_factory(index)
+    operator = operator_factory(index, parts[0]) if operator_factory is not None else None
+    return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode)
 
 
 def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
              robot_parts: tuple[Any, Any, Callable[[int], str]],
              versions: dict[str, int] | None = None,
-             stop: Callable[[], bool] | None = None) -> tuple[int, int, int]:
+             stop: Callable[[], bool] | None = None,
+             operator: Any = None,
+             on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
     """One edge node: run ``run.episodes_per_robot`` episodes streaming to the learner in ``client``.
 
     ``stop`` (checked before each episode) ends the run early. Returns (episodes, steps,
@@ -162,7 +190,10 @@ def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
     own_policy = copy.deepcopy(policy)
     streamer = EdgeStreamer(client, own_policy, segment_steps=run.segment_steps,
                             image_encoding=ImageEncoding(run.image_format))
-    node = EdgeNode(robot, own_policy, WallClock(), run.edge, task=task, robot_id=robot_id, policy_version=0)
+    node = EdgeNode(robot, own_policy, WallClock(), run.edge, task=task, robot_id=robot_id, policy_version=0,
+                    intervention=operator)
+    if operator is not None:
+        operator.bind(node)
     streamer.attach(node).start()
     episodes = steps = successes = 0
     try:
@@ -172,7 +203,11 @@ def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
             if stop is not None and stop():
                 break
             instruction = reset(episode)
+            if operator is not None:
+                operator.begin_episode(episode)
             result = node.run_episode(run.max_steps, instruction, episode_id=episode)
+            if on_episode is not None:
+                on_episode(robot_id, result, node.policy_version)
             episodes += 1
             steps += result.num_steps
             successes += int(result.success)

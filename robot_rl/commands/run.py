@@ -1,0 +1,185 @@
+"""`robot-rl run`: the main job on its embedded default.
+
+A learner and ``run.num_robots`` simulated SO-101 edge nodes on loopback, a simulated
+operator watching each robot and taking over when the policy goes wrong, all on CPU.
+The policy starts from the behaviour-cloned checkpoint (recorded and trained first if
+missing); the learner fine-tunes it (``learner=rwr`` by default) while the robots keep
+acting, and hot-swaps each new version into the robots between two chunks. At the end
+it writes a learning-curve plot and prints a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from robot_rl.config import load_config, to_dataclass
+from robot_rl.learning_curve import LearningCurve
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: list[str]) -> int:
+    cfg = load_config(argv)
+    summary = run_main_job(cfg)
+    first, last = summary["first_vs_last"]["first"], summary["first_vs_last"]["last"]
+    print(
+        f"autonomous success {first['autonomous']:.0%} (first {first['episodes']} episodes) -> "
+        f"{last['autonomous']:.0%} (last {last['episodes']}); curve: {summary['curve_png']}"
+    )
+    return 0
+
+
+def ensure_bc_checkpoint(cfg: DictConfig) -> Path:
+    """The starting policy: ``policy.path`` if given, else the BC checkpoint (trained now if missing)."""
+    from robot_rl.commands.train_bc import train_bc
+
+    if cfg.policy.get("path"):
+        return Path(cfg.policy.path)
+    checkpoint = Path(cfg.bc.checkpoint_dir)
+    if not (checkpoint / "model.safetensors").exists():
+        print(f"no BC checkpoint at {checkpoint}: recording demonstrations and training one first (one-time)")
+        result = train_bc(cfg)
+        print(f"BC start: success {result['success']:.0%} over {result['eval_episodes']} sim episodes")
+    return checkpoint
+
+
+def operator_factory(fps: int, enabled: bool):
+    """Each robot gets a scripted operator (seeded by its index) behind the real takeover path."""
+    if not enabled:
+        return None
+    from hardware.teleop.blend import TakeoverBlender
+    from hardware.teleop.intervention import TeleopIntervention
+    from hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
+
+    def make(index: int, robot):
+        operator = scripted_operator_for_sim(robot, ScriptedOperatorConfig(seed=index))
+        return TeleopIntervention(operator, TakeoverBlender(fps))
+
+    return make
+
+
+class Progress:
+    """One live line: episodes, rolling success, interventions, updates/s, versions per robot."""
+
+    def __init__(self, curve: LearningCurve, total: int) -> None:
+        self.curve = curve
+        self.bar = tqdm(total=total, desc="run", unit="ep")
+        self.learner = None
+        self.robot_versions: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+
+    def attach(self, learner) -> None:
+        self.learner = learner
+
+    def on_episode(self, robot_id: str, episode, version: int) -> None:
+        self.curve.add(robot_id, episode, version)
+        with self._lock:
+            self.robot_versions[robot_id] = version
+            recent = self.curve.recent()
+            updates = self.learner.trainer.step if self.learner else 0
+            published = self.learner.trainer.version if self.learner else 0
+            rate = updates / max(time.monotonic() - self._t0, 1e-9)
+            versions = " ".join(f"{r}:v{v}" for r, v in sorted(self.robot_versions.items()))
+            self.bar.set_postfix_str(
+                f"success {recent['success']:.0%} autonomous {recent['autonomous']:.0%} "
+                f"interventions {recent['intervention']:.0%} | updates {updates} ({rate:.1f}/s) "
+                f"published v{published} | {versions}"
+            )
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_main_job(cfg: DictConfig) -> dict:
+    from hardware.sim import TASK_FAMILIES, SimConfig
+    from policies.flow_vla import FlowVLA
+    from robot_rl.commands.sim_setup import task_families
+    from robot_rl.commands.train_bc import ensure_demos
+    from robot_rl.edge import EdgeConfig
+    from robot_rl.learner.config import learner_config_from
+    from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local
+
+    run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
+    checkpoint = ensure_bc_checkpoint(cfg)
+    policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
+    learner_config = learner_config_from(cfg.learner)
+    learner_config.init_checkpoint = str(checkpoint)
+    learner_config.store.root = str(run_dir / "store")
+    learner_config.trainer.checkpoint_dir = str(run_dir / "checkpoints")
+    if learner_config.store.demonstrations is None:
+        learner_config.store.demonstrations = str(ensure_demos(cfg))
+    sim_config = to_dataclass(cfg.robot, SimConfig)
+    run = LocalRunConfig(
+        num_robots=int(cfg.run.num_robots),
+        episodes_per_robot=int(cfg.run.episodes_per_robot),
+        max_steps=int(cfg.run.max_steps),
+        spool_dir=str(run_dir / "spool"),
+        edge=to_dataclass(cfg.edge, EdgeConfig),
+        time_budget_s=float(cfg.run.time_budget_min) * 60.0 if cfg.run.time_budget_min else None,
+    )
+    families = task_families(cfg.run.families, TASK_FAMILIES)
+    curve = LearningCurve()
+    progress = Progress(curve, run.num_robots * run.episodes_per_robot)
+    print(
+        f"robot-rl run: learner ({learner_config.trainer.algorithm}) + {run.num_robots} simulated SO-101 "
+        f"+ {'scripted operator' if cfg.run.operator else 'no operator'}, loopback, CPU; output {run_dir}"
+    )
+    try:
+        result = run_local(
+            learner_config, policy, run,
+            make_sim_robot_factory(sim_config, families, seed_base=int(cfg.seed) + 5_000_000),
+            operator_factory=operator_factory(sim_config.fps, bool(cfg.run.operator)),
+            on_episode=progress.on_episode,
+            on_start=progress.attach,
+        )
+    finally:
+        progress.close()
+    summary = summarize(curve, result, run_dir, int(cfg.run.curve_window), learner_config.trainer.algorithm)
+    print_summary(summary)
+    return summary
+
+
+def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str) -> dict:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({algorithm})")
+    summary = {
+        "algorithm": algorithm,
+        "episodes": result.episodes,
+        "steps": result.steps,
+        "updates": result.updates,
+        "weights_version": result.weights_version,
+        "robot_versions": result.robot_versions,
+        "per_version": {str(k): v for k, v in curve.per_version().items()},
+        "first_vs_last": curve.first_vs_last(),
+        "curve_png": str(png),
+        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "episodes_log": curve.to_json(),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def print_summary(summary: dict) -> None:
+    table = Table(title=f"robot-rl run: success per policy version ({summary['algorithm']})")
+    for col in ("version", "episodes", "success", "autonomous", "interventions"):
+        table.add_column(col, justify="right")
+    for version, row in summary["per_version"].items():
+        table.add_row(f"v{version}", str(row["episodes"]), f"{row['success']:.0%}", f"{row['autonomous']:.0%}",
+                      f"{row['intervention']:.0%}")
+    console = Console()
+    console.print(table)
+    console.print(
+        f"{summary['episodes']} episodes, {summary['steps']} steps, {summary['updates']} updates, "
+        f"weights v{summary['weights_version']}, robots on {summary['robot_versions']}"
+    )
