@@ -16,8 +16,9 @@ from pathlib import Path
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "render frames/s per camera (fast vs full meshes), physics steps/s, scripted-expert success"),
     "async": ("async_control", "sync vs async_naive vs async_rollforward at simulated inference latencies"),
+    "transport": ("transport", "ingest steps/s and weight hot-swap latency: ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
 }
-PLANNED = {"transport": 4, "learning": 5}
+PLANNED = {"learning": 5}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,664 @@
+"""`robot-rl bench transport`: our ZeroMQ wire vs LeRobot's gRPC transport, side by side, on loopback.
+
+Two measurements, each for both transports in one run (the machine is shared and noisy:
+compare the ratios, not numbers from different runs):
+
+* **Ingest** (steps/s, MB/s on the wire) from 1 and 4 robots, each a separate process,
+  each step two 96x96 camera frames plus joint state and action.
+  - ZeroMQ: ``StreamingClient`` (JPEG, segments of 15 steps, fsynced spool, acks) ->
+    the full ``LearnerService`` (no training): dedup, fsynced staging, acks, and
+    LeRobotDataset episode commits on the store's background thread.
+  - gRPC: LeRobot's HIL-SERL path: ``transitions_to_bytes`` (torch.save) ->
+    ``send_bytes_in_chunks`` -> ``SendTransitions`` -> lerobot's own ``LearnerService``
+    servicer -> ``bytes_to_transitions`` (torch.load) on the learner. Same frames, sent as
+    uint8 tensors, 15 transitions per message; nothing is written to disk (kinder to it).
+  Counted on the learner over a fixed window after every robot is streaming.
+* **Hot-swap latency**, publish -> in use, for ~10 MB and ~100 MB weights.
+  - ZeroMQ: an ``EdgeNode`` on the wall clock (kinematic arm, 30 fps, two cameras) with
+    an ``EdgeStreamer``, in its own process. The clock starts before the learner
+    serialises the snapshot (``publisher.snapshot``: safetensors + sha256) and stops at the
+    first executed control tick whose action came from the new weights (chunked fetch,
+    hash checks, shadow copy, swap between chunks). Late ticks (> the edge's
+    ``late_threshold_ms``) are counted inside each swap window; those outside the windows
+    are reported too, as this machine's background.
+  - gRPC: lerobot's ``StreamParameters`` (``state_to_bytes``: torch.save, chunked) to an
+    actor process that ``bytes_to_state_dict`` + ``load_state_dict``; the clock stops when
+    the weights are loaded (it has no control loop, so no late ticks). Its push period is
+    set to 0 here; HIL-SERL's default period adds seconds on top.
+  The payload is the project's FlowVLA (two cameras, 96 px) plus a ballast buffer that
+  brings its state dict to the target size: the bytes take the whole path, while the
+  edge's inference cost stays that of the small network (a real 100 MB VLA would not
+  keep up at 30 fps on this CPU, which is not what this measures).
+
+The baseline is measured only; nothing of it is used by the product (it pickles).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # lerobot's writer would print a bar per episode
+
+SEGMENT_STEPS = 15  # 0.5 s at 30 fps, the edge's default
+EPISODE_STEPS = 300
+CAMERAS = ("front", "wrist")
+IMAGE = 96
+TEXT_DIM = 384
+
+
+@dataclass
+class TransportBenchConfig:
+    robots: tuple[int, ...] = (1, 4)
+    sizes_mb: tuple[int, ...] = (10, 100)
+    ingest_window_s: float = 6.0  # the store indexes every step in memory: keep it short
+    swaps: int = 10
+    swap_gap_s: float = 1.0  # between two publishes (the edge keeps ticking)
+    swap_timeout_s: float = 30.0
+
+    @staticmethod
+    def quick() -> TransportBenchConfig:
+        return TransportBenchConfig(ingest_window_s=3.0, swaps=3, swap_gap_s=0.5)
+
+
+
+# ============================================================== payloads shared by both transports
+
+
+def synthetic_frames(n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Camera-like frames (smooth gradients that move, plus sensor noise): JPEG sizes like real ones."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:IMAGE, 0:IMAGE].astype(np.float32)
+    frames = []
+    for t in range(n):
+        frame = {}
+        for c, cam in enumerate(CAMERAS):
+            base = np.stack([(xx + 2 * t) % 256, (yy + 3 * t + 40 * c) % 256, (xx + yy + t) % 256], axis=-1)
+            frame[cam] = np.clip(base + rng.normal(0, 4, base.shape), 0, 255).astype(np.uint8)
+        frames.append(frame)
+    return frames
+
+
+def synthetic_steps(n: int, episode: int, seed: int) -> list[Any]:
+    from robot_rl.core.types import Step
+
+    frames = synthetic_frames(min(n, 60), seed)
+    steps = []
+    for t in range(n):
+        state = np.sin(np.arange(6, dtype=np.float32) + t / 30).astype(np.float32)
+        steps.append(Step(tick=t, time_s=t / 30, state=state, action=state + 0.01, images=frames[t % len(frames)],
+                          instruction="pick up the cube", done=t == n - 1, policy_version=0))
+    return steps
+
+
+def hashed_text(texts: list[str]) -> np.ndarray:
+    """Offline instruction embeddings (the benchmark is about bytes, not language)."""
+    import hashlib
+
+    out = []
+    for s in texts:
+        v = np.random.default_rng(int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")).standard_normal(
+            TEXT_DIM)
+        out.append(v / np.linalg.norm(v))
+    return np.stack(out).astype(np.float32)
+
+
+def ballast_policy(size_mb: float) -> Any:
+    """The project's FlowVLA plus a ballast buffer so that its state dict weighs ``size_mb`` MB."""
+    import torch
+
+    from policies.flow_vla import FlowVLA, FlowVLAConfig
+    from policies.text_encoder import InstructionEncoder
+
+    torch.manual_seed(0)
+    policy = FlowVLA(FlowVLAConfig(cameras=CAMERAS, image_size=IMAGE, num_integration_steps=4),
+                     text_encoder=InstructionEncoder(backend=hashed_text))
+    own = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
+    extra = max(0, int(size_mb * 1e6 - own) // 4)
+    policy.register_buffer("ballast", torch.randn(extra))
+    return policy.eval()
+
+
+# ============================================================== ingest: ZeroMQ
+
+
+def _zmq_edge_ingest(robot_id: str, router: str, spool: str, config_hash: str, stop: Any, out: mp.Queue) -> None:
+    """Edge process: submit segments as fast as the link takes them until ``stop`` is set.
+
+    One long episode per robot: the store stages and indexes every segment (fsynced, acked)
+    and commits episodes to the LeRobotDataset only when they end, which is outside the
+    window measured here (that writer's own speed is lerobot's, not the wire's).
+    """
+    from bridges.zmq.client import ClientConfig
+    from bridges.zmq.streaming import StreamingClient
+
+    logging.getLogger("bridges.zmq.streaming").setLevel(logging.CRITICAL)  # saturating the queue is the point
+    config = ClientConfig(robot_id=robot_id, router_endpoint=router, pub_endpoint=None, spool_dir=spool,
+                          config_hash=config_hash, fetch_weights=False, max_in_flight=16)
+    steps = synthetic_steps(EPISODE_STEPS, 0, seed=int(robot_id.rsplit("-", 1)[-1]))
+    submitted = 0
+    with StreamingClient(config, queue_size=64) as link:
+        link.wait_connected(30)
+        while not stop.is_set():
+            for start in range(0, EPISODE_STEPS, SEGMENT_STEPS):
+                chunk = steps[start:start + SEGMENT_STEPS]
+                while not link.submit_steps(1, chunk) and not stop.is_set():
+                    time.sleep(0.002)  # queue full: the link is the bottleneck, which is what we measure
+                submitted += len(chunk)
+        link.flush(30)
+    out.put(("zmq", robot_id, submitted))
+
+
+def zmq_ingest(robots: int, window_s: float, workdir: Path) -> dict[str, float]:
+    from bridges.zmq.protocol import encode_message
+    from bridges.zmq.segments import ImageEncoding, encode_segment
+    from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig, TrainerConfig
+    from robot_rl.learner.service import LearnerService
+
+    policy = ballast_policy(0)
+    config = LearnerConfig(
+        store=StoreConfig(root=str(workdir / "store"), cameras=CAMERAS, image_height=IMAGE, image_width=IMAGE),
+        trainer=TrainerConfig(device="cpu", log_dir="", checkpoint_dir=str(workdir / "ckpt")),
+        service=ServiceConfig(router_endpoint="tcp://127.0.0.1:*", pub_endpoint="tcp://127.0.0.1:*",
+                              status_every_s=1e9))
+    sample = encode_segment("r", 1, 0, synthetic_steps(SEGMENT_STEPS, 0, 1), image_encoding=ImageEncoding())
+    wire_bytes_per_step = sum(len(memoryview(f)) for f in encode_message(sample)) / SEGMENT_STEPS
+    with LearnerService(config, policy, train=False) as learner:  # leaving the block stops it
+        learner.start()
+        rate = _measure_with_processes(
+            robots, window_s, lambda: learner.store.stats()["steps_ingested"],
+            lambda i, stop, out: mp.get_context("spawn").Process(
+                target=_zmq_edge_ingest, args=(f"robot-{i}", learner.router_endpoint, str(workdir / f"spool-{i}"),
+                                               policy.config_hash(), stop, out)))
+    return {"steps_per_s": rate, "mb_per_s": rate * wire_bytes_per_step / 1e6,
+            "wire_bytes_per_step": wire_bytes_per_step}
+
+
+def _measure_with_processes(robots: int, window_s: float, counter: Callable[[], int],
+                            make: Callable[[int, float, Any], Any]) -> float:
+    """Start ``robots`` edge processes, wait until all stream, count learner-side steps over ``window_s``."""
+    ctx = mp.get_context("spawn")
+    out, stop = ctx.Queue(), ctx.Event()
+    warmup_s = 30.0 + 5.0 * robots  # spawning imports numpy/zmq/torch in every process
+    procs = [make(i, stop, out) for i in range(robots)]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + warmup_s
+        previous = counter()
+        while time.monotonic() < deadline:  # streaming has started when the count grows steadily
+            time.sleep(1.0)
+            now = counter()
+            if now > previous + 100 * robots:
+                break
+            previous = now
+        time.sleep(1.0)  # every process past its start-up
+        t0, c0 = time.monotonic(), counter()
+        time.sleep(window_s)
+        t1, c1 = time.monotonic(), counter()
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(40)
+            if p.is_alive():
+                p.terminate()
+    return (c1 - c0) / (t1 - t0)
+
+
+# ============================================================== ingest: gRPC baseline (LeRobot HIL-SERL)
+
+
+def _transitions(steps: list[Any]) -> list[dict]:
+    """HIL-SERL transitions of ``steps`` (next_state shares the next step's tensors, as in its actor)."""
+    import torch
+
+    states = [{f"observation.images.{cam}": torch.from_numpy(s.images[cam]).permute(2, 0, 1).contiguous()
+               for cam in CAMERAS} | {"observation.state": torch.from_numpy(s.state)} for s in steps]
+    return [{"state": states[i], "action": torch.from_numpy(s.action), "reward": 0.0,
+             "next_state": states[min(i + 1, len(steps) - 1)], "done": s.done, "truncated": False,
+             "complementary_info": None} for i, s in enumerate(steps)]
+
+
+def _grpc_edge_ingest(robot_id: str, address: str, stop: Any, out: mp.Queue) -> None:
+    import grpc
+    from lerobot.transport import services_pb2, services_pb2_grpc
+    from lerobot.transport.utils import grpc_channel_options, send_bytes_in_chunks, transitions_to_bytes
+
+    steps = synthetic_steps(EPISODE_STEPS, 0, seed=int(robot_id.rsplit("-", 1)[-1]))
+    segments = [_transitions(steps[i:i + SEGMENT_STEPS]) for i in range(0, EPISODE_STEPS, SEGMENT_STEPS)]
+    sent = [0]
+
+    def messages():  # noqa: ANN202 - one client stream, like the HIL-SERL actor's
+        while not stop.is_set():
+            for segment in segments:
+                yield from send_bytes_in_chunks(transitions_to_bytes(segment), services_pb2.Transition)
+                sent[0] += len(segment)
+                if stop.is_set():
+                    return
+
+    channel = grpc.insecure_channel(address, options=grpc_channel_options())
+    services_pb2_grpc.LearnerServiceStub(channel).SendTransitions(messages())
+    channel.close()
+    out.put(("grpc", robot_id, sent[0]))
+
+
+def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
+    import grpc
+    from lerobot.rl.learner_service import LearnerService as GrpcLearnerService
+    from lerobot.transport import services_pb2_grpc
+    from lerobot.transport.utils import bytes_to_transitions
+
+    transitions: queue.Queue[bytes] = queue.Queue()
+    shutdown = threading.Event()
+    counts = {"steps": 0, "bytes": 0}
+
+    def consume() -> None:  # the HIL-SERL learner's side: deserialise every message
+        while not shutdown.is_set():
+            try:
+                data = transitions.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            counts["steps"] += len(bytes_to_transitions(data))
+            counts["bytes"] += len(data)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=robots + 2),
+                         options=[("grpc.max_receive_message_length", 4 << 20),
+                                  ("grpc.max_send_message_length", 4 << 20)])
+    servicer = GrpcLearnerService(shutdown, queue.Queue(), 1e9, transitions, queue.Queue())
+    services_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        byte_marks: list[tuple[int, int]] = []
+
+        def counter() -> int:
+            byte_marks.append((counts["steps"], counts["bytes"]))
+            return counts["steps"]
+
+        rate = _measure_with_processes(
+            robots, window_s, counter,
+            lambda i, stop, out: mp.get_context("spawn").Process(
+                target=_grpc_edge_ingest, args=(f"robot-{i}", f"127.0.0.1:{port}", stop, out)))
+    finally:
+        shutdown.set()
+        server.stop(5)
+    steps_total, bytes_total = counts["steps"], counts["bytes"]
+    per_step = bytes_total / max(1, steps_total)
+    return {"steps_per_s": rate, "mb_per_s": rate * per_step / 1e6, "wire_bytes_per_step": per_step}
+
+
+# ============================================================== hot swap: ZeroMQ, EdgeNode on the wall clock
+
+
+class BenchArm:
+    """A kinematic 6-joint arm with two 96x96 cameras: reaches each target in one tick, costs no CPU."""
+
+    name = "bench-arm"
+    camera_names = CAMERAS
+    fps = 30
+
+    def __init__(self) -> None:
+        self.joint_names = tuple(f"joint{i}" for i in range(6))
+        self.state = np.zeros(6, dtype=np.float32)
+        self._frames = synthetic_frames(30, 0)
+        self._t = 0
+        self.is_connected = True
+
+    @property
+    def joint_limits(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.full(6, -1e6, dtype=np.float32), np.full(6, 1e6, dtype=np.float32)
+
+    @property
+    def observation_features(self) -> dict:
+        from hardware.robot import features_for
+
+        return features_for(self.joint_names, {c: (IMAGE, IMAGE) for c in CAMERAS})[0]
+
+    @property
+    def action_features(self) -> dict:
+        from hardware.robot import features_for
+
+        return features_for(self.joint_names, {c: (IMAGE, IMAGE) for c in CAMERAS})[1]
+
+    def connect(self) -> None:
+        self.is_connected = True
+
+    def disconnect(self) -> None:
+        self.is_connected = False
+
+    def get_observation(self) -> dict:
+        self._t += 1
+        return {"images": self._frames[self._t % len(self._frames)], "state": self.state.copy()}
+
+    def send_action(self, action: np.ndarray) -> np.ndarray:
+        self.state = np.asarray(action, dtype=np.float32).copy()
+        return self.state
+
+
+def _zmq_edge_swap(router: str, pub: str, spool: str, size_mb: float, stop_at: float, out: mp.Queue) -> None:
+    """Edge process: run episodes on the wall clock; report when each version is first in use, and late ticks."""
+    import torch
+
+    from bridges.zmq.client import ClientConfig
+    from bridges.zmq.segments import ImageEncoding
+    from robot_rl.core.clock import WallClock
+    from robot_rl.edge.config import EdgeConfig
+    from robot_rl.edge.node import EdgeNode
+    from robot_rl.edge.streaming import EdgeStreamer
+
+    torch.set_num_threads(1)
+    policy = ballast_policy(size_mb)
+    config = ClientConfig(robot_id="swap-edge", router_endpoint=router, pub_endpoint=pub, spool_dir=spool,
+                          config_hash=policy.config_hash(), policy_version=0, heartbeat_interval_s=0.5)
+    streamer = EdgeStreamer(config, policy, image_encoding=ImageEncoding())
+    node = EdgeNode(BenchArm(), policy, WallClock(), EdgeConfig(fps=30), robot_id="swap-edge", policy_version=0)
+    streamer.attach(node).start()
+    seen: set[int] = set()
+    late = [0]
+    forward = node.step_sink
+
+    def sink(step: Any) -> None:  # control thread: a few compares and a non-blocking put
+        if step.policy_version not in seen:
+            seen.add(step.policy_version)
+            out.put(("in_use", step.policy_version, time.time()))
+        if node.stats.late_ticks > late[0]:
+            late[0] = node.stats.late_ticks
+            out.put(("late_tick", late[0], time.time()))
+        forward(step)
+
+    node.step_sink = sink
+    request_swap = node.request_policy_swap
+
+    def timed_request(new: Any, version: int) -> None:  # loader thread: weights verified and in a shadow copy
+        out.put(("loaded", version, time.time()))
+        request_swap(new, version)
+
+    node.request_policy_swap = timed_request
+    streamer.link.wait_connected(30)
+    out.put(("ready", 0, time.time()))
+    try:
+        episode = 0
+        while time.time() < stop_at:
+            node.run_episode(300, "pick up the cube", episode_id=episode)
+            episode += 1
+    finally:
+        streamer.stop()
+        node.close()
+
+
+class _AckOnly:
+    """Learner handlers for the swap run: segments are acked, not stored (only the weights path matters)."""
+
+    def __new__(cls) -> Any:  # built lazily so importing this module does not import the bridge
+        from bridges.zmq.protocol import Ack
+        from bridges.zmq.server import ServerHandlers
+
+        class AckOnly(ServerHandlers):
+            def on_segment(self, peer: Any, msg: Any) -> Any:
+                return Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq, duplicate=False)
+
+        return AckOnly()
+
+
+def zmq_swap(size_mb: float, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
+    from bridges.zmq.server import ServerConfig, ZmqServer
+    from robot_rl.learner.publisher import snapshot
+
+    policy = ballast_policy(size_mb)
+    server = ZmqServer(ServerConfig(config_hash=policy.config_hash(), announce_interval_s=2.0), _AckOnly())
+    stop = threading.Event()
+    serving = threading.Thread(target=server.serve_forever, args=(stop,), daemon=True)
+    serving.start()
+    out = mp.get_context("spawn").Queue()
+    stop_at = time.time() + 60 + cfg.swaps * (cfg.swap_gap_s + cfg.swap_timeout_s / 4)
+    edge = mp.get_context("spawn").Process(target=_zmq_edge_swap, args=(
+        server.router_endpoint, server.pub_endpoint, str(workdir / "swap-spool"), size_mb, stop_at, out))
+    edge.start()
+    reports = EdgeReports(out)
+    windows: list[tuple[float, float]] = []
+    loaded: list[float] = []
+    try:
+        reports.wait("ready", 120)
+        reports.wait("in_use", 30, version=0)
+        time.sleep(1.0)
+        for version in range(1, cfg.swaps + 1):
+            t0 = time.time()  # before serialisation: the learner's whole publish is in the latency
+            server.publish_weights(snapshot(policy, version, policy.config_hash()))
+            windows.append((t0, reports.wait("in_use", cfg.swap_timeout_s, version=version)))
+            loaded.append(reports.wait("loaded", 1.0, version=version) - t0)
+            time.sleep(cfg.swap_gap_s)
+    finally:
+        reports.drain()
+        edge.terminate()  # it only acts and streams; nothing of it needs a clean stop here
+        edge.join(10)
+        stop.set()
+        serving.join(5)
+        server.close()
+    latencies = [b - a for a, b in windows]
+    late = reports.late_tick_times
+    in_swaps = sum(any(a <= t <= b + 1 / 30 for a, b in windows) for t in late)
+    loaded_pct = _percentiles(loaded)
+    return {**_percentiles(latencies), "late_ticks": in_swaps, "late_ticks_outside_swaps": len(late) - in_swaps,
+            "loaded_p50_s": loaded_pct["p50_s"], "loaded_p95_s": loaded_pct["p95_s"],
+            "swaps": len(latencies), "payload_mb": _state_mb(policy)}
+
+
+class EdgeReports:
+    """Messages from an edge process: ("ready"|"in_use"|"late_tick"|"loaded", n, wall time)."""
+
+    def __init__(self, out: mp.Queue) -> None:
+        self.out = out
+        self.late_tick_times: list[float] = []
+        self._seen: dict[tuple[str, int], float] = {}
+
+    def wait(self, kind: str, timeout_s: float, version: int = 0) -> float:
+        """Wall time of message (kind, version); bounded by ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (kind, version) not in self._seen:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {kind!r} v{version} from the edge process within {timeout_s:.0f} s")
+            try:
+                self._take(self.out.get(timeout=min(remaining, 1.0)))
+            except queue.Empty:
+                continue
+        return self._seen[(kind, version)]
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self._take(self.out.get(timeout=0.2))
+            except queue.Empty:
+                return
+
+    def _take(self, message: tuple) -> None:
+        kind, n, t = message
+        if kind == "late_tick":
+            self.late_tick_times.append(t)
+        else:
+            self._seen.setdefault((kind, n), t)
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50_s": float("nan"), "p95_s": float("nan")}
+    return {"p50_s": float(np.percentile(values, 50)), "p95_s": float(np.percentile(values, 95))}
+
+
+def _state_mb(policy: Any) -> float:
+    return sum(t.numel() * t.element_size() for t in policy.state_dict().values()) / 1e6
+
+
+# ============================================================== hot swap: gRPC baseline (LeRobot HIL-SERL)
+
+
+def _grpc_actor_swap(address: str, size_mb: float, out: mp.Queue) -> None:
+    """Actor process: receive parameter streams, torch.load them and load them into the policy."""
+    import grpc
+    import torch
+    from lerobot.transport import services_pb2, services_pb2_grpc
+    from lerobot.transport.utils import bytes_to_state_dict, grpc_channel_options, receive_bytes_in_chunks
+
+    torch.set_num_threads(1)
+    policy = ballast_policy(size_mb)
+    channel = grpc.insecure_channel(address, options=grpc_channel_options())
+    stream = services_pb2_grpc.LearnerServiceStub(channel).StreamParameters(services_pb2.Empty())
+    out.put(("ready", 0, time.time()))
+    never = threading.Event()
+    while True:
+        data = receive_bytes_in_chunks(stream, None, never)
+        if data is None:
+            return
+        state = bytes_to_state_dict(data)
+        version = int(state.pop("_bench_version").item())
+        policy.load_state_dict(state)
+        out.put(("loaded", version, time.time()))
+
+
+def grpc_swap(size_mb: float, cfg: TransportBenchConfig) -> dict[str, Any]:
+    import grpc
+    import torch
+    from lerobot.rl.learner_service import LearnerService as GrpcLearnerService
+    from lerobot.transport import services_pb2_grpc
+    from lerobot.transport.utils import MAX_MESSAGE_SIZE, state_to_bytes
+
+    policy = ballast_policy(size_mb)
+    parameters: queue.Queue[bytes] = queue.Queue()
+    shutdown = threading.Event()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=3),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+                                  ("grpc.max_send_message_length", MAX_MESSAGE_SIZE)])
+    services_pb2_grpc.add_LearnerServiceServicer_to_server(
+        GrpcLearnerService(shutdown, parameters, 0.0, queue.Queue(), queue.Queue()), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    out = mp.get_context("spawn").Queue()
+    actor = mp.get_context("spawn").Process(target=_grpc_actor_swap, args=(f"127.0.0.1:{port}", size_mb, out))
+    actor.start()
+    reports = EdgeReports(out)
+    latencies = []
+    try:
+        reports.wait("ready", 120)
+        time.sleep(1.0)
+        for version in range(1, cfg.swaps + 1):
+            t0 = time.time()
+            state = {k: v.detach().cpu() for k, v in policy.state_dict().items()}
+            parameters.put(state_to_bytes({**state, "_bench_version": torch.tensor(version)}))
+            latencies.append(reports.wait("loaded", cfg.swap_timeout_s, version=version) - t0)
+            time.sleep(cfg.swap_gap_s)
+    finally:
+        shutdown.set()
+        actor.terminate()
+        actor.join(10)
+        server.stop(2)
+    return {**_percentiles(latencies), "late_ticks": None, "swaps": len(latencies), "payload_mb": _state_mb(policy)}
+
+
+# ============================================================== the run, the table
+
+
+def run_transport_bench(cfg: TransportBenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    report: dict[str, Any] = {"ingest": {}, "swap": {}, "baseline_grpc": {"ingest": {}, "swap": {}},
+                              "config": {"robots": list(cfg.robots), "sizes_mb": list(cfg.sizes_mb),
+                                         "ingest_window_s": cfg.ingest_window_s, "swaps": cfg.swaps,
+                                         "cameras": f"{len(CAMERAS)} x {IMAGE}x{IMAGE}",
+                                         "segment_steps": SEGMENT_STEPS},
+                              "notes": {"ingest_zmq": "StreamingClient (JPEG q90, spool) -> LearnerService "
+                                                      "(ReplayStore: fsynced staging + LeRobotDataset commits)",
+                                        "ingest_grpc": "lerobot.transport SendTransitions (torch.save of uint8 "
+                                                       "transitions) -> lerobot LearnerService -> torch.load; "
+                                                       "no disk writes",
+                                        "swap_zmq": "publish (serialise+sha256) -> first control tick on the new "
+                                                    "weights at a 30 fps EdgeNode",
+                                        "swap_grpc": "state_to_bytes -> StreamParameters (push period 0) -> "
+                                                     "torch.load -> load_state_dict at the actor"}}
+    with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
+        work = Path(tmp)
+        for robots in cfg.robots:
+            progress(f"ingest, {robots} robot(s): ZeroMQ")
+            report["ingest"][str(robots)] = zmq_ingest(robots, cfg.ingest_window_s, work / f"zmq-{robots}")
+            shutil.rmtree(work / f"zmq-{robots}", ignore_errors=True)
+            progress(f"ingest, {robots} robot(s): gRPC baseline")
+            report["baseline_grpc"]["ingest"][str(robots)] = grpc_ingest(robots, cfg.ingest_window_s)
+        for size in cfg.sizes_mb:
+            progress(f"hot swap, {size} MB: ZeroMQ")
+            report["swap"][str(size)] = zmq_swap(size, cfg, work / f"swap-{size}")
+            progress(f"hot swap, {size} MB: gRPC baseline")
+            report["baseline_grpc"]["swap"][str(size)] = grpc_swap(size, cfg)
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    ingest = Table(title="Ingest on loopback (learner-side count; 2 cameras 96x96 per step)")
+    for col in ("robots", "ZeroMQ steps/s", "ZeroMQ MB/s", "gRPC steps/s", "gRPC MB/s", "ZeroMQ / gRPC"):
+        ingest.add_column(col, justify="right")
+    for robots, ours in report["ingest"].items():
+        base = report["baseline_grpc"]["ingest"].get(robots, {})
+        ratio = ours["steps_per_s"] / base["steps_per_s"] if base.get("steps_per_s") else float("nan")
+        ingest.add_row(robots, f"{ours['steps_per_s']:.0f}", f"{ours['mb_per_s']:.2f}",
+                       f"{base.get('steps_per_s', float('nan')):.0f}", f"{base.get('mb_per_s', float('nan')):.2f}",
+                       f"{ratio:.2f}x")
+    console.print(ingest)
+    swap = Table(title="Weight hot-swap (s). ZeroMQ: publish -> verified shadow copy (loaded) -> first tick on it "
+                       "(in use); gRPC: publish -> load_state_dict done")
+    for col in ("MB", "0MQ loaded p50", "0MQ loaded p95", "0MQ in use p50", "0MQ in use p95", "late ticks in swaps",
+                "late ticks elsewhere", "gRPC p50", "gRPC p95", "loaded p95 gRPC/0MQ"):
+        swap.add_column(col, justify="right")
+    for size, ours in report["swap"].items():
+        base = report["baseline_grpc"]["swap"].get(size, {})
+        ratio = base.get("p95_s", float("nan")) / ours["loaded_p95_s"] if ours.get("loaded_p95_s") else float("nan")
+        swap.add_row(f"{ours['payload_mb']:.0f}", f"{ours['loaded_p50_s']:.3f}", f"{ours['loaded_p95_s']:.3f}",
+                     f"{ours['p50_s']:.3f}", f"{ours['p95_s']:.3f}", str(ours["late_ticks"]),
+                     str(ours["late_ticks_outside_swaps"]), f"{base.get('p50_s', float('nan')):.3f}",
+                     f"{base.get('p95_s', float('nan')):.3f}", f"{ratio:.2f}x")
+    console.print(swap)
+
+
+def parse_overrides(overrides: list[str], cfg: TransportBenchConfig) -> TransportBenchConfig:
+    """``robots=1,4 sizes_mb=10,100 ingest_window_s=10 swaps=10``."""
+    from dataclasses import fields, replace
+
+    known = {f.name: f for f in fields(cfg)}
+    values: dict[str, Any] = {}
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        key = key.removeprefix("bench.")
+        if key not in known or not raw:
+            raise ValueError(f"bench transport: unknown override {item!r}; known: "
+                             + ", ".join(f"{k}=..." for k in known))
+        default = getattr(cfg, key)
+        values[key] = (tuple(int(v) for v in raw.strip("[]()").split(",")) if isinstance(default, tuple)
+                       else type(default)(raw))
+    return replace(cfg, **values)
+
+
+def run_from_cli(quick: bool, overrides: list[str]) -> dict:
+    logging.getLogger("bridges").setLevel(logging.WARNING)
+    logging.getLogger("robot_rl").setLevel(logging.WARNING)
+    cfg = parse_overrides(overrides, TransportBenchConfig.quick() if quick else TransportBenchConfig())
+    started = time.monotonic()
+    report = run_transport_bench(cfg, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
+                                                                 flush=True))
+    report["duration_s"] = time.monotonic() - started
+    print_table(report)
+    return report

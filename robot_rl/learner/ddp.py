@@ -1,0 +1,332 @@
+"""Data-parallel training under ``torchrun``: one learner, N ranks, DDP gradient all-reduce.
+
+Who does what:
+
+* **Rank 0 (the leader)** is the normal learner: it owns the wire server, the replay
+  store, the sampling order (its index and RNG), publishing and checkpoints. For every
+  update it samples one *global* batch and broadcasts it to all ranks.
+* **Every rank** runs the same algorithm update on that batch, but the policy's
+  ``compute_loss`` only sees the rank's contiguous shard of rows and goes through a
+  ``DistributedDataParallel`` wrapper, so the gradients are averaged across ranks during
+  ``backward``. Gradient clipping and the optimiser step then run on identical averaged
+  gradients: all ranks keep bit-identical parameters.
+* **Why the whole batch travels and not only the shard**: algorithms draw their flow
+  noise from their own generator for ``len(batch)`` rows. Every rank has the same
+  generator state, draws the noise for the whole batch and keeps its rows, so N ranks
+  compute exactly what one process would compute on the same batch (mean of equal-size
+  shard means = mean of the batch), up to float summation order.
+
+The batch channel is a small framing of its own (a JSON header in a uint8 tensor, then
+one ``broadcast`` per tensor): nothing is pickled between ranks. Control messages
+(idle, stop) travel the same way, so followers never sit in a collective that the
+leader will not join, and an idle learner keeps the process group alive.
+
+Limits: weighted losses (``sum w l / sum w``) are averaged per shard, which equals the
+global weighted mean only when shards carry equal weight sums (true for BC, weight 1);
+algorithms with extra trainable modules (critics) are refused, since only the policy
+is wrapped. The global ``batch_size`` must divide by the world size. On ``--resume``
+every rank reads the same checkpoint directory (shared storage across nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from policies.flow_vla import FlowVLA
+from robot_rl.learner.config import LearnerConfig, TrainerConfig
+from robot_rl.learner.index import SamplingIndex
+from robot_rl.learner.publisher import PublishFn
+from robot_rl.learner.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+OP_UPDATE, OP_IDLE, OP_STOP = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the data-parallel job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistContext | None:
+    """Join the process group torchrun describes in the environment; None for a single process.
+
+    NCCL with one GPU per rank (``cuda:LOCAL_RANK``) when CUDA is present and ``device``
+    allows it, gloo on CPU otherwise.
+    """
+    if not launched_by_torchrun():
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = (device == "auto" and torch.cuda.is_available()) or device.startswith("cuda")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        backend, dev = "nccl", torch.device("cuda", local_rank)
+    else:
+        backend, dev = "gloo", torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    log.info("data-parallel rank %d/%d (%s on %s)", rank, world, backend, dev)
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, backend=backend, device=dev)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- batch channel (rank 0 -> all)
+
+
+class BatchChannel:
+    """Broadcasts control messages and batches from rank 0, without pickle.
+
+    Wire: ``[op, header_bytes, weights_version]`` (int64), then the JSON header (uint8), then each tensor
+    named in the header in order. Lists of strings (instructions) ride in the header.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+
+    def send(self, op: int, batch: dict[str, Any] | None = None, version: int = 0) -> None:
+        assert self.ctx.is_leader, "only rank 0 sends"
+        tensors, header = _describe(batch or {})
+        raw = json.dumps(header).encode() if batch else b""  # control-only messages carry no header
+        self._bcast(torch.tensor([op, len(raw), version], dtype=torch.int64))
+        if raw:
+            self._bcast(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        for tensor in tensors:
+            self._bcast(tensor.contiguous())
+
+    def receive(self) -> tuple[int, dict[str, Any] | None, int]:
+        """(op, batch or None, rank 0's weights version)."""
+        assert not self.ctx.is_leader, "rank 0 sends, the others receive"
+        control = self._bcast(torch.zeros(3, dtype=torch.int64))
+        op, size, version = int(control[0]), int(control[1]), int(control[2])
+        if size == 0:
+            return op, None, version
+        header = json.loads(bytes(self._bcast(torch.empty(size, dtype=torch.uint8)).cpu().numpy()))
+        batch: dict[str, Any] = dict(header["lists"])
+        for spec in header["tensors"]:
+            buf = torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]))
+            batch[spec["name"]] = self._bcast(buf)
+        return op, batch, version
+
+    def _bcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Broadcast from rank 0 on the backend's device; returns the (CPU) result."""
+        on_device = tensor.to(self.ctx.device)
+        dist.broadcast(on_device, src=0)
+        return on_device.cpu() if on_device.device.type != "cpu" else on_device
+
+
+def _describe(batch: dict[str, Any]) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    if not batch:
+        return [], {}
+    tensors, specs, lists = [], [], {}
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            specs.append({"name": name, "dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)})
+            tensors.append(value)
+        elif isinstance(value, np.ndarray):
+            tensor = torch.as_tensor(value)
+            specs.append({"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)})
+            tensors.append(tensor)
+        elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            lists[name] = list(value)
+        else:
+            raise TypeError(f"batch[{name!r}] is a {type(value).__name__}; the data-parallel channel carries "
+                            "tensors, arrays and lists of strings only")
+    return tensors, {"tensors": specs, "lists": lists}
+
+
+# ---------------------------------------------------------------- DDP around compute_loss
+
+
+class _LossModule(nn.Module):
+    """``forward`` = the policy's own ``compute_loss``: DDP syncs gradients only for calls through forward."""
+
+    def __init__(self, policy: FlowVLA, compute_loss: Callable[..., Any]) -> None:
+        super().__init__()
+        self.policy = policy
+        self._compute_loss = compute_loss
+
+    def forward(self, batch: dict, weights: torch.Tensor | None, noise: torch.Tensor | None,
+                flow_time: torch.Tensor | None) -> Any:
+        return self._compute_loss(batch, weights, noise=noise, flow_time=flow_time)
+
+
+def shard_rows(value: Any, rows: slice) -> Any:
+    """Rows ``rows`` of a batch value (tensor, array or list); None and scalars pass through."""
+    if isinstance(value, torch.Tensor | np.ndarray | list | tuple):
+        return value[rows]
+    return value
+
+
+def route_loss_through_ddp(policy: FlowVLA, ctx: DistContext, batch_size: int) -> DistributedDataParallel:
+    """Make ``policy.compute_loss`` compute this rank's shard through a DDP wrapper.
+
+    Algorithms call ``self.policy.compute_loss(batch, weights, noise=..., flow_time=...)``
+    with the whole batch; the replacement keeps rows ``[rank*n, (rank+1)*n)`` of every
+    argument and calls DDP, which all-reduces the gradients in ``backward``. Constructing
+    DDP broadcasts rank 0's parameters and buffers, so all ranks start identical.
+    """
+    if batch_size % ctx.world_size:
+        raise ValueError(f"trainer.batch_size {batch_size} must divide by the world size {ctx.world_size} "
+                         "(each rank trains on an equal shard)")
+    n = batch_size // ctx.world_size
+    rows = slice(ctx.rank * n, (ctx.rank + 1) * n)
+    original = policy.compute_loss
+    ddp = DistributedDataParallel(_LossModule(policy, original),
+                                  device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+    def compute_shard_loss(batch: dict, weights: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
+                           flow_time: torch.Tensor | None = None) -> Any:
+        if len(batch["actions"]) != batch_size:
+            raise ValueError(f"data-parallel update expects the global batch of {batch_size} rows, "
+                             f"got {len(batch['actions'])}")
+        shard = {k: shard_rows(v, rows) for k, v in batch.items()}
+        return ddp(shard, shard_rows(weights, rows), shard_rows(noise, rows), shard_rows(flow_time, rows))
+
+    policy.compute_loss = compute_shard_loss  # instance attribute shadows the method
+    return ddp
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+class DistributedTrainer(Trainer):
+    """A ``Trainer`` on every rank; rank 0 samples and broadcasts, all ranks update together.
+
+    Leader: use it exactly like ``Trainer`` (``start``/``stop``, inside ``LearnerService``).
+    Followers: ``follow()`` until the leader says stop. The first collective (``connect``)
+    runs at the start of training on every rank.
+    """
+
+    def __init__(self, policy: FlowVLA, index: SamplingIndex, config: TrainerConfig, ctx: DistContext,
+                 publish: PublishFn | None = None, on_checkpoint: Callable[[Path], None] | None = None,
+                 logger: Any = None) -> None:
+        super().__init__(policy, index, config, publish=publish if ctx.is_leader else None,
+                         on_checkpoint=on_checkpoint if ctx.is_leader else None,
+                         logger=logger if ctx.is_leader else None)
+        if self.algorithm.extra_modules():
+            raise ValueError(f"trainer.algorithm {config.algorithm!r} trains extra modules "
+                             f"{sorted(self.algorithm.extra_modules())}; data-parallel training wraps only the "
+                             "policy, so run this algorithm in a single process")
+        self.ctx = ctx
+        self.channel = BatchChannel(ctx)
+        self._ddp: DistributedDataParallel | None = None
+
+    def connect(self) -> None:
+        """Collective: agree on the step (after a resume) and wrap the policy in DDP."""
+        if self._ddp is not None:
+            return
+        state = torch.tensor([self.step, self.version], dtype=torch.int64)
+        leader_state = self.channel._bcast(state.clone())
+        if not self.ctx.is_leader and int(leader_state[0]) != self.step:
+            raise RuntimeError(f"rank {self.ctx.rank} is at update {self.step} but rank 0 resumed at update "
+                               f"{int(leader_state[0])}; every rank must see the same checkpoint directory")
+        self.version = int(leader_state[1])
+        self.algorithm.set_policy_version(self.version)
+        # Same sampling-noise generator on every rank, whatever happened before.
+        rng = self.channel._bcast(self.algorithm.rng_state().clone())
+        self.algorithm.set_rng_state(rng)
+        self._ddp = route_loss_through_ddp(self.policy, self.ctx, self.config.batch_size)
+
+    # ------------------------------------------------------------ leader
+
+    def update_once(self) -> dict[str, float] | None:
+        if not self.ctx.is_leader:
+            raise RuntimeError("only rank 0 drives updates; other ranks call follow()")
+        self.connect()
+        if not self.ready():
+            self.channel.send(OP_IDLE)  # keeps followers in step and the group alive
+            return None
+        with self._lock:
+            batch = self._sample_locked()
+            self.channel.send(OP_UPDATE, batch, self.version)
+            return self._apply_locked(batch)
+
+    def _run(self) -> None:
+        try:
+            super()._run()
+        finally:
+            self._send_stop()
+
+    def _send_stop(self) -> None:
+        try:
+            self.connect()
+            self.channel.send(OP_STOP)
+            log.info("told %d follower rank(s) to stop after update %d", self.ctx.world_size - 1, self.step)
+        except Exception:  # a follower already gone: torchrun tears the group down anyway
+            log.exception("could not tell the follower ranks to stop")
+
+    def _checkpoint_locked(self) -> Path:
+        if not self.ctx.is_leader:
+            raise RuntimeError("only rank 0 writes checkpoints")
+        return super()._checkpoint_locked()
+
+    # ------------------------------------------------------------ followers
+
+    def follow(self) -> int:
+        """Run the leader's updates until it says stop; returns the number of updates done."""
+        if self.ctx.is_leader:
+            raise RuntimeError("rank 0 leads; follow() is for the other ranks")
+        self.connect()
+        while True:
+            op, batch, version = self.channel.receive()
+            if op == OP_STOP:
+                log.info("rank %d: stop after update %d", self.ctx.rank, self.step)
+                return self.step
+            if op == OP_IDLE:
+                continue
+            if op != OP_UPDATE or batch is None:
+                raise RuntimeError(f"rank {self.ctx.rank}: unexpected op {op} from rank 0")
+            with self._lock:
+                if version != self.version:  # staleness-aware algorithms measure against rank 0's version
+                    self.version = version
+                    self.algorithm.set_policy_version(version)
+                self.last_metrics = self.algorithm.update(batch)
+                self.step += 1
+
+
+def follow_rank(config: LearnerConfig, policy: FlowVLA, ctx: DistContext, *, resume: bool = False) -> int:
+    """What ranks other than 0 run under ``robot-rl learner``: follow rank 0's updates until it stops.
+
+    SIGINT/SIGTERM are ignored here on purpose: rank 0 catches them, writes its final
+    checkpoint and then tells every follower to stop, so no rank leaves a collective half-done.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: log.info("rank %d: signal %d; waiting for rank 0 to stop us",
+                                                          ctx.rank, signum))
+    trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras), config.trainer, ctx)
+    if resume:
+        trainer.resume(check_index=False)
+    return trainer.follow()
