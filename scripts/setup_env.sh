@@ -26,6 +26,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check uv
 echo "[setup] installing robot_rl and its dependencies (first time: a few minutes)"
-.venv/bin/uv pip install --python .venv/bin/python -q -e '.[test]'
+# Bytecode is compiled once here: the tests start many processes that import torch and lerobot.
+.venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e '.[test]'
 touch .venv/.installed
 echo "[setup] done"

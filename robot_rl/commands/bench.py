@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -17,8 +18,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "render frames/s per camera (fast vs full meshes), physics steps/s, scripted-expert success"),
     "async": ("async_control", "sync vs async_naive vs async_rollforward at simulated inference latencies"),
     "transport": ("transport", "ingest steps/s and weight hot-swap latency: ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
+    "learning": ("learning", "none vs rwr vs awr vs rl, with/without interventions, async learner vs sync loop"),
 }
-PLANNED = {"learning": 5}
+PLANNED: dict[str, int] = {}
 
 
 def main(argv: list[str]) -> int:
@@ -31,8 +33,10 @@ def main(argv: list[str]) -> int:
         print(f"robot-rl bench {args.name}: not built yet (issue #{PLANNED[args.name]}).", file=sys.stderr)
         return 2
     module = importlib.import_module(f"robot_rl.bench.{BENCHMARKS[args.name][0]}")
-    results = module.run_from_cli(quick=args.quick, overrides=overrides)
     path = args.json or Path("bench_results") / f"{args.name}.json"
+    # Benchmarks that write files beside their JSON (plots) take its path.
+    extra = {"json_path": path} if "json_path" in inspect.signature(module.run_from_cli).parameters else {}
+    results = module.run_from_cli(quick=args.quick, overrides=overrides, **extra)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2, sort_keys=True))
     print(f"wrote {path}")

@@ -6,8 +6,8 @@ from robot_rl.config import load_config
 
 
 def main(argv: list[str]) -> int:
-    from hardware.sim import TASK_FAMILIES, ScriptedExpert
-    from robot_rl.commands.sim_setup import make_sim, task_families
+    from hardware.sim import TASK_FAMILIES
+    from robot_rl.commands.sim_setup import demo_expert, make_sim, task_families
     from robot_rl.demos import record_expert_demos
 
     cfg = load_config(argv)
@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     try:
         summary = record_expert_demos(
             robot,
-            ScriptedExpert(robot),
+            demo_expert(robot, cfg.demos.get("expert_speed", 1.0)),
             cfg.demos.dir,
             task_families(cfg.demos.families, TASK_FAMILIES),
             int(cfg.demos.episodes_per_family),

@@ -17,6 +17,15 @@ def make_sim(cfg: DictConfig):
     return robot
 
 
+def demo_expert(robot, speed: float):
+    """The scripted expert as demonstrator, at ``speed`` times its full joint and Cartesian rates."""
+    from hardware.sim import ScriptedExpert
+
+    if not 0 < speed <= 1:
+        raise ConfigError(f"demos.expert_speed must be in (0, 1], got {speed}")
+    return ScriptedExpert(robot, max_joint_step=6.0 * speed, cartesian_step=0.012 * speed, careful_step=0.006 * speed)
+
+
 def task_families(cfg_families, robot_module_families: tuple[str, ...]) -> list[str]:
     if cfg_families is None:
         return list(robot_module_families)

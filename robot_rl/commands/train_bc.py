@@ -30,8 +30,8 @@ def main(argv: list[str]) -> int:
 
 def ensure_demos(cfg: DictConfig) -> Path:
     """Return the demonstration dataset directory, recording it first if it is missing."""
-    from hardware.sim import TASK_FAMILIES, ScriptedExpert
-    from robot_rl.commands.sim_setup import make_sim, task_families
+    from hardware.sim import TASK_FAMILIES
+    from robot_rl.commands.sim_setup import demo_expert, make_sim, task_families
     from robot_rl.demos import record_expert_demos
 
     demos = Path(cfg.demos.dir)
@@ -41,7 +41,7 @@ def ensure_demos(cfg: DictConfig) -> Path:
     robot = make_sim(cfg)
     try:
         record_expert_demos(
-            robot, ScriptedExpert(robot), demos,
+            robot, demo_expert(robot, cfg.demos.get("expert_speed", 1.0)), demos,
             task_families(cfg.demos.families, TASK_FAMILIES), int(cfg.demos.episodes_per_family), seed=int(cfg.seed),
         )
     finally:

@@ -1,0 +1,623 @@
+"""`robot-rl bench learning`: learning algorithms side by side, and async vs a synchronous loop.
+
+One run, arms one after the other, each from the same start (the BC checkpoint of
+``ensure_bc_checkpoint``), on the same demonstrations, the same robot scenes (robot ``i``
+episode ``e`` is seeded identically in every arm) and the same simulated operators, for
+the same wall-clock budget. Robots run on the wall clock (real-time mode), so robot time
+is wall time and "equal budget" means equal robot time.
+
+Arms (``bench.arms``):
+
+* ``none``: no learning (the learner stores data, never trains); the operator is on.
+* ``rwr``, ``awr``, ``rl``: the asynchronous learner with that algorithm (``learner=...``),
+  training while the robots act and hot-swapping weights between chunks; operator on.
+* ``rwr_no_intervention``: ``rwr`` without the operator (no takeovers, no corrections).
+* ``rwr_sync``: the synchronous baseline with the same learner: the robots collect
+  ``sync_collect_episodes`` episodes (all robots together) with the current weights while
+  the trainer idles, then the trainer does ``sync_updates`` updates while the robots idle,
+  publishes, and the next round starts. Same store, same sampling, same algorithm: only
+  the overlap of acting and training differs from ``rwr``.
+
+Measure: *autonomous* success (success without any takeover; a rescued episode does not
+count), as a rolling rate over the last ``window`` episodes of the arm (all robots, in order
+of completion). ``episodes_to_80`` is the first episode count, with a full window behind
+it, at which that rate reaches 80 %.
+
+Settings, as ``bench.NAME=VALUE`` overrides (stripped before the rest go to Hydra):
+
+==========================  =======  =========  =========================================
+name                        default  --quick    meaning
+==========================  =======  =========  =========================================
+``minutes_per_arm``         6        1          wall-clock budget of each arm
+``arms``                    all six  all six    e.g. ``bench.arms=[none,rwr,rwr_sync]``
+``num_robots``              2        2          simulated SO-101s per arm
+``window``                  20       5          episodes in the rolling success rate
+``sync_collect_episodes``   4        2          sync arm: episodes per collect phase
+``sync_updates``            50       20         sync arm: updates per train phase
+==========================  =======  =========  =========================================
+
+Any other override goes to the composed config as usual (e.g. ``output_dir=/tmp/x``,
+``run.max_steps=150``, ``learner.trainer.batch_size=16``); ``learner=...`` is refused
+because the arms choose the algorithm. Outputs go under
+``<output_dir>/bench_learning/<time>/<arm>/``; the comparison plot is written next to the
+JSON (same name, ``.png``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from robot_rl.config import ConfigError
+from robot_rl.learning_curve import EpisodeRecord, LearningCurve
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from policies.flow_vla import FlowVLA
+    from robot_rl.learner.config import LearnerConfig
+    from robot_rl.learner.local import (
+        EpisodeCallback,
+        LocalRunConfig,
+        LocalRunResult,
+        OperatorFactory,
+        RobotFactory,
+    )
+    from robot_rl.learner.service import LearnerService
+    from robot_rl.learner.store import ReplayStore
+    from robot_rl.learner.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+THRESHOLD = 0.8  # the issue's target: success >= 80 %
+ASYNC_ARM, SYNC_ARM = "rwr", "rwr_sync"  # the pair compared in sync_vs_async
+LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"  # never collide with a `robot-rl run` on the default ports
+
+
+# ---------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of the comparison: which learner, whether it trains, operator on/off, sync or async."""
+
+    algorithm: str  # the ``learner=`` config group
+    train: bool = True
+    operator: bool = True
+    sync: bool = False
+
+
+ARMS: dict[str, Arm] = {
+    "none": Arm("rwr", train=False),
+    "rwr": Arm("rwr"),
+    "awr": Arm("awr"),
+    "rl": Arm("rl"),
+    "rwr_no_intervention": Arm("rwr", operator=False),
+    SYNC_ARM: Arm("rwr", sync=True),
+}
+
+
+@dataclass
+class LearningBenchConfig:
+    """The benchmark's own settings (``bench.*`` overrides); see the module docstring."""
+
+    minutes_per_arm: float = 6.0
+    arms: tuple[str, ...] = tuple(ARMS)
+    num_robots: int = 2
+    window: int = 20
+    sync_collect_episodes: int = 4
+    sync_updates: int = 50
+
+    def __post_init__(self) -> None:
+        self.arms = (self.arms,) if isinstance(self.arms, str) else tuple(self.arms)
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or not self.arms:
+            raise ConfigError(f"bench.arms: unknown arm(s) {unknown or '(none given)'}; known: {list(ARMS)}")
+        if isinstance(self.minutes_per_arm, bool) or not isinstance(self.minutes_per_arm, int | float) \
+                or not self.minutes_per_arm > 0:
+            raise ConfigError(f"bench.minutes_per_arm must be a number > 0, got {self.minutes_per_arm!r}")
+        self.minutes_per_arm = float(self.minutes_per_arm)
+        for name in ("num_robots", "window", "sync_collect_episodes", "sync_updates"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"bench.{name} must be an integer >= 1, got {value!r}")
+
+
+QUICK = {"minutes_per_arm": 1.0, "window": 5, "sync_collect_episodes": 2, "sync_updates": 20}
+
+
+def parse_overrides(overrides: Sequence[str], quick: bool = False) -> tuple[LearningBenchConfig, list[str]]:
+    """Split ``bench.*`` settings from the Hydra overrides; ``--quick`` changes the defaults only."""
+    import yaml
+
+    known = {f.name for f in dataclasses.fields(LearningBenchConfig)}
+    explicit: dict[str, Any] = {}
+    rest: list[str] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.lstrip("+")
+        if key == "learner" and "://" not in raw:
+            raise ConfigError(f"{item!r}: the arms choose the algorithm (bench.arms=[...]); drop learner=...")
+        if not key.startswith("bench."):
+            rest.append(item)
+            continue
+        name = key[len("bench."):]
+        if not sep or name not in known:
+            raise ConfigError(f"{item!r}: expected bench.NAME=VALUE with NAME one of {sorted(known)}")
+        value = yaml.safe_load(raw)
+        if name == "arms" and isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        explicit[name] = value
+    base = QUICK if quick else {}
+    return LearningBenchConfig(**{**base, **explicit}), rest
+
+
+# ---------------------------------------------------------------- curves (pure)
+
+
+def curve_points(records: Sequence[EpisodeRecord], window: int) -> list[dict[str, float]]:
+    """One point per episode: rolling autonomous success and intervention rate over the last ``window``.
+
+    Before ``window`` episodes exist the rate is over all of them (a noisy start, kept so
+    the plot starts at episode 1; ``first_reaching`` ignores those points).
+    """
+    autonomous = np.array([r.autonomous for r in records], dtype=float)
+    intervened = np.array([r.intervened for r in records], dtype=float)
+    points = []
+    for i, record in enumerate(records):
+        lo = max(0, i + 1 - window)
+        points.append({
+            "episodes": i + 1,
+            "wall_s": round(float(record.wall_s), 3),
+            "success": float(autonomous[lo:i + 1].mean()),
+            "intervention_rate": float(intervened[lo:i + 1].mean()),
+        })
+    return points
+
+
+def first_reaching(points: Sequence[dict[str, float]], window: int, threshold: float = THRESHOLD) -> dict | None:
+    """The first point with a full window behind it whose success is >= ``threshold`` (None: never)."""
+    for point in points:
+        if point["episodes"] >= window and point["success"] >= threshold:
+            return point
+    return None
+
+
+def final_success(points: Sequence[dict[str, float]]) -> float | None:
+    """Rolling autonomous success at the end of the budget (None: the arm finished no episode)."""
+    return points[-1]["success"] if points else None
+
+
+# ---------------------------------------------------------------- report (pure)
+
+
+@dataclass
+class ArmResult:
+    """What one arm produced: its episodes in completion order (wall_s from the robots' start), learner counters."""
+
+    name: str
+    records: list[EpisodeRecord]
+    updates: int = 0
+    weights_version: int = 0
+    arm_total_s: float = 0.0  # start-up, budget and the tail (last episodes, store flush)
+    output_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the sync arm's rounds
+
+
+def build_report(results: Sequence[ArmResult], config: LearningBenchConfig) -> dict:
+    """The JSON of the benchmark: ``curves``, ``final``, ``sync_vs_async``, plus per-arm details."""
+    curves = {r.name: curve_points(r.records, config.window) for r in results}
+    final = {}
+    arms = {}
+    for r in results:
+        reached = first_reaching(curves[r.name], config.window)
+        final[r.name] = {"success": final_success(curves[r.name]),
+                         "episodes_to_80": reached["episodes"] if reached else None}
+        last = curves[r.name][-1] if curves[r.name] else None
+        arms[r.name] = {
+            **dataclasses.asdict(ARMS[r.name]),
+            "episodes": len(r.records),
+            "updates": r.updates,
+            "weights_version": r.weights_version,
+            "arm_total_s": round(r.arm_total_s, 1),
+            "final_intervention_rate": last["intervention_rate"] if last else None,
+            "wall_s_to_80": reached["wall_s"] if reached else None,
+            "output_dir": r.output_dir,
+            **r.extra,
+        }
+    return {
+        "curves": curves,
+        "final": final,
+        "sync_vs_async": sync_vs_async(curves, config.window),
+        "arms": arms,
+        "settings": dataclasses.asdict(config),
+        "notes": (
+            f"success = autonomous success (success with no operator takeover) as a rolling mean over the last "
+            f"{config.window} episodes of the arm (all robots, completion order; fewer episodes before the "
+            f"window fills); wall_s counts from the robots' start (learner start-up excluded). "
+            f"episodes_to_80 / wall_s_to_80: first point with a full window at >= 80 %, null if never within "
+            f"the budget. Every arm: same BC start, same demonstrations, same scene seeds, "
+            f"{config.minutes_per_arm:g} min of wall clock with robots in real time (robot time = wall time), "
+            f"run one after the other on the same machine; learner and robots share its CPUs, so the async "
+            f"trainer competes with the robots for compute (the sync loop's trainer does not). sync_vs_async "
+            f"compares '{ASYNC_ARM}' with '{SYNC_ARM}' (collect {config.sync_collect_episodes} episodes, then "
+            f"{config.sync_updates} updates, per round)."
+        ),
+    }
+
+
+def sync_vs_async(curves: dict[str, list[dict]], window: int) -> dict[str, Any]:
+    """Wall clock to 80 % for the async learner and the sync loop, and where each stood at the end."""
+    out: dict[str, Any] = {"async_arm": ASYNC_ARM, "sync_arm": SYNC_ARM}
+    for side, arm in (("async", ASYNC_ARM), ("sync", SYNC_ARM)):
+        points = curves.get(arm, [])
+        reached = first_reaching(points, window)
+        out[f"wall_s_to_80_{side}"] = reached["wall_s"] if reached else None
+        out[f"success_at_budget_{side}"] = final_success(points)
+        out[f"episodes_{side}"] = len(points)
+    a, s = out["wall_s_to_80_async"], out["wall_s_to_80_sync"]
+    out["async_over_sync_wall_s_to_80"] = round(a / s, 3) if a is not None and s else None
+    return out
+
+
+# ---------------------------------------------------------------- the synchronous loop
+
+
+class SyncRounds:
+    """Turn-taking for the synchronous baseline: robots collect a round, then the trainer trains, never both.
+
+    Robots call ``robot_should_stop`` before each episode (it is ``run_edge``'s ``stop``):
+    it hands out at most ``episodes_per_round`` episodes per round and blocks the robot
+    while the round is full and the trainer works. The coordinator waits for the round
+    (``wait_collected``), trains, then opens the next one (``next_round``).
+    """
+
+    def __init__(self, episodes_per_round: int, deadline_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.episodes_per_round = episodes_per_round
+        self.deadline_s = deadline_s
+        self.clock = clock
+        self.round = 0
+        self._claimed = 0
+        self._finished = 0
+        self._steps = 0  # steps of every finished episode, all rounds
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def _over(self) -> bool:
+        return self._closed or self.clock() >= self.deadline_s
+
+    def robot_should_stop(self) -> bool:
+        """Before an episode: False (go) when the round has room; waits while it is full; True when over."""
+        with self._cond:
+            while not self._over():
+                if self._claimed < self.episodes_per_round:
+                    self._claimed += 1
+                    return False
+                self._cond.wait(0.05)
+            return True
+
+    def episode_finished(self, steps: int) -> None:
+        with self._cond:
+            self._finished += 1
+            self._steps += steps
+            self._cond.notify_all()
+
+    def wait_collected(self) -> bool:
+        """Wait until every episode of this round is done; False if the budget ended (or ``close``) first."""
+        with self._cond:
+            while self._finished < self.episodes_per_round:
+                if self._over():
+                    return False
+                self._cond.wait(0.05)
+            return True
+
+    def next_round(self) -> None:
+        with self._cond:
+            self.round += 1
+            self._claimed = self._finished = 0
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def steps_collected(self) -> int:
+        with self._cond:
+            return self._steps
+
+
+def train_phase(trainer: Trainer, updates: int, deadline_s: float, clock: Callable[[], float] = time.monotonic) -> int:
+    """Run up to ``updates`` updates by hand (robots idle meanwhile); stops at the deadline. Returns how many."""
+    done = 0
+    while done < updates and clock() < deadline_s:
+        if trainer.update_once() is None:  # too little data yet (no demonstrations preloaded)
+            time.sleep(0.1)
+            continue
+        done += 1
+    return done
+
+
+def wait_ingested(store: ReplayStore, steps: int, timeout_s: float = 30.0) -> bool:
+    """Wait until the store holds ``steps`` robot steps and no episode is half-received.
+
+    Without it the trainer could miss the round's last segments, or see an episode whose
+    outcome is not known yet (which ``rwr`` drops), and the loop would not be synchronous.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = store.stats()
+        if stats["steps_ingested"] >= steps and stats["episodes_open"] == 0:
+            return True
+        time.sleep(0.02)
+    log.warning("sync loop: the store did not receive all %d steps within %.0f s; training anyway", steps, timeout_s)
+    return False
+
+
+def run_sync(learner_config: LearnerConfig, policy: FlowVLA, run: LocalRunConfig, robot_factory: RobotFactory, *,
+             collect_episodes: int, updates: int, operator_factory: OperatorFactory | None = None,
+             on_episode: EpisodeCallback | None = None,
+             on_start: Callable[[LearnerService], None] | None = None) -> LocalRunResult:
+    """The synchronous collect-then-train loop on the real learner and edge runtime; like ``run_local``.
+
+    The learner service runs without its training thread; this thread drives the
+    trainer by hand between collect phases and publishes exactly once per round
+    (``publish_every_updates`` = ``updates``), so every round's robots start on the
+    newest weights (swapped in at their first chunk, as in the async learner).
+    """
+    from robot_rl.learner.checkpoint import latest_checkpoint
+    from robot_rl.learner.local import LocalRunResult, _run_robot
+    from robot_rl.learner.service import LearnerService
+    from robot_rl.learner.store import ReplayStore
+    from robot_rl.learner.trainer import Trainer
+
+    if run.time_budget_s is None:
+        raise ValueError("run_sync needs run.time_budget_s: the sync loop is compared at equal robot time")
+    config = copy.deepcopy(learner_config)
+    config.trainer.publish_every_updates = updates
+    config.trainer.publish_every_s = math.inf
+    learner = LearnerService(config, copy.deepcopy(policy), train=False).start()
+    if on_start is not None:
+        on_start(learner)
+    deadline = time.monotonic() + run.time_budget_s  # counted from here, as in run_local
+    rounds = SyncRounds(collect_episodes, deadline)
+
+    def episode_done(robot_id: str, episode: Any, version: int) -> None:
+        if on_episode is not None:
+            on_episode(robot_id, episode, version)
+        rounds.episode_finished(episode.num_steps)
+
+    results: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+    versions: dict[str, int] = {}
+
+    def robot_thread(index: int) -> None:
+        try:
+            results.append(_run_robot(index, learner, policy, run, robot_factory, versions,
+                                      rounds.robot_should_stop, operator_factory, episode_done))
+        except BaseException as exc:  # reported after join
+            log.exception("robot %d failed", index)
+            errors.append(exc)
+            rounds.close()
+
+    threads = [threading.Thread(target=robot_thread, args=(i,), name=f"robot-{i}") for i in range(run.num_robots)]
+    try:
+        for t in threads:
+            t.start()
+        _coordinate(learner, rounds, updates, deadline)
+    finally:
+        rounds.close()  # robots waiting for a round stop; the others finish their episode
+        for t in threads:
+            if t.is_alive():
+                t.join()
+        learner.store.flush(120)
+        learner.stop(checkpoint=True)
+    if errors:
+        raise RuntimeError(f"{len(errors)} robot(s) failed; first error: {errors[0]}") from errors[0]
+    return LocalRunResult(
+        episodes=sum(r[0] for r in results), steps=sum(r[1] for r in results), successes=sum(r[2] for r in results),
+        updates=learner.trainer.step, weights_version=learner.trainer.version, robot_versions=versions,
+        store=learner.store.stats(), per_version=learner.store.outcomes.per_version(),
+        checkpoint=latest_checkpoint(config.trainer.checkpoint_dir))
+
+
+def _coordinate(learner: LearnerService, rounds: SyncRounds, updates: int, deadline_s: float) -> None:
+    """Collect, train, publish, repeat, until the budget ends."""
+    try:
+        while rounds.wait_collected():
+            wait_ingested(learner.store, rounds.steps_collected)
+            if train_phase(learner.trainer, updates, deadline_s) < updates:
+                break  # the budget ended mid-training: nothing left to act with the new weights
+            if learner.trainer.version != rounds.round + 1:
+                raise RuntimeError(f"sync round {rounds.round} did not publish (weights v{learner.trainer.version})")
+            rounds.next_round()
+    finally:
+        rounds.close()  # robots waiting for a round stop now
+
+
+# ---------------------------------------------------------------- running the arms
+
+
+def arm_learner_config(cfg: DictConfig, checkpoint: Path, demos: Path, arm_dir: Path) -> LearnerConfig:
+    """The learner config of one arm: its algorithm's settings, the shared start, its own directories."""
+    from robot_rl.learner.config import learner_config_from
+
+    config = learner_config_from(cfg.learner)
+    config.init_checkpoint = str(checkpoint)
+    config.store.root = str(arm_dir / "store")
+    config.trainer.checkpoint_dir = str(arm_dir / "checkpoints")
+    if config.store.demonstrations is None:
+        config.store.demonstrations = str(demos)
+    config.service.router_endpoint = config.service.pub_endpoint = LOOPBACK_ANY_PORT
+    return config
+
+
+def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: FlowVLA, checkpoint: Path,
+            demos: Path, out_dir: Path) -> ArmResult:
+    """Run one arm for ``bench.minutes_per_arm`` and collect its learning curve."""
+    import torch
+
+    from hardware.sim import TASK_FAMILIES, SimConfig
+    from robot_rl.commands.run import Progress, operator_factory
+    from robot_rl.commands.sim_setup import task_families
+    from robot_rl.config import to_dataclass
+    from robot_rl.edge import EdgeConfig
+    from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local
+
+    arm = ARMS[name]
+    arm_dir = out_dir / name
+    learner_config = arm_learner_config(cfg, checkpoint, demos, arm_dir)
+    sim_config = to_dataclass(cfg.robot, SimConfig)
+    run = LocalRunConfig(num_robots=bench.num_robots, episodes_per_robot=10**9, max_steps=int(cfg.run.max_steps),
+                         spool_dir=str(arm_dir / "spool"), edge=to_dataclass(cfg.edge, EdgeConfig),
+                         time_budget_s=bench.minutes_per_arm * 60.0)
+    robots = make_sim_robot_factory(sim_config, task_families(cfg.run.families, TASK_FAMILIES),
+                                    seed_base=int(cfg.seed) + 5_000_000)  # same scenes in every arm
+    operators = operator_factory(sim_config.fps, arm.operator)
+    torch.manual_seed(int(cfg.seed))  # same flow-matching noise stream at the start of every arm
+    started = time.monotonic()
+    curve = LearningCurve()
+    progress = Progress(curve, total=None)  # type: ignore[arg-type]  # time-bounded: no known total
+    progress.bar.set_description(name)
+    robots_started: list[float] = []
+
+    def on_start(learner: LearnerService) -> None:
+        progress.attach(learner)
+        robots_started.append(time.monotonic())
+
+    try:
+        if arm.sync:
+            result = run_sync(learner_config, policy, run, robots, collect_episodes=bench.sync_collect_episodes,
+                              updates=bench.sync_updates, operator_factory=operators,
+                              on_episode=progress.on_episode, on_start=on_start)
+        else:
+            result = run_local(learner_config, policy, run, robots, train=arm.train, operator_factory=operators,
+                               on_episode=progress.on_episode, on_start=on_start)
+    finally:
+        progress.close()
+    # Wall clock from the robots' start: the learner's start-up (demonstrations into the index) is not robot time.
+    startup_s = robots_started[0] - started if robots_started else 0.0
+    records = [dataclasses.replace(r, wall_s=max(r.wall_s - startup_s, 0.0)) for r in curve.records]
+    extra = {"sync_rounds": result.weights_version} if arm.sync else {}
+    return ArmResult(name, records, updates=result.updates, weights_version=result.weights_version,
+                     arm_total_s=time.monotonic() - started, output_dir=str(arm_dir), extra=extra)
+
+
+def run_learning_bench(cfg_for: Callable[[str], DictConfig], bench: LearningBenchConfig, out_dir: Path) -> dict:
+    """Every arm in turn from the same BC checkpoint; returns the report (see ``build_report``)."""
+    from policies.flow_vla import FlowVLA
+    from robot_rl.commands.run import ensure_bc_checkpoint
+    from robot_rl.commands.train_bc import ensure_demos
+
+    base = cfg_for(ARMS[bench.arms[0]].algorithm)
+    checkpoint = ensure_bc_checkpoint(base)
+    demos = ensure_demos(base)
+    policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
+    print(f"bench learning: arms {list(bench.arms)}, {bench.minutes_per_arm:g} min each "
+          f"(~{len(bench.arms) * bench.minutes_per_arm:.0f} min), {bench.num_robots} robots, start {checkpoint}")
+    results = [run_arm(name, cfg_for(ARMS[name].algorithm), bench, policy, checkpoint, demos, out_dir)
+               for name in bench.arms]
+    report = build_report(results, bench)
+    report["start_checkpoint"] = str(checkpoint)
+    return report
+
+
+def plot_arms(report: dict, path: Path) -> Path:
+    """One PNG: rolling autonomous success vs episodes and vs wall clock, and intervention rate, per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for name, points in report["curves"].items():
+        if not points:
+            continue
+        style = "--" if ARMS[name].sync else ":" if not ARMS[name].train else "-"
+        episodes = [p["episodes"] for p in points]
+        axes[0].plot(episodes, [p["success"] for p in points], style, label=name)
+        axes[1].plot([p["wall_s"] / 60.0 for p in points], [p["success"] for p in points], style, label=name)
+        axes[2].plot(episodes, [p["intervention_rate"] for p in points], style, label=name)
+    window = report["settings"]["window"]
+    titles = ("autonomous success vs episodes", "autonomous success vs wall clock", "intervention rate vs episodes")
+    for ax, title, xlabel in zip(axes, titles, ("episodes", "wall-clock minutes", "episodes"), strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        if ax is not axes[2]:
+            ax.axhline(THRESHOLD, color="grey", alpha=0.4, linewidth=0.8)
+    axes[0].set_ylabel(f"rolling mean over {window} episodes")
+    axes[0].legend(loc="best", fontsize=8)
+    fig.suptitle("robot-rl bench learning (same start, seeds and budget per arm)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def print_table(report: dict) -> None:
+    window = report["settings"]["window"]
+    table = Table(title=f"bench learning: {report['settings']['minutes_per_arm']:g} min per arm",
+                  caption=f"success: autonomous, over the last {window} episodes; interventions: share of "
+                          f"those episodes with a takeover")
+    table.add_column("arm", no_wrap=True)
+    for col in ("episodes", "success", "episodes to 80%", "wall s to 80%", "updates", "interventions"):
+        table.add_column(col, justify="right")
+    for name, final in report["final"].items():
+        arm = report["arms"][name]
+        table.add_row(name, str(arm["episodes"]), _pct(final["success"]), _or_dash(final["episodes_to_80"]),
+                      _or_dash(arm["wall_s_to_80"]), str(arm["updates"]), _pct(arm["final_intervention_rate"]))
+    console = Console()
+    console.print(table)
+    sva = report["sync_vs_async"]
+    console.print(
+        f"sync vs async ({sva['sync_arm']} vs {sva['async_arm']}): wall s to 80% "
+        f"{_or_dash(sva['wall_s_to_80_sync'])} vs {_or_dash(sva['wall_s_to_80_async'])}; success at the end of the "
+        f"budget {_pct(sva['success_at_budget_sync'])} vs {_pct(sva['success_at_budget_async'])} "
+        f"({sva['episodes_sync']} vs {sva['episodes_async']} episodes)")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def run_from_cli(quick: bool, overrides: list[str], json_path: Path | None = None) -> dict:
+    from robot_rl.config import load_config
+
+    bench, rest = parse_overrides(overrides, quick)
+    configs: dict[str, DictConfig] = {}
+
+    def cfg_for(algorithm: str) -> DictConfig:
+        if algorithm not in configs:
+            configs[algorithm] = load_config([*rest, f"learner={algorithm}"])
+        return configs[algorithm]
+
+    out_dir = Path(cfg_for("rwr").output_dir) / "bench_learning" / time.strftime("%Y%m%d-%H%M%S")
+    report = run_learning_bench(cfg_for, bench, out_dir)
+    png = (json_path or out_dir / "learning.json").with_suffix(".png")
+    report["plot"] = str(plot_arms(report, png))
+    report["quick"] = quick
+    report["overrides"] = list(overrides)
+    print_table(report)
+    print(f"plot: {png}")
+    return report

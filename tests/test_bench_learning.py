@@ -1,0 +1,237 @@
+"""`robot-rl bench learning`: curve arithmetic, report shape, settings, and the synchronous loop's phases."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import json
+import threading
+import time
+
+import pytest
+
+from robot_rl.bench import learning
+from robot_rl.bench.learning import (
+    ARMS,
+    ArmResult,
+    LearningBenchConfig,
+    SyncRounds,
+    build_report,
+    curve_points,
+    first_reaching,
+    parse_overrides,
+)
+from robot_rl.config import ConfigError
+from robot_rl.learning_curve import EpisodeRecord
+
+
+def records(outcomes: str, seconds_per_episode: float = 10.0) -> list[EpisodeRecord]:
+    """'A' autonomous success, 'R' success rescued by the operator, 'F' failure without takeover."""
+    return [EpisodeRecord(index=i, robot_id=f"sim-{i % 2}", wall_s=(i + 1) * seconds_per_episode, policy_version=0,
+                          success=c in "AR", intervened=c == "R", intervention_frac=0.5 if c == "R" else 0.0,
+                          steps=100)
+            for i, c in enumerate(outcomes)]
+
+
+# ---------------------------------------------------------------- curves
+
+
+def test_rolling_success_counts_only_autonomous_successes():
+    points = curve_points(records("RRAA"), window=2)
+    assert [p["episodes"] for p in points] == [1, 2, 3, 4]
+    assert [p["success"] for p in points] == [0.0, 0.0, 0.5, 1.0]  # rescued episodes are not successes
+    assert [p["intervention_rate"] for p in points] == [1.0, 1.0, 0.5, 0.0]
+    assert [p["wall_s"] for p in points] == [10.0, 20.0, 30.0, 40.0]
+
+
+def test_first_reaching_needs_a_full_window():
+    # Episode 1 alone is 100 % but the window (4) is not full; episodes 4 and 5 are at 3/4 < 80 %; 6 is at 4/4.
+    points = curve_points(records("AFAAAAF"), window=4)
+    assert points[0]["success"] == 1.0
+    reached = first_reaching(points, window=4)
+    assert reached is not None and reached["episodes"] == 6 and reached["wall_s"] == 60.0
+    assert first_reaching(curve_points(records("AAAFAFAF"), window=4), window=4) is None
+    assert first_reaching(curve_points(records("A"), window=4), window=4) is None
+
+
+def test_report_has_the_issue_keys_and_compares_sync_with_async():
+    config = LearningBenchConfig(window=2, arms=("none", "rwr", "rwr_sync"))
+    report = build_report([
+        ArmResult("none", records("FFFF")),
+        ArmResult("rwr", records("FAAA", seconds_per_episode=10.0), updates=300, weights_version=6),
+        ArmResult("rwr_sync", records("FFAA", seconds_per_episode=20.0), updates=100, weights_version=2),
+    ], config)
+    assert set(report["curves"]) == set(report["final"]) == {"none", "rwr", "rwr_sync"}
+    assert set(report["curves"]["rwr"][0]) == {"episodes", "wall_s", "success", "intervention_rate"}
+    assert report["final"]["none"] == {"success": 0.0, "episodes_to_80": None}
+    assert report["final"]["rwr"] == {"success": 1.0, "episodes_to_80": 3}
+    sva = report["sync_vs_async"]
+    assert sva["wall_s_to_80_async"] == 30.0 and sva["wall_s_to_80_sync"] == 80.0
+    assert sva["async_over_sync_wall_s_to_80"] == pytest.approx(0.375)
+    assert sva["success_at_budget_async"] == 1.0 and sva["success_at_budget_sync"] == 1.0
+    assert report["arms"]["rwr"]["updates"] == 300 and "autonomous success" in report["notes"]
+    json.dumps(report, allow_nan=False)  # plain JSON: no NaN anywhere
+
+
+def test_sync_vs_async_is_null_when_an_arm_never_reaches_80_or_did_not_run():
+    report = build_report([ArmResult("rwr", records("FFFA"))], LearningBenchConfig(window=2, arms=("rwr",)))
+    sva = report["sync_vs_async"]
+    assert sva["wall_s_to_80_async"] is None and sva["wall_s_to_80_sync"] is None
+    assert sva["success_at_budget_async"] == 0.5 and sva["success_at_budget_sync"] is None
+    assert sva["async_over_sync_wall_s_to_80"] is None
+
+
+def test_plot_and_table(tmp_path, capsys):
+    config = LearningBenchConfig(window=2, arms=tuple(ARMS))
+    report = build_report([ArmResult(name, records("FAAR")) for name in ARMS], config)
+    png = learning.plot_arms(report, tmp_path / "learning.png")
+    assert png.stat().st_size > 10_000
+    learning.print_table(report)
+    out = capsys.readouterr().out
+    assert "rwr_no_intervention" in out and "sync vs async" in out
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_bench_overrides_are_split_from_hydra_overrides():
+    config, rest = parse_overrides(["bench.minutes_per_arm=3", "bench.arms=[none,rwr_sync]", "run.max_steps=150",
+                                    "+bench.window=7"])
+    assert (config.minutes_per_arm, config.arms, config.window) == (3.0, ("none", "rwr_sync"), 7)
+    assert rest == ["run.max_steps=150"]
+    assert parse_overrides(["bench.arms=rwr,awr"])[0].arms == ("rwr", "awr")
+
+
+def test_quick_changes_defaults_but_explicit_settings_win():
+    quick, _ = parse_overrides(["bench.window=9"], quick=True)
+    assert quick.minutes_per_arm == 1.0 and quick.window == 9
+    assert parse_overrides([])[0] == LearningBenchConfig()
+
+
+@pytest.mark.parametrize("bad, match", [
+    (["bench.arms=[rwr,ppo]"], "ppo"),
+    (["bench.minutes=3"], "minutes_per_arm"),
+    (["bench.window=0"], "window"),
+    (["bench.minutes_per_arm=-1"], "minutes_per_arm"),
+    (["learner=awr"], "arms choose"),
+])
+def test_bad_settings_are_refused_with_what_to_change(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_overrides(bad)
+
+
+def test_bench_command_dispatches_learning_and_hands_it_the_json_path(tmp_path, monkeypatch):
+    from robot_rl.commands import bench
+
+    seen = {}
+
+    def fake_run(quick, overrides, json_path=None):
+        seen.update(quick=quick, overrides=overrides, json_path=json_path)
+        return {"curves": {}}
+
+    monkeypatch.setattr(learning, "run_from_cli", fake_run)
+    out = tmp_path / "r" / "learning.json"
+    assert bench.main(["learning", "--json", str(out), "--quick", "bench.window=3"]) == 0
+    assert seen == {"quick": True, "overrides": ["bench.window=3"], "json_path": out}
+    assert json.loads(out.read_text()) == {"curves": {}}
+    assert "learning" not in bench.PLANNED
+
+
+# ---------------------------------------------------------------- the synchronous loop
+
+
+class FakeTrainer:
+    """Counts updates, publishes every ``every`` updates, and notes any update made while a robot acts."""
+
+    def __init__(self, every: int, acting: list[int]) -> None:
+        self.every, self.acting = every, acting
+        self.step = self.version = 0
+        self.overlaps = 0
+
+    def update_once(self) -> dict:
+        self.overlaps += self.acting[0] > 0
+        time.sleep(0.002)
+        self.step += 1
+        if self.step % self.every == 0:
+            self.version += 1
+        return {"loss": 0.0}
+
+
+class FakeStore:
+    def stats(self) -> dict:
+        return {"steps_ingested": 10**9, "episodes_open": 0}
+
+
+def test_sync_rounds_alternate_collect_and_train_without_overlap():
+    acting = [0]
+    lock = threading.Lock()
+    trainer = FakeTrainer(every=5, acting=acting)
+    learner = type("Learner", (), {"trainer": trainer, "store": FakeStore()})()
+    deadline = time.monotonic() + 1.0
+    rounds = SyncRounds(episodes_per_round=3, deadline_s=deadline)
+    versions_seen: list[int] = []
+
+    def robot() -> None:
+        while not rounds.robot_should_stop():
+            with lock:
+                acting[0] += 1
+                versions_seen.append(trainer.version)  # the weights this episode starts with
+            time.sleep(0.01)
+            with lock:
+                acting[0] -= 1
+            rounds.episode_finished(steps=10)
+
+    threads = [threading.Thread(target=robot) for _ in range(2)]
+    for t in threads:
+        t.start()
+    learning._coordinate(learner, rounds, updates=5, deadline_s=deadline)
+    for t in threads:
+        t.join(5.0)
+    assert not any(t.is_alive() for t in threads), "robots must stop when the budget ends"
+    assert trainer.overlaps == 0, "the trainer updated while a robot was acting"
+    assert trainer.version >= 3 and trainer.step >= 5 * trainer.version
+    # Every finished round: exactly 3 episodes, all started on the weights that round published.
+    for version in range(trainer.version):
+        assert versions_seen.count(version) == 3
+    assert rounds.steps_collected == 10 * len(versions_seen)  # every started episode was counted when done
+
+
+def test_sync_rounds_stop_waiting_robots_at_the_deadline():
+    clock = [0.0]
+    rounds = SyncRounds(episodes_per_round=1, deadline_s=10.0, clock=lambda: clock[0])
+    assert rounds.robot_should_stop() is False  # the round's only episode
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(rounds.robot_should_stop()))
+    waiter.start()
+    time.sleep(0.1)
+    assert waiter.is_alive(), "a robot must wait while the round is full"
+    clock[0] = 11.0
+    waiter.join(2.0)
+    assert result == [True]
+    assert rounds.wait_collected() is False
+
+
+def test_run_sync_on_the_real_learner_and_edge_runtime(tmp_path):
+    """Tiny policy, kinematic robots, 12-tick episodes: rounds publish once each, data lands in the store."""
+    from robot_rl.edge.config import EdgeConfig
+    from robot_rl.learner.local import LocalRunConfig
+    from tests.learner_helpers import learner_config, tiny_policy
+    from tests.test_stream_edge import CameraRobot
+
+    config = learner_config(tmp_path)
+    run = LocalRunConfig(num_robots=2, episodes_per_robot=10**6, max_steps=12, segment_steps=6,
+                         spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30),
+                         time_budget_s=4.0)
+    versions: list[int] = []
+    result = learning.run_sync(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"),
+                               collect_episodes=2, updates=3,
+                               on_episode=lambda robot_id, episode, version: versions.append(version))
+    rounds = result.weights_version
+    assert rounds >= 2, f"only {rounds} sync rounds in 4 s"
+    assert 3 * rounds <= result.updates < 3 * (rounds + 1)  # a last, cut-short train phase publishes nothing
+    assert 2 * rounds <= result.episodes <= 2 * (rounds + 1) and len(versions) == result.episodes
+    assert result.store["episodes_stored"] == result.episodes
+    assert max(versions) >= 1 and max(result.robot_versions.values()) >= 1  # robots acted on new weights
+    assert result.checkpoint is not None
