@@ -9,20 +9,14 @@ policy, the recorder and the wire all treat them differently.
 
 from __future__ import annotations
 
-from typing import Protocol, TypedDict, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+# Re-exported: backends import these from here or from robot_rl.core.
+from robot_rl.core.robot_io import InvalidActionError, Observation, features_for, validate_action
 
-class Observation(TypedDict):
-    """One reading of the robot: uint8 HxWx3 images by camera name, float32 joint state."""
-
-    images: dict[str, np.ndarray]
-    state: np.ndarray
-
-
-class InvalidActionError(ValueError):
-    """An action that must never reach the motors (NaN, inf, wrong shape, wrong type)."""
+__all__ = ["InvalidActionError", "Observation", "Robot", "features_for", "validate_action"]
 
 
 @runtime_checkable
@@ -64,30 +58,3 @@ class Robot(Protocol):
         ...
 
     def disconnect(self) -> None: ...
-
-
-def validate_action(action: object, joint_names: tuple[str, ...]) -> np.ndarray:
-    """Return ``action`` as float32[len(joint_names)] or raise InvalidActionError saying why."""
-    try:
-        arr = np.asarray(action, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InvalidActionError(f"action is not numeric: {exc}") from exc
-    expected = (len(joint_names),)
-    if arr.shape != expected:
-        raise InvalidActionError(
-            f"action has shape {arr.shape}, expected {expected} for joints {list(joint_names)}"
-        )
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        names = [joint_names[i] for i in np.flatnonzero(bad)]
-        raise InvalidActionError(f"action has NaN/inf for joints {names}; nothing was sent")
-    return arr
-
-
-def features_for(joint_names: tuple[str, ...], cameras: dict[str, tuple[int, int]]) -> tuple[dict, dict]:
-    """LeRobot-style (observation_features, action_features) for joints and cameras (name -> (H, W))."""
-    action = {f"{j}.pos": float for j in joint_names}
-    obs: dict[str, type | tuple[int, ...]] = dict(action)
-    for cam, (h, w) in cameras.items():
-        obs[cam] = (h, w, 3)
-    return obs, action

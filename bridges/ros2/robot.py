@@ -27,7 +27,7 @@ import numpy as np
 
 from bridges.ros2 import messages
 from bridges.ros2.config import Ros2ArmConfig
-from hardware.robot import Observation, features_for, validate_action
+from robot_rl.core.robot_io import Observation, features_for, validate_action
 
 log = logging.getLogger(__name__)
 
