@@ -65,11 +65,13 @@ from bridges.zmq.spool import Spool, SpoolError
 from bridges.zmq.streaming import StreamingClient
 from bridges.zmq.weights import (
     ChunkAssembler,
+    TensorView,
     WeightsBlob,
     WeightsError,
     deserialize_tensors,
     serialize_tensors,
     sha256_hex,
+    tensor_views,
 )
 
 __all__ = [
@@ -100,6 +102,7 @@ __all__ = [
     "SpoolError",
     "Stats",
     "StreamingClient",
+    "TensorView",
     "WeightsAnnounce",
     "WeightsBlob",
     "WeightsChunk",
@@ -120,4 +123,5 @@ __all__ = [
     "load_public_keys",
     "serialize_tensors",
     "sha256_hex",
+    "tensor_views",
 ]

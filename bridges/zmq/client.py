@@ -49,7 +49,7 @@ from bridges.zmq.weights import ChunkAssembler, WeightsError
 
 log = logging.getLogger(__name__)
 
-WeightsCallback = Callable[[WeightsAnnounce, bytes], None]
+WeightsCallback = Callable[[WeightsAnnounce, bytes | memoryview], None]  # verified payload (see ChunkAssembler.result)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from robot_rl.core import Step
 
 IMAGE_FORMATS = ("jpeg", "png", "raw")
 MAX_IMAGE_PIXELS = 4096 * 4096  # refuse to decode anything bigger (decompression bombs)
+_IMREAD_RGB = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10
 
 # Step attribute -> Python type on the wire. Order is irrelevant; the set is exact.
 SCALAR_COLUMNS: dict[str, type] = {
@@ -131,13 +132,17 @@ def decode_image(buf: np.ndarray, fmt: str, shape: tuple[int, int, int]) -> np.n
     if size != shape[:2]:
         raise ProtocolError(f"{fmt} image header says size {size}, the segment declares {list(shape[:2])}")
     try:
-        bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+        if _IMREAD_RGB is not None:  # libjpeg/libpng write RGB directly: no BGR image + conversion pass
+            rgb = cv2.imdecode(buf, _IMREAD_RGB)
+        else:
+            bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+            rgb = None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     except cv2.error as exc:
         raise ProtocolError(f"{fmt} image cannot be decoded: {exc}") from exc
-    if bgr is None or bgr.shape != shape:
-        got = None if bgr is None else bgr.shape
+    if rgb is None or rgb.shape != shape:
+        got = None if rgb is None else rgb.shape
         raise ProtocolError(f"{fmt} image does not decode to {list(shape)} (got {got})")
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    return rgb
 
 
 # ---------------------------------------------------------------- encode

@@ -12,6 +12,11 @@ from any thread; it takes effect on the next ``serve_once``.
 
 Bad input never stops the loop: an undecodable message gets an ``error`` reply
 and is dropped; a handler exception is logged and answered with ``internal``.
+
+Segments are handled in batches: ``serve_once`` collects the segments that are ready
+(up to ``ServerConfig.segment_batch``) and hands them to ``ServerHandlers.on_segments``
+at once, so the learner can make them durable with one fsync (group commit) before
+any of their acks goes out. Other messages are answered as they come.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class ServerConfig:
     announce_interval_s: float = 2.0  # re-announce the latest weights for late subscribers
     keep_weight_versions: int = 2  # older snapshots stay fetchable while robots finish a download
     max_batch: int = 256  # messages handled per serve_once before housekeeping
+    segment_batch: int = 32  # segments handed to on_segments at once (one group commit, then their acks)
 
 
 @dataclass
@@ -93,6 +99,21 @@ class ServerHandlers:
 
     def on_segment(self, peer: Peer, msg: Segment) -> Ack | Error:
         return Error(code="rejected", message="this learner has no segment ingest configured", in_reply_to=msg.TYPE)
+
+    def on_segments(self, items: list[tuple[Peer, Segment]]) -> list[Ack | Error | Exception]:
+        """The segments received together, in arrival order; one reply (or exception) per item.
+
+        Override to store a batch durably with one fsync before acking all of it. The
+        default calls ``on_segment`` for each. An exception in the list is answered like one
+        raised by ``on_segment`` (``ProtocolError``: its error; anything else: ``internal``).
+        """
+        replies: list[Ack | Error | Exception] = []
+        for peer, msg in items:
+            try:
+                replies.append(self.on_segment(peer, msg))
+            except Exception as exc:  # noqa: BLE001 - answered per item by the server
+                replies.append(exc)
+        return replies
 
     def on_heartbeat(self, peer: Peer, msg: Heartbeat) -> None:
         return None
@@ -148,13 +169,20 @@ class ZmqServer:
         """
         handled = 0
         if self._poller.poll(timeout_ms):
-            while handled < self.config.max_batch:
-                try:
-                    frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                handled += 1
-                self._handle(frames[0].bytes, frames[1:])
+            segments: list[tuple[bytes, Peer, Segment]] = []
+            try:
+                while handled < self.config.max_batch:
+                    try:
+                        frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    handled += 1
+                    self._handle(frames[0].bytes, frames[1:], segments)
+                    if len(segments) >= self.config.segment_batch:
+                        self._handle_segments(segments)
+                        segments = []
+            finally:
+                self._handle_segments(segments)
         self._housekeeping()
         return handled
 
@@ -189,7 +217,9 @@ class ZmqServer:
 
     # ------------------------------------------------------------ dispatch
 
-    def _handle(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+    def _handle(self, identity: bytes, frames: list[zmq.Frame],
+                segments: list[tuple[bytes, Peer, Segment]] | None = None) -> None:
+        """Decode and answer one message; a valid segment is appended to ``segments`` instead (if given)."""
         self.counters["messages"] += 1
         try:
             msg = decode_message(frames, self.config.limits)
@@ -198,6 +228,13 @@ class ZmqServer:
             log.warning("refused a message from %r: %s", identity, exc)
             self._reply(identity, error_for(exc))
             return
+        if segments is not None and isinstance(msg, Segment):
+            peer = self._peers.get(identity)
+            if peer is not None and msg.robot_id == peer.robot_id:
+                peer.last_seen_s = time.monotonic()
+                self.counters["segments"] += 1
+                segments.append((identity, peer, msg))
+                return
         try:
             reply = self._dispatch(identity, msg)
         except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
@@ -211,6 +248,28 @@ class ZmqServer:
                           in_reply_to=msg.TYPE)
         if reply is not None:
             self._reply(identity, reply)
+
+    def _handle_segments(self, batch: list[tuple[bytes, Peer, Segment]]) -> None:
+        if not batch:
+            return
+        try:
+            replies = list(self.handlers.on_segments([(peer, msg) for _, peer, msg in batch]))
+            if len(replies) != len(batch):
+                raise RuntimeError(f"on_segments returned {len(replies)} replies for {len(batch)} segments")
+        except Exception as exc:  # a handler bug must not take the learner down; every segment is retried
+            replies = [exc] * len(batch)
+        for (identity, _, msg), reply in zip(batch, replies, strict=True):
+            if isinstance(reply, ProtocolError):
+                self.counters["bad_messages"] += 1
+                log.warning("refused %s from %r: %s", msg.TYPE, identity, reply)
+                reply = error_for(reply, msg.TYPE)
+            elif isinstance(reply, Exception):
+                self.counters["handler_errors"] += 1
+                log.error("handler failed on %s from %r", msg.TYPE, identity, exc_info=reply)
+                reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(reply).__name__}: {reply}",
+                              in_reply_to=msg.TYPE)
+            if reply is not None:
+                self._reply(identity, reply)
 
     def _dispatch(self, identity: bytes, msg: Message) -> Message | None:
         if isinstance(msg, Hello):

@@ -14,7 +14,8 @@ that is incomplete or fails its crc (a write torn by a crash) ends the valid log
 its bytes are moved aside to ``torn-<offset>.bin`` and the file is truncated there,
 so earlier records are never touched and later appends start clean.
 
-Appends are fsynced. Acks are not (a lost ack only means one duplicate re-send,
+Appends are fsynced; ``append(..., sync=False)`` + ``sync()`` groups several appends
+under one fsync (group commit: none of them counts as durable before ``sync`` returns). Acks are not (a lost ack only means one duplicate re-send,
 which the learner drops). When everything is acked the log is truncated to zero;
 when acked records dominate a big log it is rewritten (tmp file + atomic rename).
 The spool is used by one thread of one process (an exclusive flock enforces the
@@ -89,21 +90,35 @@ class Spool:
         self._pending: dict[str, tuple[int, int]] = {}  # key -> (body offset, body length), in append order
         self._size = 0
         self._live_bytes = 0  # bytes of records still pending
+        self._unsynced = False  # appends written but not yet fsynced (group commit)
         self._fd = self._open_locked()
         self._recover()
 
     # ------------------------------------------------------------ public API
 
-    def append(self, key: str, frames: Sequence[bytes | memoryview]) -> None:
-        """Store ``frames`` under ``key``; durable (fsynced) when this returns."""
+    def append(self, key: str, frames: Sequence[bytes | memoryview], *, sync: bool = True) -> None:
+        """Store ``frames`` under ``key``; durable (fsynced) when this returns.
+
+        ``sync=False``: written but not fsynced; durable only once ``sync()`` returns (group
+        commit: several appends, one fsync). Until then it must not be acknowledged to anyone.
+        """
         if key in self._pending:
             raise SpoolError(f"spool key {key!r} is already pending; keys must be unique until acked")
         raw_key = self._key_bytes(key)
         body = _pack_frames(frames)
         record = _record(_APPEND, raw_key, body)
-        self._write(record, sync=self._fsync)
+        self._unsynced = self._unsynced or not sync
+        self._write(record, sync=sync and self._fsync)
+        if sync:
+            self._unsynced = False  # this fsync covered the earlier unsynced appends too
         self._pending[key] = (self._size - len(body), len(body))
         self._live_bytes += len(record)
+
+    def sync(self) -> None:
+        """Make every append so far durable (one fsync; nothing to do if all are already)."""
+        if self._unsynced:
+            self._sync()
+            self._unsynced = False
 
     def ack(self, key: str) -> bool:
         """Forget ``key``. Returns False if it was not pending (e.g. a duplicate ack)."""

@@ -15,6 +15,9 @@ torch is only imported (through ``safetensors.torch``) when torch tensors are gi
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +99,70 @@ def deserialize_tensors(data: bytes, *, framework: str = "numpy", cast_to: str |
     return loaded_np
 
 
+# safetensors dtype code -> bytes per element (the codes ``serialize_tensors`` can produce).
+SAFETENSORS_DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                           "U8": 1, "BOOL": 1}
+_MAX_HEADER_BYTES = 100 << 20
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """One tensor of a safetensors payload, not copied: ``offset`` / ``nbytes`` locate it in the buffer."""
+
+    dtype: str  # safetensors code, a key of SAFETENSORS_DTYPE_SIZES
+    shape: tuple[int, ...]
+    offset: int  # from the start of the whole payload
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def tensor_views(data: bytes | bytearray | memoryview) -> dict[str, TensorView]:
+    """Parse a safetensors payload's header; the tensors stay where they are (zero copy).
+
+    Checks what ``safetensors.load`` checks before touching tensor bytes: header length and
+    JSON, known dtypes, shapes, and that every tensor's byte range matches its shape and lies
+    inside the payload without overlapping another. Raises ``WeightsError`` otherwise.
+    Pair with ``torch.frombuffer(data, dtype, count, offset)`` / ``np.frombuffer`` to read them.
+    """
+    size = memoryview(data).nbytes
+    if size < 8:
+        raise WeightsError(f"not valid safetensors bytes: {size} bytes, the header length alone needs 8")
+    (header_len,) = struct.unpack_from("<Q", data, 0)
+    if header_len > min(_MAX_HEADER_BYTES, size - 8):
+        raise WeightsError(f"not valid safetensors bytes: header of {header_len} bytes in a {size}-byte payload")
+    try:
+        header = json.loads(bytes(memoryview(data)[8 : 8 + header_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WeightsError(f"not valid safetensors bytes: header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise WeightsError("not valid safetensors bytes: header is not a JSON object")
+    base, body = 8 + header_len, size - 8 - header_len
+    views: dict[str, TensorView] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as exc:
+            raise WeightsError(f"not valid safetensors bytes: tensor {name!r} entry {info!r}") from exc
+        if dtype not in SAFETENSORS_DTYPE_SIZES:
+            raise WeightsError(f"tensor {name!r}: dtype {dtype!r} not supported; known {sorted(SAFETENSORS_DTYPE_SIZES)}")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise WeightsError(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        if not (type(begin) is int and type(end) is int and 0 <= begin <= end <= body):
+            raise WeightsError(f"tensor {name!r}: data_offsets [{begin}, {end}] outside the {body}-byte data section")
+        if end - begin != math.prod(shape) * SAFETENSORS_DTYPE_SIZES[dtype]:
+            raise WeightsError(f"tensor {name!r}: {end - begin} bytes do not hold {dtype} {shape}")
+        views[name] = TensorView(dtype, tuple(shape), base + begin, end - begin)
+    spans = sorted((v.offset, v.offset + v.nbytes) for v in views.values() if v.nbytes)
+    if any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])):
+        raise WeightsError("not valid safetensors bytes: tensors overlap")
+    return views
+
+
 # ---------------------------------------------------------------- learner side
 
 
@@ -109,13 +176,15 @@ class WeightsBlob:
     dtype: str = "float32"
     chunk_size: int = DEFAULT_CHUNK_SIZE
     sha256: str = field(init=False)
-    _chunk_hashes: list[str] = field(init=False, repr=False, compare=False)
+    _chunk_hashes: list[str | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.chunk_size <= 0:
             raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
         object.__setattr__(self, "sha256", sha256_hex(self.data))
-        object.__setattr__(self, "_chunk_hashes", [sha256_hex(self.chunk(i)) for i in range(self.num_chunks)])
+        # Chunk hashes are computed when a chunk is first served (and kept): the announcement
+        # does not wait for a second pass over the whole payload, which overlaps the transfer.
+        object.__setattr__(self, "_chunk_hashes", [None] * self.num_chunks)
 
     @property
     def num_chunks(self) -> int:
@@ -128,7 +197,10 @@ class WeightsBlob:
 
     def chunk_message(self, index: int) -> WeightsChunk:
         data = np.frombuffer(self.chunk(index), dtype=np.uint8)
-        return WeightsChunk(version=self.version, chunk=index, sha256=self._chunk_hashes[index], data=data)
+        digest = self._chunk_hashes[index]
+        if digest is None:  # a race between two threads only computes the same value twice
+            digest = self._chunk_hashes[index] = sha256_hex(self.chunk(index))
+        return WeightsChunk(version=self.version, chunk=index, sha256=digest, data=data)
 
     def announce(self) -> WeightsAnnounce:
         return WeightsAnnounce(
@@ -156,7 +228,10 @@ class ChunkAssembler:
                 f"chunk_size {announce.chunk_size}, num_chunks {announce.num_chunks}, max size {max_size})"
             )
         self.announce = announce
-        self._buffer = bytearray(announce.size)
+        # np.empty, not bytearray(size): bytearray zero-fills the whole payload up front while holding
+        # the GIL (~0.1 s for 100 MB, a stall for every other thread of the edge process); np.empty
+        # maps pages lazily and each chunk's copy touches only its own.
+        self._buffer = memoryview(np.empty(announce.size, dtype=np.uint8)).cast("B")
         self._missing = set(range(announce.num_chunks))
 
     def add(self, msg: WeightsChunk) -> None:
@@ -170,7 +245,7 @@ class ChunkAssembler:
             raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: {msg.data.size} bytes, expected {expected_len}")
         if sha256_hex(msg.data) != msg.sha256:
             raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: sha256 mismatch (corrupted in transit); refetch it")
-        self._buffer[start : start + expected_len] = msg.data.tobytes()
+        self._buffer[start : start + expected_len] = memoryview(msg.data).cast("B")  # one memcpy
         self._missing.discard(msg.chunk)
 
     def missing(self) -> list[int]:
@@ -180,11 +255,17 @@ class ChunkAssembler:
     def complete(self) -> bool:
         return not self._missing
 
-    def result(self) -> bytes:
-        """The verified payload. Raises ``WeightsError`` if incomplete or the sha256 differs."""
+    def result(self) -> memoryview:
+        """The verified payload. Raises ``WeightsError`` if incomplete or the sha256 differs.
+
+        A byte ``memoryview`` of the assembly buffer itself, not a copy (a 100 MB ``bytes`` copy
+        would hold the GIL for tens of milliseconds on the edge); it is writable, so tensors can
+        be views of it (``tensor_views`` + ``torch.frombuffer``); ``bytes(result)`` copies it.
+        The assembler must not be used afterwards.
+        """
         if self._missing:
             raise WeightsError(f"weights v{self.announce.version}: {len(self._missing)} chunks still missing")
-        data = bytes(self._buffer)
+        data = self._buffer
         digest = sha256_hex(data)
         if digest != self.announce.sha256:
             raise WeightsError(

@@ -1,7 +1,7 @@
 """The learner service: the wire server, the replay store and the trainer, running together.
 
-Threads: one serves the sockets (hello, segments -> store -> ack, heartbeats, weight
-chunks), one trains (``Trainer``), one writes finished episodes to the dataset (inside
+Threads: one serves the sockets (hello, segments -> store -> ack in batches with one
+fsync each, heartbeats, weight chunks), two decode images for it, one trains (``Trainer``), one writes finished episodes to the dataset (inside
 ``ReplayStore``). The serving thread never waits for training, so robots are acked as
 fast as their segments reach the disk.
 """
@@ -124,6 +124,7 @@ class LearnerService(ServerHandlers):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10.0)
+        self.store.flush_index(30.0)  # the final checkpoint's index manifest covers every acked segment
         if checkpoint and self.trainer.step > 0:
             self.trainer.checkpoint()
         self.server.close()
@@ -167,12 +168,26 @@ class LearnerService(ServerHandlers):
         return None
 
     def on_segment(self, peer: Peer, msg: Segment) -> Ack | Error:
-        result = self.store.ingest(msg)  # ProtocolError -> the server replies with a clear error
-        status = self.robots.get(peer.robot_id)
-        if status is not None and not result.duplicate:
-            status.segments += 1
-            status.steps += result.num_steps
-        return Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq, duplicate=result.duplicate)
+        reply = self.on_segments([(peer, msg)])[0]
+        if isinstance(reply, Exception):
+            raise reply  # ProtocolError -> the server replies with a clear error
+        return reply
+
+    def on_segments(self, items: list[tuple[Peer, Segment]]) -> list[Ack | Error | Exception]:
+        """A batch from the wire: stored with one fsync (group commit), then acked together."""
+        results = self.store.ingest_many([msg for _, msg in items])
+        replies: list[Ack | Error | Exception] = []
+        for (peer, msg), result in zip(items, results, strict=True):
+            if isinstance(result, Exception):
+                replies.append(result)
+                continue
+            status = self.robots.get(peer.robot_id)
+            if status is not None and not result.duplicate:
+                status.segments += 1
+                status.steps += result.num_steps
+            replies.append(Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq,
+                               duplicate=result.duplicate))
+        return replies
 
     def on_heartbeat(self, peer: Peer, msg: Heartbeat) -> None:
         status = self.robots.get(peer.robot_id)

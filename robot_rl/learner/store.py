@@ -5,9 +5,12 @@ Path of a segment (edge -> learner):
 1. ``ingest`` decodes and validates it (layout, finite numbers), then checks the dedup
    key (robot_id, episode_id, seq) against what is staged or committed. A duplicate is
    acknowledged as such and dropped.
-2. A new segment is appended to the *staging* log (``bridges.zmq.Spool``, fsynced) as the
-   very frames that arrived, then added to the in-memory ``SamplingIndex``. Only now may
-   the learner ack it: it survives a crash.
+2. A new segment is appended to the *staging* log (``bridges.zmq.Spool``) as the very
+   frames that arrived; the segments that arrived together share one fsync (group commit,
+   ``ingest_many``). Only after that fsync may the learner ack them: they survive a crash.
+   Then they go into the in-memory ``SamplingIndex`` -- with ``background_commit``, on its
+   own thread (``store-index``, bounded queue), since staging, not the index, is the record;
+   ``flush`` / ``flush_index`` wait for it.
 3. When the episode is finished (``episode_done`` and no seq missing), or is cut short
    (the robot started another episode, or went silent for ``episode_timeout_s``), it is
    *committed*: written to the LeRobotDataset v3 by ``EpisodeRecorder`` between an intent
@@ -30,6 +33,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +57,8 @@ from robot_rl.learner.metrics import OutcomeTracker, outcome_from_columns
 log = logging.getLogger(__name__)
 
 EpisodeKey = tuple[str, int]  # (robot_id, episode_id)
+DECODE_WORKERS = 2  # threads decoding (validating) the images of a batch of segments
+INDEX_QUEUE = 64  # decoded segments waiting for the index thread
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,10 @@ def _staging_key(robot_id: str, episode_id: int, seq: int) -> str:
 class ReplayStore:
     """Exactly-once, crash-safe storage of streamed episodes plus the trainer's sampling index."""
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, *, decode_workers: int = DECODE_WORKERS) -> None:
         self.config = config
+        self._decoder = (ThreadPoolExecutor(decode_workers, thread_name_prefix="store-decode")
+                         if decode_workers > 1 else None)
         root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         self.dataset_root = root / "dataset"
@@ -105,10 +113,17 @@ class ReplayStore:
         self._idle = threading.Event()
         self._idle.set()
         self._committer: threading.Thread | None = None
-        self._restore()
+        self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | None] | None] | None = None
+        self._indexer: threading.Thread | None = None
+        self._restore()  # synchronous, index included
         if config.background_commit:
             self._committer = threading.Thread(target=self._commit_loop, name="store-commit", daemon=True)
             self._committer.start()
+            # Index appends (stacking and copying every frame into the growing episode arrays) leave
+            # the serving thread too: nothing waits for them before an ack, since staging is the record.
+            self._index_jobs = queue.Queue(maxsize=INDEX_QUEUE)  # full: ingest waits (bounded memory)
+            self._indexer = threading.Thread(target=self._index_loop, name="store-index", daemon=True)
+            self._indexer.start()
 
     # ------------------------------------------------------------ ingest
 
@@ -117,27 +132,83 @@ class ReplayStore:
 
         When this returns, the segment is durable: the caller may acknowledge it.
         """
-        steps = decode_segment(segment)
-        self._check_layout(steps, segment)
-        key = (segment.robot_id, segment.episode_id)
+        result = self.ingest_many([segment])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def ingest_many(self, segments: Sequence[Segment]) -> list[IngestResult | Exception]:
+        """Store a batch of segments (arrival order) with one fsync: a result per segment.
+
+        ``ProtocolError`` (bad content) or another exception stands in for the segments that
+        were not stored; the others are durable when this returns and may be acknowledged.
+        Images are decoded (validated) on ``decode_workers`` threads: OpenCV releases the GIL.
+        """
+        decoded = self._decode_all(segments)
+        results: list[IngestResult | Exception | None] = [None] * len(segments)
         with self._lock:
-            if self._already_stored(key, segment.seq):
-                self.counters["duplicate_segments"] += 1
-                return IngestResult(duplicate=True, num_steps=segment.num_steps)
-            other = self._open_of_robot.get(segment.robot_id)
-            if other is not None and other != key and key not in self._committed:
-                log.info("robot %s started episode %d while episode %d was open; storing %d as truncated",
-                         segment.robot_id, segment.episode_id, other[1], other[1])
-                self._close(other)
-            self._staging.append(_staging_key(*key, segment.seq), encode_message(segment))
-            episode = self._track(segment.robot_id, segment.episode_id, segment.seq, len(steps),
-                                  segment.episode_done)
-            self._add_to_index(episode, steps)
-            self.counters["segments"] += 1
-            self.counters["steps"] += len(steps)
-            if episode.complete:
-                self._close(key)
-        return IngestResult(duplicate=False, num_steps=len(steps))
+            # 1. dedup and write to staging; nothing here counts as stored before the fsync.
+            staged: list[int] = []
+            batch_keys: set[tuple[str, int, int]] = set()
+            for i, (segment, steps) in enumerate(zip(segments, decoded, strict=True)):
+                if isinstance(steps, Exception):
+                    results[i] = steps
+                    continue
+                triple = (segment.robot_id, segment.episode_id, segment.seq)
+                if triple in batch_keys or self._already_stored(triple[:2], segment.seq):
+                    self.counters["duplicate_segments"] += 1
+                    results[i] = IngestResult(duplicate=True, num_steps=segment.num_steps)
+                    continue
+                staging_key = _staging_key(*triple)
+                try:
+                    if staging_key not in self._staging:  # else: staged by a batch whose fsync failed
+                        self._staging.append(staging_key, encode_message(segment), sync=False)
+                except Exception as exc:  # noqa: BLE001 - not stored, not acked: the edge re-sends it
+                    results[i] = exc
+                    continue
+                batch_keys.add(triple)
+                staged.append(i)
+            # 2. group commit: one fsync makes the whole batch durable.
+            try:
+                self._staging.sync()
+            except OSError as exc:
+                log.error("staging fsync failed for %d segment(s); not acked, the robots re-send them: %s",
+                          len(staged), exc)
+                for i in staged:
+                    results[i] = exc
+                staged = []
+            # 3. bookkeeping and the sampling index, in arrival order.
+            for i in staged:
+                segment, steps = segments[i], decoded[i]
+                assert not isinstance(steps, Exception)
+                key = (segment.robot_id, segment.episode_id)
+                other = self._open_of_robot.get(segment.robot_id)
+                if other is not None and other != key and key not in self._committed:
+                    log.info("robot %s started episode %d while episode %d was open; storing %d as truncated",
+                             segment.robot_id, segment.episode_id, other[1], other[1])
+                    self._close(other)
+                episode = self._track(segment.robot_id, segment.episode_id, segment.seq, len(steps),
+                                      segment.episode_done)
+                self._add_to_index(episode, steps)
+                self.counters["segments"] += 1
+                self.counters["steps"] += len(steps)
+                if episode.complete:
+                    self._close(key)
+                results[i] = IngestResult(duplicate=False, num_steps=len(steps))
+        return results  # type: ignore[return-value]
+
+    def _decode_all(self, segments: Sequence[Segment]) -> list[list[Step] | Exception]:
+        if self._decoder is None or len(segments) < 2:
+            return [self._decode(s) for s in segments]
+        return list(self._decoder.map(self._decode, segments))
+
+    def _decode(self, segment: Segment) -> list[Step] | Exception:
+        try:
+            steps = decode_segment(segment)
+            self._check_layout(steps, segment)
+            return steps
+        except Exception as exc:  # noqa: BLE001 - reported per segment
+            return exc
 
     def close_stale(self, now_s: float | None = None) -> int:
         """Commit open episodes silent for ``episode_timeout_s`` as truncated; returns how many."""
@@ -151,10 +222,27 @@ class ReplayStore:
         return len(stale)
 
     def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait until every closed episode is in the dataset."""
+        """Wait until every ingested segment is in the sampling index and every closed episode in the dataset."""
+        deadline = time.monotonic() + timeout_s
+        if not self.flush_index(timeout_s):
+            return False
         if self._committer is None:
             return True
-        return self._idle.wait(timeout_s)
+        return self._idle.wait(max(0.0, deadline - time.monotonic()))
+
+    def flush_index(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the sampling index holds every segment ingested so far (it trails by a few ms)."""
+        jobs = self._index_jobs
+        if jobs is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        with jobs.all_tasks_done:
+            while jobs.unfinished_tasks:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                jobs.all_tasks_done.wait(remaining)
+        return True
 
     def close(self) -> None:
         """Finish pending commits and release files. Open episodes stay staged for the next start."""
@@ -162,6 +250,12 @@ class ReplayStore:
             self._jobs.put(None)
             self._committer.join()
             self._committer = None
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=True)
+        if self._indexer is not None and self._index_jobs is not None:
+            self._index_jobs.put(None)
+            self._indexer.join()
+            self._indexer = None
         with self._lock:
             self._ledger.close()
             self._staging.close()
@@ -175,6 +269,7 @@ class ReplayStore:
     # ------------------------------------------------------------ queries
 
     def stats(self) -> dict[str, int]:
+        """Counters; the ``*_steps`` of the sampling index may trail ``steps_ingested`` by a few ms (``flush``)."""
         counts = self.index.counts()
         with self._lock:
             return {
@@ -215,8 +310,35 @@ class ReplayStore:
 
     def _add_to_index(self, episode: _OpenEpisode, steps: Sequence[Step]) -> None:
         if steps:
-            self.index.append((episode.robot_id, episode.episode_id, episode.fragment),
-                              steps_to_columns(steps, self.config.cameras), steps[0].instruction)
+            self._index_op("append", (episode.robot_id, episode.episode_id, episode.fragment), steps)
+
+    def _index_op(self, op: str, key: tuple, steps: Sequence[Step] | None = None) -> None:
+        """Apply now, or queue for the indexer thread (one queue: appends and finishes stay in order)."""
+        if self._index_jobs is not None:
+            self._index_jobs.put((op, key, steps))
+        elif op == "append":
+            assert steps is not None
+            self.index.append(key, steps_to_columns(steps, self.config.cameras), steps[0].instruction)
+        else:
+            self.index.mark_finished(key)
+
+    def _index_loop(self) -> None:
+        assert self._index_jobs is not None
+        while True:
+            job = self._index_jobs.get()
+            try:
+                if job is None:
+                    return
+                op, key, steps = job
+                if op == "append":
+                    assert steps is not None
+                    self.index.append(key, steps_to_columns(steps, self.config.cameras), steps[0].instruction)
+                else:
+                    self.index.mark_finished(key)
+            except Exception:  # the data is staged and will be in the dataset; only sampling misses it
+                log.exception("could not add %s to the sampling index", job[1] if job else None)
+            finally:
+                self._index_jobs.task_done()
 
     def _close(self, key: EpisodeKey) -> None:
         """Move an open episode to the commit queue; its seqs count as stored from now on."""
@@ -226,7 +348,7 @@ class ReplayStore:
         self._committed.setdefault(key, set()).update(episode.seqs)
         self._fragments[key] += 1
         # Cut short (no done step) or complete, nothing more arrives: its returns are final now.
-        self.index.mark_finished((episode.robot_id, episode.episode_id, episode.fragment))
+        self._index_op("finish", (episode.robot_id, episode.episode_id, episode.fragment))
         if self._committer is None:
             self._commit(episode)
         else:
@@ -234,23 +356,28 @@ class ReplayStore:
             self._jobs.put(episode)
 
     def _check_layout(self, steps: Sequence[Step], segment: Segment) -> None:
+        """Whole-segment checks on the stacked arrays (no per-step Python loop)."""
         dim = len(self.config.joint_names)
         cameras = set(self.config.cameras)
         shape = (self.config.image_height, self.config.image_width, 3)
         where = f"segment {segment.robot_id}/{segment.episode_id}/{segment.seq}"
-        for step in steps:
-            for name in ("state", "action"):
-                value = np.asarray(getattr(step, name))
-                if value.shape != (dim,):
-                    raise ProtocolError(f"{where}: {name} has shape {value.shape}, this learner stores ({dim},) "
-                                        f"joints {list(self.config.joint_names)}", code="rejected")
-                if not np.isfinite(value).all():
-                    raise ProtocolError(f"{where}: tick {step.tick} {name} holds NaN/inf; not stored",
-                                        code="rejected")
-            if set(step.images) != cameras or any(img.shape != shape for img in step.images.values()):
-                got = {cam: tuple(img.shape) for cam, img in step.images.items()}
-                raise ProtocolError(f"{where}: images {got}, this learner stores cameras {sorted(cameras)} "
-                                    f"at {shape}", code="rejected")
+        if not steps:
+            return
+        for name in ("state", "action"):
+            value = segment.arrays.get(name)
+            if value is None or value.shape[1:] != (dim,):  # decode_segment checked dtype and rows
+                got = None if value is None else tuple(value.shape[1:])
+                raise ProtocolError(f"{where}: {name} has shape {got}, this learner stores ({dim},) "
+                                    f"joints {list(self.config.joint_names)}", code="rejected")
+            finite = np.isfinite(value).all(axis=1)
+            if not finite.all():
+                tick = steps[int(np.argmin(finite))].tick
+                raise ProtocolError(f"{where}: tick {tick} {name} holds NaN/inf; not stored", code="rejected")
+        # decode_segment decoded every image to its camera's declared shape, so checking the declaration is enough.
+        declared = {cam: tuple(info["shape"]) for cam, info in segment.images.items()}
+        if set(declared) != cameras or any(s != shape for s in declared.values()):
+            raise ProtocolError(f"{where}: images {declared}, this learner stores cameras {sorted(cameras)} "
+                                f"at {shape}", code="rejected")
 
     # ------------------------------------------------------------ internals: committing
 
