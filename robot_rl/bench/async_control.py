@@ -28,7 +28,7 @@ REACTION_WINDOW_TICKS = 45
 
 
 def mode_config(base: EdgeConfig, mode: str, latency_ms: float) -> EdgeConfig:
-    """The edge settings of one benchmark cell; async modes re-plan continuously."""
+    """The edge settings of one benchmark cell: the configured edge, with this mode and latency."""
     return replace(
         base,
         mode=mode,
