@@ -140,6 +140,8 @@ class EdgeNode:
         self._swap_lock = threading.Lock()  # request_policy_swap may come from a loader thread
         self._next_chunk_id = 0
         self._generation = 0
+        self._last_late_warning = float("-inf")
+        self._late_since_warning = 0
         self._last_tick_time: float | None = None
         self.hand_backs = 0  # takeovers that ended with a hand-back (hand_back calls)
         self.reset_episode("")
@@ -280,6 +282,18 @@ class EdgeNode:
 
     # ----------------------------------------------------------------- timing
 
+    def _warn_late(self, n: int, lateness: float) -> None:
+        """Say a tick was a whole period late, at most once a second (an overloaded
+        machine makes every tick late, and a warning per tick would bury the log)."""
+        now = self.clock.now()
+        self._late_since_warning += 1
+        if now - self._last_late_warning >= 1.0:
+            log.warning("tick %d started %.1f ms late (%d such ticks in the last second); re-anchoring the schedule",
+                        n, lateness * 1000.0, self._late_since_warning)
+            self._last_late_warning = now
+            self._late_since_warning = 0
+
+
     def _wait_for_tick(self, n: int) -> tuple[float, float]:
         """Sleep until tick n's scheduled time; return (start time, lateness).
 
@@ -293,7 +307,7 @@ class EdgeNode:
         if lateness * 1000.0 > self.config.late_threshold_ms:
             self.stats.late_ticks += 1
             if lateness >= self.config.period_s:
-                log.warning("tick %d started %.1f ms late; re-anchoring the schedule", n, lateness * 1000.0)
+                self._warn_late(n, lateness)
                 self._t0 += lateness
         self.stats.max_lateness_s = max(self.stats.max_lateness_s, lateness)
         self._last_tick_time = now
