@@ -379,11 +379,8 @@ def run_sync(learner_config: LearnerConfig, policy: FlowVLA, run: LocalRunConfig
     (``publish_every_updates`` = ``updates``), so every round's robots start on the
     newest weights (swapped in at their first chunk, as in the async learner).
     """
-    from robot_rl.learner.checkpoint import latest_checkpoint
-    from robot_rl.learner.local import LocalRunResult, _run_robot
+    from robot_rl.learner.local import _run_robot, collect_result
     from robot_rl.learner.service import LearnerService
-    from robot_rl.learner.store import ReplayStore
-    from robot_rl.learner.trainer import Trainer
 
     if run.time_budget_s is None:
         raise ValueError("run_sync needs run.time_budget_s: the sync loop is compared at equal robot time")
@@ -426,13 +423,7 @@ def run_sync(learner_config: LearnerConfig, policy: FlowVLA, run: LocalRunConfig
                 t.join()
         learner.store.flush(120)
         learner.stop(checkpoint=True)
-    if errors:
-        raise RuntimeError(f"{len(errors)} robot(s) failed; first error: {errors[0]}") from errors[0]
-    return LocalRunResult(
-        episodes=sum(r[0] for r in results), steps=sum(r[1] for r in results), successes=sum(r[2] for r in results),
-        updates=learner.trainer.step, weights_version=learner.trainer.version, robot_versions=versions,
-        store=learner.store.stats(), per_version=learner.store.outcomes.per_version(),
-        checkpoint=latest_checkpoint(config.trainer.checkpoint_dir))
+    return collect_result(learner, results, errors, versions, trained=True)
 
 
 def _coordinate(learner: LearnerService, rounds: SyncRounds, updates: int, deadline_s: float) -> None:

@@ -152,13 +152,19 @@ def run_local(
         learner.store.flush(120)
     finally:
         learner.stop(checkpoint=train)
+    return collect_result(learner, results, errors, versions, trained=train)
+
+
+def collect_result(learner: LearnerService, results: list[tuple[int, int, int]], errors: list[BaseException],
+                   versions: dict[str, int], *, trained: bool) -> LocalRunResult:
+    """Raise the first robot failure, else sum the robots' (episodes, steps, successes) with the learner's state."""
     if errors:
         raise RuntimeError(f"{len(errors)} robot(s) failed; first error: {errors[0]}") from errors[0]
     return LocalRunResult(
         episodes=sum(r[0] for r in results), steps=sum(r[1] for r in results), successes=sum(r[2] for r in results),
         updates=learner.trainer.step, weights_version=learner.trainer.version, robot_versions=versions,
         store=learner.store.stats(), per_version=learner.store.outcomes.per_version(),
-        checkpoint=latest_checkpoint(learner_config.trainer.checkpoint_dir) if train else None)
+        checkpoint=latest_checkpoint(learner.config.trainer.checkpoint_dir) if trained else None)
 
 
 def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,

@@ -74,7 +74,7 @@ def make_policy(cfg: DictConfig, action_dim: int):
         return HoldPolicy(action_dim)
     if not path:
         raise ConfigError(
-            f"policy.path is not set; give a checkpoint (robot-rl session policy.path=outputs/bc_policy), "
+            "policy.path is not set; give a checkpoint (robot-rl session policy.path=outputs/bc_policy), "
             "or policy.type=hold for a dry run without a model"
         )
     if kind == "flow_vla":
