@@ -29,14 +29,17 @@ import torch
 from policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.critic import (
     ValueNetwork,
+    critic_inputs,
     feature_dim,
     frozen_copy,
-    instruction_embeddings,
-    observation_features,
     polyak_update,
     seeded,
 )
-from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, algorithm_config, require_fields
+from robot_rl.learner.algorithms.rwr import (
+    WeightedFlowAlgorithm,
+    algorithm_config,
+    require_fields,
+)
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.staleness import StalenessConfig
 
@@ -106,10 +109,8 @@ class AWR(WeightedFlowAlgorithm):
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         require_fields(batch, AWR_FIELDS, "awr")
         stale, stale_metrics = self.base_weights(batch)
-        text = instruction_embeddings(self.policy, batch)
-        batch = {**batch, "instruction_embedding": text}
-        _, features = observation_features(self.policy, batch, text)
-        _, next_features = observation_features(self.policy, batch, text, prefix="next.")
+        inputs = critic_inputs(self.policy, batch)
+        batch, features, next_features = inputs.batch, inputs.features, inputs.next_features
 
         def field_(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.as_tensor(batch[name], dtype=dtype).to(self.device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,6 +53,26 @@ def instruction_embeddings(policy: FlowVLA, batch: dict[str, Any]) -> torch.Tens
 
 
 @torch.no_grad()
+@dataclass
+class CriticInputs:
+    """What a critic update reads from one batch: encoder outputs for now and for the next chunk."""
+
+    batch: dict[str, Any]  # the batch with its instruction embedding filled in (encoded once)
+    context: torch.Tensor
+    features: torch.Tensor
+    next_context: torch.Tensor
+    next_features: torch.Tensor
+
+
+def critic_inputs(policy: FlowVLA, batch: dict[str, Any]) -> CriticInputs:
+    """Encode the instruction once, then the observation and the next observation (``next.`` keys)."""
+    text = instruction_embeddings(policy, batch)
+    batch = {**batch, "instruction_embedding": text}
+    context, features = observation_features(policy, batch, text)
+    next_context, next_features = observation_features(policy, batch, text, prefix="next.")
+    return CriticInputs(batch, context, features, next_context, next_features)
+
+
 def observation_features(policy: FlowVLA, batch: dict[str, Any], text: torch.Tensor,
                          prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """(context tokens [B, L, d], critic features [B, d + state_dim]) of the observation under ``prefix``.

@@ -35,14 +35,17 @@ import torch
 from policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.critic import (
     ChunkQEnsemble,
+    critic_inputs,
     feature_dim,
     frozen_copy,
-    instruction_embeddings,
-    observation_features,
     polyak_update,
     seeded,
 )
-from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, algorithm_config, require_fields
+from robot_rl.learner.algorithms.rwr import (
+    WeightedFlowAlgorithm,
+    algorithm_config,
+    require_fields,
+)
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.staleness import StalenessConfig
 
@@ -120,10 +123,9 @@ class ChunkQLearning(WeightedFlowAlgorithm):
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         require_fields(batch, RL_FIELDS, "rl")
         stale, stale_metrics = self.base_weights(batch)
-        text = instruction_embeddings(self.policy, batch)
-        batch = {**batch, "instruction_embedding": text}
-        context, features = observation_features(self.policy, batch, text)
-        next_context, next_features = observation_features(self.policy, batch, text, prefix="next.")
+        inputs = critic_inputs(self.policy, batch)
+        batch, context, features = inputs.batch, inputs.context, inputs.features
+        next_context, next_features = inputs.next_context, inputs.next_features
         data_chunks = self.policy.normalizer.normalize_action(
             torch.as_tensor(batch["actions"], dtype=torch.float32).to(self.device))
 
