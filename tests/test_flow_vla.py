@@ -306,3 +306,24 @@ def test_real_minilm_encoder_loads_offline():
     torch.testing.assert_close(vectors.norm(dim=1), torch.ones(3))
     near, far = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
     assert near > far  # a real sentence encoder, not noise
+
+
+def test_random_shift_translates_each_image_by_at_most_pad_pixels():
+    from policies.flow_vla.encoders import random_shift
+
+    torch.manual_seed(3)
+    images = torch.zeros(8, 2, 3, 16, 16)
+    images[:, :, :, 8, 8] = 1.0  # one bright pixel in the middle of every image
+    shifted = random_shift(images, pad=3)
+    assert shifted.shape == images.shape
+    moves = set()
+    for b in range(8):
+        for cam in range(2):
+            ys, xs = torch.nonzero(shifted[b, cam, 0], as_tuple=True)
+            assert len(ys) == 1, "a shift moves the pixel, it neither duplicates nor loses it"
+            dy, dx = int(ys[0]) - 8, int(xs[0]) - 8
+            assert abs(dy) <= 3 and abs(dx) <= 3
+            assert torch.equal(shifted[b, cam, 1], shifted[b, cam, 0])  # channels move together
+            moves.add((dy, dx))
+    assert len(moves) > 1, "offsets are drawn per image"
+    assert torch.equal(random_shift(images, pad=0), images)

@@ -43,6 +43,7 @@ class FlowVLAConfig:
 
     # --- training / inference behaviour (not architecture) ---
     dropout: float = 0.0
+    image_shift_pixels: int = 0  # training-time random shift of every image (DrQ); 0 = off
     num_integration_steps: int = 10  # Euler steps from noise to actions at inference
     flow_time_sampling: str = "uniform"  # "uniform" or "beta" (more samples near the noise end)
     inference_seed: int | None = None  # fixed noise seed for deterministic chunks; None = fresh noise

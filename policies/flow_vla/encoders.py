@@ -29,6 +29,27 @@ def images_to_float(images: torch.Tensor, size: int) -> torch.Tensor:
     return x * 2.0 - 1.0
 
 
+def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """DrQ-style augmentation (Kostrikov et al., 2020): shift each image by up to ``pad`` pixels.
+
+    Edges are replicated and the image is cropped back at a random offset per image, so the
+    policy cannot memorise pixel positions and must read where the cube is relative to the arm.
+    ``images``: [B, n_cams, 3, S, S] floats; uses torch's global generator (training only).
+    """
+    if pad <= 0:
+        return images
+    b, n, c, h, w = images.shape
+    flat = F.pad(images.reshape(b * n, c, h, w), (pad, pad, pad, pad), mode="replicate")
+    offset_y = torch.randint(0, 2 * pad + 1, (b * n, 1), device=images.device)
+    offset_x = torch.randint(0, 2 * pad + 1, (b * n, 1), device=images.device)
+    rows = torch.arange(h, device=images.device)[None, :] + offset_y  # [BN, h]
+    cols = torch.arange(w, device=images.device)[None, :] + offset_x  # [BN, w]
+    index = torch.arange(b * n, device=images.device)[:, None, None, None]
+    channel = torch.arange(c, device=images.device)[None, :, None, None]
+    shifted = flat[index, channel, rows[:, None, :, None], cols[:, None, None, :]]
+    return shifted.reshape(b, n, c, h, w)
+
+
 class ImageEncoder(nn.Module):
     """Shared CNN: [B, n_cams, 3, S, S] -> [B, n_cams * grid**2, d_model] tokens."""
 

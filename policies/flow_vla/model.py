@@ -26,7 +26,7 @@ from torch import nn
 
 from policies.flow_vla import checkpoint
 from policies.flow_vla.config import FlowVLAConfig
-from policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float
+from policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float, random_shift
 from policies.flow_vla.normalization import Normalizer
 from policies.text_encoder import InstructionEncoder
 
@@ -133,8 +133,10 @@ class FlowVLA(nn.Module):
             return batch[key]
 
         state = torch.as_tensor(batch["state"], dtype=torch.float32).to(self.device)
-        return self.encode_context(self._images_from(camera), self.normalizer.normalize_state(state),
-                                   self._text_from(batch))
+        images = self._images_from(camera)
+        if self.training:
+            images = random_shift(images, self.config.image_shift_pixels)
+        return self.encode_context(images, self.normalizer.normalize_state(state), self._text_from(batch))
 
     # ------------------------------------------------------------------ training
     def compute_loss(
