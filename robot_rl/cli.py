@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"robot-rl {args.command}: {exc}", file=sys.stderr)
         return 2
+    except FileNotFoundError as exc:
+        # A checkpoint, dataset or key file that is not there: say which, without a traceback.
+        print(f"robot-rl {args.command}: {exc} (check the path in your overrides)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"robot-rl {args.command}: interrupted", file=sys.stderr)
         return 130

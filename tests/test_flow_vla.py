@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import threading
@@ -20,18 +19,11 @@ from policies.flow_vla.augment import build_sample, offset_indices, sample_offse
 from policies.flow_vla.data import EpisodeSampler
 from policies.flow_vla.model import masked_mse_per_sample
 from policies.text_encoder import InstructionEncoder
+from tests.learner_helpers import hashed_embeddings
 
 H, A = 4, 6
 
 
-def hashed_embeddings(texts: list[str]) -> np.ndarray:
-    """Stand-in for the sentence encoder: a fixed random unit vector per string."""
-    out = []
-    for s in texts:
-        seed = int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
-        v = np.random.default_rng(seed).standard_normal(384)
-        out.append(v / np.linalg.norm(v))
-    return np.stack(out).astype(np.float32)
 
 
 def tiny_config(**overrides) -> FlowVLAConfig:
