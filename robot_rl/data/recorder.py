@@ -53,11 +53,20 @@ class EpisodeRecorder:
         self.use_videos = use_videos
         self.features = dataset_features(self.joint_names, self.cameras, use_videos)
         self._dataset = None
+        self._num_episodes: int | None = None
         if (self.root / "meta" / "info.json").exists():
             self._check_existing_layout()
+        self._num_episodes = self._read_num_episodes()
 
     @property
     def num_episodes(self) -> int:
+        """Episodes stored. Kept in memory: other threads ask while LeRobot rewrites info.json,
+        and a read in the middle of that rewrite would see an empty file."""
+        if self._num_episodes is None:
+            self._num_episodes = self._read_num_episodes()
+        return self._num_episodes
+
+    def _read_num_episodes(self) -> int:
         info = self.root / "meta" / "info.json"
         if not info.exists():
             return 0
@@ -78,8 +87,10 @@ class EpisodeRecorder:
         except Exception:
             dataset.clear_episode_buffer()
             self.close()
+            self._num_episodes = self._read_num_episodes()
             raise
         index = dataset.meta.total_episodes - 1
+        self._num_episodes = index + 1
         self._since_finalize += 1
         if self._since_finalize >= self.finalize_every:
             self.close()
