@@ -52,7 +52,6 @@ def instruction_embeddings(policy: FlowVLA, batch: dict[str, Any]) -> torch.Tens
     return policy.text_encoder.encode_batch(list(batch["instruction"])).to(policy.device)
 
 
-@torch.no_grad()
 @dataclass
 class CriticInputs:
     """What a critic update reads from one batch: encoder outputs for now and for the next chunk."""
@@ -73,6 +72,7 @@ def critic_inputs(policy: FlowVLA, batch: dict[str, Any]) -> CriticInputs:
     return CriticInputs(batch, context, features, next_context, next_features)
 
 
+@torch.no_grad()
 def observation_features(policy: FlowVLA, batch: dict[str, Any], text: torch.Tensor,
                          prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """(context tokens [B, L, d], critic features [B, d + state_dim]) of the observation under ``prefix``.
