@@ -99,7 +99,13 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistCon
 
 
 def shutdown_distributed() -> None:
+    """Leave the group together: a rank that destroys it while a peer's last message is still
+    in flight can abort inside gloo ("terminate called without an active exception")."""
     if dist.is_initialized():
+        try:
+            dist.barrier()
+        except Exception:  # a peer already gone: nothing left to wait for
+            log.warning("barrier before leaving the process group failed; leaving anyway")
         dist.destroy_process_group()
 
 
