@@ -5,11 +5,14 @@ EncodingPolicy's action i of call c is CODE*c + i on every joint, so ``decode`` 
 which chunk (call) and index every executed action came from.
 """
 
+import threading
+
 import numpy as np
 import pytest
 
 from robot_rl.core.clock import VirtualClock, WallClock
 from robot_rl.edge import EdgeConfig, EdgeNode, PolicyRunner, VirtualLatencyRunner, at_tick
+from robot_rl.edge.inference import InferenceRequest, ThreadedRunner
 from tests.edge_fakes import CountingTask, EncodingPolicy, FaultyPolicy, KinematicRobot, ScriptedLatency, SlowPolicy, decode
 
 
@@ -19,7 +22,7 @@ def make_node(mode="async_naive", latency_ms=200.0, policy=None, latencies=None,
     config = EdgeConfig(mode=mode, simulated_latency_ms=latency_ms, **cfg)
     worker = None
     if latencies is not None:
-        worker = VirtualLatencyRunner(PolicyRunner(policy, 0, 6), ScriptedLatency(latencies))
+        worker = VirtualLatencyRunner(PolicyRunner(policy, 0, 6), ScriptedLatency(latencies), config.effective_max_inflight)
     node = EdgeNode(robot, policy, VirtualClock(), config, worker=worker)
     return node, robot, policy
 
@@ -265,6 +268,48 @@ def test_answers_to_a_previous_episode_are_never_executed():
     assert second.steps[0].time_s == pytest.approx(first.steps[-1].time_s + 1 / 30)
 
 
+# ----------------------------------------------------------------------------- requests in flight together
+
+
+def test_two_requests_in_flight_are_staggered_half_an_inference_apart():
+    # request_threshold = H: re-plan continuously. 200 ms = 6 ticks; with two in flight
+    # a new request starts every ceil(6 / 2) = 3 ticks once the delay is known.
+    node, _, _ = make_node("async_rollforward", latency_ms=200.0, request_threshold=20, max_inflight=2,
+                           delay_prior_ticks=6)
+    run(node, 30)
+    ticks = [c.request_tick for c in node.stats.chunks]
+    assert ticks[:6] == [0, 3, 6, 9, 12, 15]
+    arrivals = [c.arrival_tick for c in list(node.stats.chunks)[:6]]
+    assert arrivals == [6, 9, 12, 15, 18, 21]  # each one inference (6 ticks) after its request
+    assert node.worker.in_flight <= 2 and node.stats.stall_ticks == 0
+
+
+def test_one_in_flight_waits_for_the_running_inference():
+    node, _, _ = make_node("async_rollforward", latency_ms=200.0, request_threshold=20, max_inflight=1,
+                           delay_prior_ticks=6)
+    run(node, 30)
+    assert [c.request_tick for c in node.stats.chunks][:4] == [0, 6, 12, 18]
+
+
+def test_an_answer_overtaken_by_a_newer_one_is_never_executed():
+    # Chunk 0 takes 9 ticks, chunk 1 (requested 3 ticks later) only 3: chunk 1 lands first
+    # and chunk 0, planned from an older image, is dropped as superseded.
+    node, _, _ = make_node("async_rollforward", request_threshold=20, max_inflight=2, delay_prior_ticks=6,
+                           latencies=[300.0, 100.0])
+    steps = run(node, 20)
+    assert node.stats.chunks_superseded == 1
+    calls = {decode(s.action)[0] for s in steps if s.chunk_id >= 0}
+    assert 0 not in calls and 1 in calls
+
+
+def test_sync_never_has_more_than_one_request_in_flight():
+    node, _, _ = make_node("sync", latency_ms=200.0, max_inflight=3)
+    run(node, 40)
+    assert node.worker.max_inflight == 1
+    ticks = [c.request_tick for c in node.stats.chunks]
+    assert all(b - a >= 6 for a, b in zip(ticks, ticks[1:], strict=False))
+
+
 def test_policy_for_another_robot_is_refused():
     with pytest.raises(ValueError, match="joints"):
         EdgeNode(KinematicRobot(num_joints=6), EncodingPolicy(action_dim=7), VirtualClock())
@@ -278,6 +323,61 @@ def test_threaded_runner_on_the_wall_clock_delivers_and_splices_chunks():
     assert node.stats.chunks_spliced >= 2
     assert any(s.chunk_id >= 0 for s in episode.steps)
     assert all(np.isfinite(a).all() for a in robot.sent)
+
+
+class MeetingPolicy(EncodingPolicy):
+    """Each prediction waits (bounded) for a second one to run at the same time."""
+
+    def __init__(self):
+        super().__init__(chunk_size=10)
+        self.barrier = threading.Barrier(2)
+        self.met = 0
+
+    def predict_chunk(self, observation, state, instruction):
+        try:
+            self.barrier.wait(timeout=2.0)
+            self.met += 1
+        except threading.BrokenBarrierError:
+            self.barrier.reset()
+        return super().predict_chunk(observation, state, instruction)
+
+
+def test_threaded_runner_computes_requests_in_flight_together():
+    policy = MeetingPolicy()
+    runner = ThreadedRunner(PolicyRunner(policy, 0, 6), WallClock().now, max_inflight=2)
+    try:
+        requests = [InferenceRequest(chunk_id=i, request_tick=0, request_time_s=0.0, images={}, state=np.zeros(6, np.float32),
+                                     instruction="", executed_index=-1, delay_ticks=0, delay_estimate=0, start_tick=None,
+                                     rolled_state=None, generation=0) for i in range(2)]
+        for request in requests:
+            runner.submit(request)
+        with pytest.raises(RuntimeError, match="in flight"):
+            runner.submit(requests[0])
+        results = []
+        while len(results) < 2:
+            result = runner.poll(0.0)
+            if result is not None:
+                results.append(result)
+        assert policy.met == 2  # both predictions were running at the same moment
+        assert all(r.chunk is not None for r in results) and runner.in_flight == 0
+    finally:
+        runner.close()
+
+
+def test_a_swap_waits_until_no_prediction_is_running():
+    runner = PolicyRunner(EncodingPolicy(chunk_size=4), 0, 6)
+    with runner._gate.predicting():
+        swapped = threading.Event()
+
+        def swap():
+            with runner._gate.swapping():
+                swapped.set()
+
+        thread = threading.Thread(target=swap)
+        thread.start()
+        assert not swapped.wait(timeout=0.2)  # blocked while the prediction runs
+    thread.join(timeout=5.0)
+    assert swapped.is_set()
 
 
 def test_failing_teleop_holds_and_failing_sink_does_not_stop_the_robot():

@@ -35,6 +35,7 @@ class FlowVLAConfig:
     # --- network size (architecture) ---
     cnn_channels: tuple[int, ...] = _arch((32, 64, 128, 128))
     image_grid: int = _arch(4)  # each camera becomes image_grid**2 tokens
+    keypoints: int = _arch(0)  # spatial-softmax keypoints per camera, as one extra token; 0 = none
     d_model: int = _arch(128)
     n_heads: int = _arch(4)
     n_layers: int = _arch(3)  # context transformer (images + instruction + state)
@@ -44,6 +45,7 @@ class FlowVLAConfig:
     # --- training / inference behaviour (not architecture) ---
     dropout: float = 0.0
     image_shift_pixels: int = 0  # training-time random shift of every image (DrQ); 0 = off
+    state_noise_std: float = 0.0  # training-time Gaussian noise on the normalised state; 0 = off
     num_integration_steps: int = 10  # Euler steps from noise to actions at inference
     flow_time_sampling: str = "uniform"  # "uniform" or "beta" (more samples near the noise end)
     inference_seed: int | None = None  # fixed noise seed for deterministic chunks; None = fresh noise
@@ -84,6 +86,10 @@ class FlowVLAConfig:
                 )
             elif min(self.offset_weights) < 0 or sum(self.offset_weights) <= 0:
                 problems.append("offset_weights must be non-negative with a positive sum")
+        if self.keypoints < 0:
+            problems.append(f"keypoints must be >= 0, got {self.keypoints}")
+        if not 0.0 <= self.state_noise_std < 10.0:
+            problems.append(f"state_noise_std must be in [0, 10), got {self.state_noise_std}")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
         if problems:

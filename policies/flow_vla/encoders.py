@@ -4,6 +4,12 @@ Images go through one small CNN shared by all cameras; a learned camera embeddin
 the transformer which camera a token came from, and a learned position embedding where
 in the image_grid x image_grid feature grid it sits. A few tokens per camera keep the
 context short, so the model runs on a CPU at control rates.
+
+Average-pooling to a coarse grid blurs *where* a small object is (a 2.5 cm cube is a few
+pixels in a 64x64 front view; one grid cell spans ~5 cm of table). A spatial-softmax
+head (Levine et al., 2016, "End-to-End Training of Deep Visuomotor Policies") adds one
+token per camera made of K expected (x, y) image coordinates, each the soft-argmax of a
+learned feature map: sub-cell precise, which is what reaching for a cube needs.
 """
 
 from __future__ import annotations
@@ -50,10 +56,33 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
     return shifted.reshape(b, n, c, h, w)
 
 
-class ImageEncoder(nn.Module):
-    """Shared CNN: [B, n_cams, 3, S, S] -> [B, n_cams * grid**2, d_model] tokens."""
+class SpatialSoftmax(nn.Module):
+    """Feature map [N, C, h, w] -> K soft-argmax keypoints [N, 2K] in -1..1 image coordinates."""
 
-    def __init__(self, n_cameras: int, channels: tuple[int, ...], grid: int, d_model: int):
+    def __init__(self, channels: int, keypoints: int):
+        super().__init__()
+        self.to_maps = nn.Conv2d(channels, keypoints, 1)
+        self.log_temperature = nn.Parameter(torch.zeros(()))  # learned sharpness of every map
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        maps = self.to_maps(features)  # [N, K, h, w]
+        n, k, h, w = maps.shape
+        attention = torch.softmax(maps.flatten(2) / self.log_temperature.exp(), dim=-1)  # [N, K, h*w]
+        ys = torch.linspace(-1.0, 1.0, h, device=maps.device, dtype=maps.dtype)
+        xs = torch.linspace(-1.0, 1.0, w, device=maps.device, dtype=maps.dtype)
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        expected_x = (attention * grid_x.reshape(1, 1, -1)).sum(-1)
+        expected_y = (attention * grid_y.reshape(1, 1, -1)).sum(-1)
+        return torch.cat([expected_x, expected_y], dim=-1)  # [N, 2K]
+
+
+class ImageEncoder(nn.Module):
+    """Shared CNN: [B, n_cams, 3, S, S] -> [B, n_cams * tokens_per_camera, d_model] tokens.
+
+    tokens_per_camera = grid**2, plus one keypoint token when ``keypoints`` > 0.
+    """
+
+    def __init__(self, n_cameras: int, channels: tuple[int, ...], grid: int, d_model: int, keypoints: int = 0):
         super().__init__()
         layers: list[nn.Module] = []
         c_in = 3
@@ -69,13 +98,21 @@ class ImageEncoder(nn.Module):
         self.cnn = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(grid)
         self.proj = nn.Linear(c_in, d_model)
-        self.position = nn.Parameter(torch.randn(grid * grid, d_model) * 0.02)
+        self.keypoints = None
+        if keypoints > 0:
+            self.keypoints = SpatialSoftmax(c_in, keypoints)
+            self.keypoint_proj = nn.Sequential(nn.Linear(2 * keypoints, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
+        tokens_per_camera = grid * grid + (1 if keypoints > 0 else 0)
+        self.position = nn.Parameter(torch.randn(tokens_per_camera, d_model) * 0.02)
         self.camera = nn.Parameter(torch.randn(n_cameras, d_model) * 0.02)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         b, n_cams = images.shape[:2]
-        feats = self.pool(self.cnn(images.flatten(0, 1)))  # [B*n, C, g, g]
-        tokens = self.proj(feats.flatten(2).transpose(1, 2))  # [B*n, g*g, d]
+        features = self.cnn(images.flatten(0, 1))  # [B*n, C, h, w]
+        tokens = self.proj(self.pool(features).flatten(2).transpose(1, 2))  # [B*n, g*g, d]
+        if self.keypoints is not None:
+            keypoint_token = self.keypoint_proj(self.keypoints(features))[:, None]  # [B*n, 1, d]
+            tokens = torch.cat([tokens, keypoint_token], dim=1)
         tokens = tokens.view(b, n_cams, -1, tokens.shape[-1])
         tokens = tokens + self.position[None, None] + self.camera[None, :, None]
         return tokens.flatten(1, 2)

@@ -43,7 +43,8 @@ class FlowVLA(nn.Module):
         d = config.d_model
 
         self.normalizer = Normalizer(config.state_dim, config.action_dim)
-        self.image_encoder = ImageEncoder(len(config.cameras), config.cnn_channels, config.image_grid, d)
+        self.image_encoder = ImageEncoder(len(config.cameras), config.cnn_channels, config.image_grid, d,
+                                          keypoints=config.keypoints)
         self.text_proj = nn.Linear(config.text_dim, d)
         self.state_proj = nn.Linear(config.state_dim, d)
         self.context = nn.TransformerEncoder(
@@ -134,9 +135,13 @@ class FlowVLA(nn.Module):
 
         state = torch.as_tensor(batch["state"], dtype=torch.float32).to(self.device)
         images = self._images_from(camera)
+        state = self.normalizer.normalize_state(state)
         if self.training:
             images = random_shift(images, self.config.image_shift_pixels)
-        return self.encode_context(images, self.normalizer.normalize_state(state), self._text_from(batch))
+            # Noise on the state input keeps the policy from reading the task off the proprio
+            # alone (the arm starts at the same pose in every episode: only images say where to go).
+            state = state + self.config.state_noise_std * torch.randn_like(state)
+        return self.encode_context(images, state, self._text_from(batch))
 
     # ------------------------------------------------------------------ training
     def compute_loss(

@@ -23,8 +23,17 @@ from robot_rl.evaluation import evaluate_policy, run_sim_episode
 
 MODES = ("sync", "async_naive", "async_rollforward")
 LATENCIES_MS = (0, 100, 200, 400)
-PERTURB_TICK = 20  # 0.67 s in: the arm is on its way to the cube, nothing grasped yet
+# The target moves 0.5-0.9 s in: the arm is on its way to the cube, nothing grasped yet.
+# The tick varies over seeds so the move lands at every phase of an inference cycle (at a
+# fixed tick and constant latency, one phase would decide the result for the whole cell).
+PERTURB_FIRST_TICK = 15
+PERTURB_SPREAD_TICKS = 12  # one 400 ms inference at 30 Hz
 REACTION_WINDOW_TICKS = 45
+
+
+def perturb_tick(i: int) -> int:
+    """Tick at which reaction episode ``i`` moves the target (a stride-5 walk over 12 phases)."""
+    return PERTURB_FIRST_TICK + (5 * i) % PERTURB_SPREAD_TICKS
 
 
 def mode_config(base: EdgeConfig, mode: str, latency_ms: float) -> EdgeConfig:
@@ -42,23 +51,24 @@ def mode_config(base: EdgeConfig, mode: str, latency_ms: float) -> EdgeConfig:
 def measure_reaction(robot, policy, config: EdgeConfig, seeds: list[int]) -> list[float]:
     """Counterfactual reaction times (s) over seeds: moved target vs untouched twin run."""
     times = []
-    for seed in seeds:
+    for i, seed in enumerate(seeds):
         moved_to: dict[str, np.ndarray] = {}
+        at = perturb_tick(i)
 
-        def perturb(node, tick, seed=seed):
-            if tick == PERTURB_TICK:
+        def perturb(node, tick, seed=seed, at=at):
+            if tick == at:
                 before = robot.target_position().copy()
                 after = robot.move_target(seed)
                 moved_to["direction"] = np.asarray(after) - before
 
-        steps = PERTURB_TICK + REACTION_WINDOW_TICKS
+        steps = at + REACTION_WINDOW_TICKS
         moved, _ = run_sim_episode(robot, policy, config, seed, on_tick=perturb, max_steps=steps)
         ee_moved = commanded_ee(robot, moved)
         baseline, _ = run_sim_episode(robot, policy, config, seed, max_steps=steps)
         ee_base = commanded_ee(robot, baseline)
         if "direction" not in moved_to:
             continue  # the episode ended (success) before the perturbation
-        times.append(reaction_time(ee_moved, ee_base, moved_to["direction"], PERTURB_TICK, robot.fps).reaction_s)
+        times.append(reaction_time(ee_moved, ee_base, moved_to["direction"], at, robot.fps).reaction_s)
     return times
 
 

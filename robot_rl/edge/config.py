@@ -31,6 +31,12 @@ class EdgeConfig:
     request_threshold: int | None = None
     threshold_margin: int = 2
 
+    # Async modes: requests computed at the same time, started delay/max_inflight ticks
+    # apart. One in flight sees a change in the world on average half an inference late
+    # (the running one was started before it); N staggered ones cut that to 1/(2N). Only
+    # worth it where the policy can run requests concurrently (sim latency, a GPU server).
+    max_inflight: int = 1
+
     # Sync mode: execute this many actions of each chunk, then stop and wait for the
     # next inference (LeRobot's n_action_steps, openpi's replan_steps). None = whole chunk.
     execution_horizon: int | None = None
@@ -70,6 +76,8 @@ class EdgeConfig:
             problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.request_threshold is not None and self.request_threshold < 0:
             problems.append(f"request_threshold must be >= 0 or None, got {self.request_threshold}")
+        if self.max_inflight < 1:
+            problems.append(f"max_inflight must be >= 1, got {self.max_inflight}")
         if self.threshold_margin < 0:
             problems.append(f"threshold_margin must be >= 0, got {self.threshold_margin}")
         if self.execution_horizon is not None and self.execution_horizon < 1:
@@ -96,6 +104,11 @@ class EdgeConfig:
     @property
     def period_s(self) -> float:
         return 1.0 / self.fps
+
+    @property
+    def effective_max_inflight(self) -> int:
+        """Sync waits for each chunk, so it never has more than one request in flight."""
+        return 1 if self.rules.waits_for_chunk else self.max_inflight
 
     @property
     def rules(self) -> ModeRules:

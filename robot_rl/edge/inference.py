@@ -19,7 +19,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,42 +85,49 @@ class InferenceResult:
 class PolicyRunner:
     """Owns the policy: applies weight swaps between chunks, predicts, validates.
 
-    Both runners call ``run`` and nothing else touches the policy, so a swap can never
-    happen in the middle of a prediction and needs no lock.
+    Only the runners call ``run``. With several requests in flight (threads), predictions
+    share the policy and a swap waits until none is running (``_SwapGate``), so weights
+    never change in the middle of a prediction.
     """
 
     def __init__(self, policy: ChunkPolicy, version: int, action_dim: int) -> None:
         self.policy = policy
         self.version = version
         self.action_dim = action_dim
+        self._gate = _SwapGate()
 
     def run(self, request: InferenceRequest) -> InferenceResult:
-        swap_error = self._apply_swap(request.swap) if request.swap is not None else None
-        started = time.perf_counter()
-        try:
-            raw = self.policy.predict_chunk(request.images, request.state, request.instruction)
-            actions = validate_chunk(raw, getattr(self.policy, "chunk_size", None), self.action_dim)
-        except InvalidChunkError as exc:
-            return self._failed(request, started, f"invalid chunk from policy v{self.version}: {exc}", swap_error)
-        except Exception as exc:  # a policy bug must not take the robot down
-            log.exception("policy v%d raised during inference of chunk %d", self.version, request.chunk_id)
-            return self._failed(request, started, f"policy v{self.version} raised {type(exc).__name__}: {exc}", swap_error)
+        swap_error = None
+        if request.swap is not None:
+            with self._gate.swapping():
+                swap_error = self._apply_swap(request.swap)
+        with self._gate.predicting():
+            policy, version = self.policy, self.version
+            started = time.perf_counter()
+            try:
+                raw = policy.predict_chunk(request.images, request.state, request.instruction)
+                actions = validate_chunk(raw, getattr(policy, "chunk_size", None), self.action_dim)
+            except InvalidChunkError as exc:
+                return self._failed(request, started, version, f"invalid chunk from policy v{version}: {exc}", swap_error)
+            except Exception as exc:  # a policy bug must not take the robot down
+                log.exception("policy v%d raised during inference of chunk %d", version, request.chunk_id)
+                return self._failed(request, started, version, f"policy v{version} raised {type(exc).__name__}: {exc}",
+                                    swap_error)
         compute_s = time.perf_counter() - started
         chunk = ActionChunk(
             actions=actions,
             chunk_id=request.chunk_id,
-            policy_version=self.version,
+            policy_version=version,
             request_tick=request.request_tick,
             delay_ticks=request.delay_ticks,
             rolled_state=request.rolled_state,
             inference_s=compute_s,
         )
-        return InferenceResult(request, chunk, self.version, compute_s, swap_error=swap_error)
+        return InferenceResult(request, chunk, version, compute_s, swap_error=swap_error)
 
-    def _failed(self, request: InferenceRequest, started: float, error: str, swap_error: str | None) -> InferenceResult:
-        return InferenceResult(
-            request, None, self.version, time.perf_counter() - started, error=error, swap_error=swap_error
-        )
+    def _failed(self, request: InferenceRequest, started: float, version: int, error: str,
+                swap_error: str | None) -> InferenceResult:
+        return InferenceResult(request, None, version, time.perf_counter() - started, error=error, swap_error=swap_error)
 
     def _apply_swap(self, swap: PolicySwap) -> str | None:
         """Install new weights; on failure keep the old ones and say why."""
@@ -142,20 +150,51 @@ class PolicyRunner:
             return f"swap to v{swap.version} failed: {exc}"
 
 
+class _SwapGate:
+    """Predictions may run side by side; a weight swap waits until none is running."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._predicting = 0
+
+    @contextmanager
+    def predicting(self) -> Iterator[None]:
+        with self._condition:
+            self._predicting += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._predicting -= 1
+                self._condition.notify_all()
+
+    @contextmanager
+    def swapping(self) -> Iterator[None]:
+        with self._condition:
+            self._condition.wait_for(lambda: self._predicting == 0)
+            yield
+
+
 class InferenceWorker(Protocol):
-    """What the node needs from a runner. At most one request is in flight."""
+    """What the node needs from a runner: up to ``max_inflight`` requests in flight."""
 
     runner: PolicyRunner
+    max_inflight: int
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted whose results ``poll`` has not returned yet."""
+        ...
 
     @property
     def busy(self) -> bool:
-        """True from ``submit`` until its result has been returned by ``poll``."""
+        """True while at least one request is in flight."""
         ...
 
     def submit(self, request: InferenceRequest) -> None: ...
 
     def poll(self, now: float) -> InferenceResult | None:
-        """The finished result if it may be used at time ``now``; never blocks."""
+        """A finished result that may be used at time ``now`` (oldest first); never blocks."""
         ...
 
     def close(self) -> None: ...
@@ -163,54 +202,75 @@ class InferenceWorker(Protocol):
 
 @dataclass
 class VirtualLatencyRunner:
-    """Computes on submit, releases at ``request_time_s + latency`` (virtual or wall time)."""
+    """Computes on submit, releases at ``request_time_s + latency`` (virtual or wall time).
+
+    Several requests may be in flight (``max_inflight``): each is released at its own time,
+    so this stands in for an inference server that runs requests concurrently.
+    """
 
     runner: PolicyRunner
     latency: LatencyModel
-    _pending: InferenceResult | None = field(default=None, init=False)
+    max_inflight: int = 1
+    _pending: list[InferenceResult] = field(default_factory=list, init=False)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
 
     @property
     def busy(self) -> bool:
-        return self._pending is not None
+        return bool(self._pending)
 
     def submit(self, request: InferenceRequest) -> None:
-        if self.busy:
-            raise RuntimeError("an inference is already in flight; wait for poll() to return it")
+        if self.in_flight >= self.max_inflight:
+            raise RuntimeError(f"{self.in_flight} inferences already in flight (max {self.max_inflight}); poll first")
         result = self.runner.run(request)
         result.latency_s = self.latency.sample_s(result.compute_s)
         result.ready_time_s = request.request_time_s + result.latency_s
-        self._pending = result
+        self._pending.append(result)
 
     def poll(self, now: float) -> InferenceResult | None:
-        if self._pending is None or self._pending.ready_time_s > now + _TIME_EPS:
+        ready = [r for r in self._pending if r.ready_time_s <= now + _TIME_EPS]
+        if not ready:
             return None
-        result, self._pending = self._pending, None
+        result = min(ready, key=lambda r: (r.ready_time_s, r.request.chunk_id))
+        self._pending.remove(result)
         return result
 
     def close(self) -> None:
-        self._pending = None
+        self._pending.clear()
 
 
 class ThreadedRunner:
-    """A daemon thread that runs the policy; results are handed over through a queue."""
+    """Daemon threads that run the policy (one per request allowed in flight); results are
+    handed over through a queue. Several threads pay off only where the policy runs
+    requests concurrently (a GPU with spare capacity, a remote server)."""
 
-    def __init__(self, runner: PolicyRunner, clock_now: Any) -> None:
+    def __init__(self, runner: PolicyRunner, clock_now: Any, max_inflight: int = 1) -> None:
         self.runner = runner
+        self.max_inflight = max_inflight
         self._now = clock_now
         self._requests: queue.SimpleQueue[InferenceRequest | None] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[InferenceResult] = queue.SimpleQueue()
-        self._busy = False  # touched by the control thread only
-        self._thread = threading.Thread(target=self._loop, name="edge-inference", daemon=True)
-        self._thread.start()
+        self._in_flight = 0  # touched by the control thread only
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"edge-inference-{i}", daemon=True) for i in range(max_inflight)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        return self._in_flight > 0
 
     def submit(self, request: InferenceRequest) -> None:
-        if self._busy:
-            raise RuntimeError("an inference is already in flight; wait for poll() to return it")
-        self._busy = True
+        if self._in_flight >= self.max_inflight:
+            raise RuntimeError(f"{self._in_flight} inferences already in flight (max {self.max_inflight}); poll first")
+        self._in_flight += 1
         self._requests.put(request)
 
     def poll(self, now: float) -> InferenceResult | None:
@@ -218,14 +278,16 @@ class ThreadedRunner:
             result = self._results.get_nowait()
         except queue.Empty:
             return None
-        self._busy = False
+        self._in_flight -= 1
         return result
 
     def close(self) -> None:
-        self._requests.put(None)
-        self._thread.join(timeout=5.0)
-        if self._thread.is_alive():
-            log.warning("inference thread still busy after 5 s; leaving it (daemon) to finish")
+        for _ in self._threads:
+            self._requests.put(None)
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+            if thread.is_alive():
+                log.warning("inference thread still busy after 5 s; leaving it (daemon) to finish")
 
     def _loop(self) -> None:
         while (request := self._requests.get()) is not None:
@@ -250,5 +312,5 @@ def make_worker(
     if kind == "thread":
         if clock.is_virtual:
             log.warning("threaded inference on a virtual clock: chunks arrive after wall time, not virtual time")
-        return ThreadedRunner(runner, clock.now)
-    return VirtualLatencyRunner(runner, LatencyModel.from_config(config))
+        return ThreadedRunner(runner, clock.now, config.effective_max_inflight)
+    return VirtualLatencyRunner(runner, LatencyModel.from_config(config), config.effective_max_inflight)

@@ -204,6 +204,8 @@ class EdgeNode:
         self._hold: np.ndarray | None = None
         self._had_chunk = False
         self._episode_limit: int | None = None
+        self._last_request_tick = -1
+        self._newest_spliced_id = -1
 
     def hand_back(self) -> None:
         """A human hands control back to the policy: forget the plan, ask for a fresh chunk.
@@ -316,9 +318,11 @@ class EdgeNode:
     # ----------------------------------------------------------------- inference
 
     def _maybe_request(self, n: int, obs: Observation, state: np.ndarray, intervening: bool) -> None:
-        if self.worker.busy or self.queue.remaining > self.request_threshold():
+        if self.worker.in_flight >= self.worker.max_inflight or self.queue.remaining > self.request_threshold():
             return
         estimate = self.delay.estimate()
+        if self.worker.busy and n - self._last_request_tick < self._stagger_ticks(estimate):
+            return
         last = self.queue.last_taken
         executed_index = last.chunk_index if last is not None else -1
         holding = self.queue.remaining == 0 and not intervening
@@ -352,6 +356,7 @@ class EdgeNode:
             swap=self._take_swap(),
         )
         self._next_chunk_id += 1
+        self._last_request_tick = n
         self.stats.inferences += 1
         self.stats.delay_estimates.append(estimate)
         self.stats.chunks.append(
@@ -359,16 +364,21 @@ class EdgeNode:
         )
         self.worker.submit(request)
 
+    def _stagger_ticks(self, estimate: int) -> int:
+        """Ticks between two requests in flight together: they spread over one inference."""
+        return max(1, -(-estimate // self.worker.max_inflight))
+
     def _take_swap(self) -> PolicySwap | None:
         with self._swap_lock:
             swap, self._pending_swap = self._pending_swap, None
         return swap
 
     def _collect(self, n: int) -> None:
-        """Take a finished inference, if any, and splice it into the queue."""
-        result = self.worker.poll(self.clock.now())
-        if result is None:
-            return
+        """Take every finished inference and splice it into the queue, oldest first."""
+        while (result := self.worker.poll(self.clock.now())) is not None:
+            self._take_result(n, result)
+
+    def _take_result(self, n: int, result: InferenceResult) -> None:
         request = result.request
         if request.generation != self._generation:
             log.debug("dropping chunk %d: it was requested in a previous episode", request.chunk_id)
@@ -383,6 +393,11 @@ class EdgeNode:
             record.arrival_tick, record.measured_delay = n, measured
             record.policy_version, record.latency_s, record.compute_s = (
                 result.policy_version, result.latency_s, result.compute_s)
+        if request.chunk_id < self._newest_spliced_id:
+            # With requests in flight together, a slow answer can arrive after a newer one:
+            # the newer plan saw a later image, so the older one is superseded.
+            self.stats.chunks_superseded += 1
+            return
         if result.chunk is None:
             self.stats.chunks_rejected += 1
             if record is not None:
@@ -417,6 +432,7 @@ class EdgeNode:
             chunk, stale=stale, keep=keep, limit=limit, blend_ticks=self.config.blend_ticks, hold=self._hold
         )
         self._policy_version = chunk.policy_version
+        self._newest_spliced_id = chunk.chunk_id
         self._had_chunk = True
         self.stats.chunks_spliced += 1
         self.stats.stale_actions_dropped += stale
@@ -424,7 +440,7 @@ class EdgeNode:
             record.stale_dropped, record.old_kept, record.queued = stale, self.queue.remaining - queued, queued
 
     def _record_for(self, chunk_id: int) -> ChunkRecord | None:
-        # Requests are answered in order and one at a time: the answer is the newest record.
+        # Answers usually come in request order: search from the newest record.
         for record in reversed(self.stats.chunks):
             if record.chunk_id == chunk_id:
                 return record

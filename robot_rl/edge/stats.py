@@ -53,6 +53,7 @@ class EdgeStats:
     inferences: int = 0
     chunks_spliced: int = 0
     chunks_rejected: int = 0  # policy raised or returned an invalid chunk
+    chunks_superseded: int = 0  # arrived after a newer chunk (several requests in flight)
     chunks_expired: int = 0  # arrived so late that every action was stale
     stale_actions_dropped: int = 0
     swaps: int = 0
@@ -77,6 +78,7 @@ class EdgeStats:
             "inferences": self.inferences,
             "chunks_spliced": self.chunks_spliced,
             "chunks_rejected": self.chunks_rejected,
+            "chunks_superseded": self.chunks_superseded,
             "chunks_expired": self.chunks_expired,
             "stale_actions_dropped": self.stale_actions_dropped,
             "swaps": self.swaps,
