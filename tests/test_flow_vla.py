@@ -319,3 +319,42 @@ def test_random_shift_translates_each_image_by_at_most_pad_pixels():
             moves.add((dy, dx))
     assert len(moves) > 1, "offsets are drawn per image"
     assert torch.equal(random_shift(images, pad=0), images)
+
+
+def test_spatial_softmax_finds_where_a_feature_map_peaks():
+    from policies.flow_vla.encoders import SpatialSoftmax
+
+    head = SpatialSoftmax(channels=1, keypoints=1)
+    with torch.no_grad():
+        head.to_maps.weight.fill_(1.0)
+        head.to_maps.bias.zero_()
+        head.log_temperature.fill_(-3.0)  # sharp: the soft-argmax is (nearly) the arg-max
+    features = torch.zeros(1, 1, 9, 9)
+    features[0, 0, 2, 6] = 10.0  # row 2 (y), column 6 (x) of a 9x9 grid spanning -1..1
+    x, y = head(features)[0].tolist()
+    assert x == pytest.approx(-1 + 6 * 0.25, abs=1e-3) and y == pytest.approx(-1 + 2 * 0.25, abs=1e-3)
+
+
+def test_keypoint_token_is_part_of_the_architecture_and_round_trips(tmp_path):
+    model = tiny_model(keypoints=4)
+    assert model.config.config_hash() != tiny_config().config_hash()
+    tokens = model.image_encoder(torch.zeros(2, 1, 3, 16, 16))
+    assert tokens.shape == (2, 2 * 2 + 1, 32)  # grid 2x2 + one keypoint token
+    model.save_pretrained(tmp_path)
+    loaded = FlowVLA.from_pretrained(tmp_path, text_encoder=model.text_encoder)
+    state = np.zeros(A, np.float32)
+    np.testing.assert_array_equal(model.predict_chunk(observation(), state, "push", seed=1),
+                                  loaded.predict_chunk(observation(), state, "push", seed=1))
+
+
+def test_state_noise_acts_in_training_only():
+    model = tiny_model(state_noise_std=1.0)
+    batch = random_batch(4)
+    flow_time, noise = torch.full((4,), 0.5), torch.zeros(4, H, A)
+    with torch.no_grad():
+        eval_losses = [model.compute_loss(batch, noise=noise, flow_time=flow_time)[0].item() for _ in range(2)]
+        model.train()
+        train_losses = [model.compute_loss(batch, noise=noise, flow_time=flow_time)[0].item() for _ in range(2)]
+    assert eval_losses[0] == eval_losses[1]  # deterministic without the noise
+    assert train_losses[0] != train_losses[1]  # the state input is perturbed afresh each time
+    assert tiny_config(state_noise_std=0.5).config_hash() == tiny_config().config_hash()

@@ -10,6 +10,7 @@ fraction of late ticks with the sim and the policy sharing this machine.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -22,6 +23,11 @@ from robot_rl.edge import EdgeConfig
 from robot_rl.evaluation import evaluate_policy, run_sim_episode
 
 MODES = ("sync", "async_naive", "async_rollforward")
+# Variants of a mode, benchmarked side by side with it. "pipelined": re-plan continuously
+# (ask again whenever a request slot is free) with two requests in flight, staggered half
+# an inference apart, so a change in the world reaches the executed plan about a quarter
+# of an inference sooner on average than with one request in flight.
+VARIANTS = {"async_rollforward_pipelined": ("async_rollforward", {"continuous": True, "max_inflight": 2})}
 LATENCIES_MS = (0, 100, 200, 400)
 # The target moves 0.5-0.9 s in: the arm is on its way to the cube, nothing grasped yet.
 # The tick varies over seeds so the move lands at every phase of an inference cycle (at a
@@ -36,10 +42,18 @@ def perturb_tick(i: int) -> int:
     return PERTURB_FIRST_TICK + (5 * i) % PERTURB_SPREAD_TICKS
 
 
-def mode_config(base: EdgeConfig, mode: str, latency_ms: float) -> EdgeConfig:
-    """The edge settings of one benchmark cell: the configured edge, with this mode and latency."""
+def mode_config(base: EdgeConfig, mode: str, latency_ms: float, chunk_size: int = 20) -> EdgeConfig:
+    """The edge settings of one benchmark cell: the configured edge, with this mode (or
+    variant, see ``VARIANTS``) and latency."""
+    settings: dict = {}
+    if mode in VARIANTS:
+        mode, variant = VARIANTS[mode]
+        settings["max_inflight"] = variant.get("max_inflight", base.max_inflight)
+        if variant.get("continuous"):
+            settings["request_threshold"] = chunk_size  # a slot is free: ask again
     return replace(
         base,
+        **settings,
         mode=mode,
         simulated_latency_ms=float(latency_ms),
         latency_distribution="constant",
@@ -48,10 +62,12 @@ def mode_config(base: EdgeConfig, mode: str, latency_ms: float) -> EdgeConfig:
     )
 
 
-def measure_reaction(robot, policy, config: EdgeConfig, seeds: list[int]) -> list[float]:
+def measure_reaction(robot, policy, config: EdgeConfig, seeds: list[int],
+                     families: Sequence[str] | None = None) -> list[float]:
     """Counterfactual reaction times (s) over seeds: moved target vs untouched twin run."""
     times = []
     for i, seed in enumerate(seeds):
+        family = families[i % len(families)] if families else None
         moved_to: dict[str, np.ndarray] = {}
         at = perturb_tick(i)
 
@@ -62,9 +78,9 @@ def measure_reaction(robot, policy, config: EdgeConfig, seeds: list[int]) -> lis
                 moved_to["direction"] = np.asarray(after) - before
 
         steps = at + REACTION_WINDOW_TICKS
-        moved, _ = run_sim_episode(robot, policy, config, seed, on_tick=perturb, max_steps=steps)
+        moved, _ = run_sim_episode(robot, policy, config, seed, family, on_tick=perturb, max_steps=steps)
         ee_moved = commanded_ee(robot, moved)
-        baseline, _ = run_sim_episode(robot, policy, config, seed, max_steps=steps)
+        baseline, _ = run_sim_episode(robot, policy, config, seed, family, max_steps=steps)
         ee_base = commanded_ee(robot, baseline)
         if "direction" not in moved_to:
             continue  # the episode ended (success) before the perturbation
@@ -96,7 +112,8 @@ def run_async_bench(
     reaction_episodes: int = 6,
     realtime_episodes: int = 2,
     latencies_ms=LATENCIES_MS,
-    modes=MODES,
+    modes=(*MODES, *VARIANTS),
+    families: Sequence[str] | None = None,
     progress: bool = True,
 ) -> dict:
     seeds = [2_000_000 + i for i in range(episodes)]
@@ -104,9 +121,9 @@ def run_async_bench(
     results: dict[str, dict[str, dict]] = {m: {} for m in modes}
     cells = [(m, lat) for m in modes for lat in latencies_ms]
     for mode, latency in tqdm(cells, desc="bench async", disable=not progress):
-        config = mode_config(base, mode, latency)
-        evaluation = evaluate_policy(robot, policy, config, seeds, progress=False)
-        reactions = measure_reaction(robot, policy, config, reaction_seeds)
+        config = mode_config(base, mode, latency, getattr(policy, "chunk_size", 20))
+        evaluation = evaluate_policy(robot, policy, config, seeds, families=families, progress=False)
+        reactions = measure_reaction(robot, policy, config, reaction_seeds, families)
         finite = [r for r in reactions if math.isfinite(r)]
         floor_s = latency / 1000.0 + 1.0 / robot.fps
         reaction = float(np.mean(finite)) if finite else float("nan")
@@ -121,6 +138,7 @@ def run_async_bench(
             "reaction_measured": f"{len(finite)}/{len(reactions)}",
             "late_tick_frac": evaluation.late_tick_frac,  # virtual clock: lateness is 0 by construction
         }
+    add_ratios_to_sync(results)
     realtime = measure_late_ticks(robot, policy, mode_config(base, "async_rollforward", 0), [4_000_000 + i for i in range(realtime_episodes)])
     return {
         "results": results,
@@ -131,9 +149,21 @@ def run_async_bench(
     }
 
 
+def add_ratios_to_sync(results: dict[str, dict[str, dict]]) -> None:
+    """Each cell's reaction and completion time over sync's at the same latency."""
+    sync = results.get("sync", {})
+    for by_latency in results.values():
+        for latency, cell in by_latency.items():
+            base = sync.get(latency, {})
+            for key in ("reaction_s", "completion_s"):
+                ratio = cell[key] / base[key] if base.get(key) and math.isfinite(base[key]) else float("nan")
+                cell[f"{key.removesuffix('_s')}_vs_sync"] = ratio
+
+
 def print_table(report: dict) -> None:
     table = Table(title="async control: mode x simulated inference latency (virtual clock)")
-    for col in ("mode", "latency ms", "success", "completion s", "vs own 0 ms", "stall s/ep", "reaction s", "x floor"):
+    for col in ("mode", "latency ms", "success", "completion s", "vs own 0 ms", "stall s/ep", "reaction s", "x floor",
+                "x sync"):
         table.add_column(col, justify="right")
     for mode, by_latency in report["results"].items():
         zero = by_latency.get("0", {}).get("completion_s", float("nan"))
@@ -142,14 +172,16 @@ def print_table(report: dict) -> None:
                 mode, latency, f"{r['success']:.0%}", f"{r['completion_s']:.2f}",
                 f"{r['completion_s'] / zero:.2f}x" if zero and math.isfinite(zero) else "-",
                 f"{r['stall_s_per_episode']:.3f}", f"{r['reaction_s']:.3f}", f"{r['reaction_over_floor']:.2f}",
+                f"{r['reaction_vs_sync']:.2f}",
             )
     Console().print(table)
     print(f"real-time mode (wall clock, policy thread + sim in one process): late ticks {report['realtime_late_tick_frac']:.2%}")
 
 
 def run_from_cli(quick: bool, overrides: list[str]) -> dict:
+    from hardware.sim import TASK_FAMILIES
     from robot_rl.commands.policy_loading import load_policy
-    from robot_rl.commands.sim_setup import make_sim
+    from robot_rl.commands.sim_setup import make_sim, task_families
     from robot_rl.config import load_config, to_dataclass
 
     cfg = load_config(overrides)
@@ -158,7 +190,8 @@ def run_from_cli(quick: bool, overrides: list[str]) -> dict:
     try:
         report = run_async_bench(
             robot, policy, to_dataclass(cfg.edge, EdgeConfig),
-            episodes=4 if quick else 20, reaction_episodes=2 if quick else 6, realtime_episodes=1 if quick else 2,
+            episodes=4 if quick else 20, reaction_episodes=2 if quick else 12, realtime_episodes=1 if quick else 2,
+            families=task_families(cfg.task_families, TASK_FAMILIES),
         )
     finally:
         robot.disconnect()

@@ -52,7 +52,8 @@ def ensure_demos(cfg: DictConfig) -> Path:
 def train_bc(cfg: DictConfig, progress: bool = True) -> dict:
     from policies.flow_vla import FlowVLA, FlowVLAConfig
     from policies.flow_vla.training import fit
-    from robot_rl.commands.sim_setup import make_sim
+    from hardware.sim import TASK_FAMILIES
+    from robot_rl.commands.sim_setup import make_sim, task_families
     from robot_rl.data import load_episode_arrays
     from robot_rl.edge import EdgeConfig
     from robot_rl.evaluation import evaluate_policy
@@ -75,7 +76,8 @@ def train_bc(cfg: DictConfig, progress: bool = True) -> dict:
         n = int(cfg.bc.eval_episodes)
         evaluation = evaluate_policy(
             robot, policy.cpu(), to_dataclass(cfg.edge, EdgeConfig),
-            seeds=[1_000_000 + i for i in range(n)], desc="evaluating BC policy", progress=progress,
+            seeds=[1_000_000 + i for i in range(n)], families=task_families(cfg.demos.families, TASK_FAMILIES),
+            desc="evaluating BC policy", progress=progress,
         )
     finally:
         robot.disconnect()

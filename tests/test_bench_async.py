@@ -1,0 +1,63 @@
+"""bench async's measuring functions: reaction detection, perturbation phases, ratios."""
+
+import math
+
+import numpy as np
+import pytest
+
+from robot_rl.bench.async_control import PERTURB_SPREAD_TICKS, add_ratios_to_sync, mode_config, perturb_tick
+from robot_rl.bench.reaction import reaction_time
+from robot_rl.edge import EdgeConfig
+
+
+def twin_paths(diverge_at: int, step_m: float, direction, n: int = 40):
+    """Baseline at the origin; the moved run leaves it at ``diverge_at`` by step_m per tick."""
+    base = np.zeros((n, 3))
+    moved = base.copy()
+    unit = np.asarray(direction, float) / np.linalg.norm(direction)
+    for t in range(diverge_at, n):
+        moved[t] = unit * step_m * (t - diverge_at + 1)
+    return moved, base
+
+
+def test_reaction_is_the_first_tick_heading_for_the_new_target():
+    moved, base = twin_paths(diverge_at=14, step_m=0.004, direction=[0.0, 1.0, 0.0])
+    r = reaction_time(moved, base, np.array([0.0, 0.1, 0.0]), perturb_tick=10, fps=30)
+    assert r.reaction_tick == 14
+    assert r.reaction_s == pytest.approx(5 / 30)  # ticks 10..14 inclusive
+
+
+def test_moving_away_from_the_new_target_is_not_a_reaction():
+    moved, base = twin_paths(diverge_at=12, step_m=0.004, direction=[0.0, -1.0, 0.0])
+    r = reaction_time(moved, base, np.array([0.0, 0.1, 0.0]), perturb_tick=10, fps=30)
+    assert r.reaction_tick is None and math.isnan(r.reaction_s)
+
+
+def test_a_target_that_did_not_move_is_an_error():
+    moved, base = twin_paths(diverge_at=12, step_m=0.004, direction=[1.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="did not move"):
+        reaction_time(moved, base, np.zeros(3), perturb_tick=10, fps=30)
+
+
+def test_perturbations_cover_every_phase_of_one_inference():
+    ticks = [perturb_tick(i) for i in range(PERTURB_SPREAD_TICKS)]
+    assert sorted(t - ticks[0] for t in ticks) == list(range(PERTURB_SPREAD_TICKS))
+
+
+def test_pipelined_variant_replans_continuously_with_two_in_flight():
+    config = mode_config(EdgeConfig(), "async_rollforward_pipelined", 200, chunk_size=16)
+    assert (config.mode, config.request_threshold, config.max_inflight) == ("async_rollforward", 16, 2)
+    assert config.simulated_latency_ms == 200.0 and config.inference_runner == "virtual"
+    plain = mode_config(EdgeConfig(), "sync", 100)
+    assert plain.mode == "sync" and plain.max_inflight == 1
+
+
+def test_ratios_to_sync_at_the_same_latency():
+    results = {
+        "sync": {"200": {"reaction_s": 0.6, "completion_s": 4.0}},
+        "async_rollforward": {"200": {"reaction_s": 0.3, "completion_s": 3.0}},
+    }
+    add_ratios_to_sync(results)
+    assert results["async_rollforward"]["200"]["reaction_vs_sync"] == pytest.approx(0.5)
+    assert results["async_rollforward"]["200"]["completion_vs_sync"] == pytest.approx(0.75)
+    assert results["sync"]["200"]["reaction_vs_sync"] == pytest.approx(1.0)
