@@ -10,11 +10,16 @@ from robot_rl.config import ConfigError
 
 
 def load_policy(cfg: DictConfig, deterministic: bool = False):
-    """FlowVLA or a LeRobot policy (``policy.type``) from ``policy.path`` / the BC checkpoint."""
+    """FlowVLA or a LeRobot policy (``policy.type``) from ``policy.path``, else the trained BC
+    checkpoint, else the shipped one (``checkpoints/bc_push``) where it fits the config."""
     path = cfg.policy.get("path") or cfg.bc.checkpoint_dir
     kind = cfg.policy.get("type", "flow_vla")
     if kind == "flow_vla":
         from policies.flow_vla import FlowVLA
+        from robot_rl.commands.run import shipped_bc_checkpoint
+
+        if not cfg.policy.get("path") and not (Path(path) / "config.json").exists():
+            path = shipped_bc_checkpoint(cfg) or path
 
         if not cfg.policy.get("path") and not (Path(path) / "config.json").exists():
             raise ConfigError(
