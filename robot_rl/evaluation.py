@@ -8,7 +8,8 @@ policy as if it ran at a given inference latency, exactly and reproducibly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -52,6 +53,22 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+@contextmanager
+def episode_noise(policy, seed: int) -> Iterator[None]:
+    """Seed the policy's sampling noise for one episode (if it has ``reseed_noise``), then
+    return it to fresh noise: the episode is reproducible, and policies compared on the
+    same seeds meet the same noise."""
+    reseed = getattr(policy, "reseed_noise", None)
+    if reseed is None:
+        yield
+        return
+    reseed(seed)
+    try:
+        yield
+    finally:
+        reseed(None)
+
+
 def run_sim_episode(
     robot,
     policy,
@@ -63,11 +80,12 @@ def run_sim_episode(
     max_steps: int | None = None,
     policy_version: int = 0,
 ) -> tuple[Episode, EdgeNode]:
-    """Reset the sim to ``seed`` and run one closed-loop episode on a fresh virtual clock."""
+    """Reset the sim to ``seed`` and run one closed-loop episode on a fresh virtual clock
+    (the policy's noise seeded with ``seed``, see ``episode_noise``)."""
     instruction = robot.reset(seed=seed, family=family)
     config = replace(edge_config, fps=robot.fps, latency_seed=edge_config.latency_seed + seed)
     node = EdgeNode(robot, policy, VirtualClock(), config, task=robot, on_tick=on_tick, policy_version=policy_version)
-    with node:
+    with episode_noise(policy, seed), node:
         episode = node.run_episode(
             max_steps or robot.config.max_episode_steps,
             instruction,

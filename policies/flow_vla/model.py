@@ -221,8 +221,20 @@ class FlowVLA(nn.Module):
             self.train(was_training)
         return actions.float().cpu().numpy()
 
+    def reseed_noise(self, seed: int | None) -> None:
+        """Draw the initial noise of the following chunks from a stream seeded with ``seed``
+        (None: back to fresh noise). Evaluations re-seed it per episode, so an episode is
+        reproducible and two policies meet the same noise on the same seed, while chunks
+        within the episode still get different noise (one fixed draw biases every chunk
+        the same way)."""
+        self._noise_stream = None if seed is None else torch.Generator().manual_seed(int(seed))
+
     def _initial_noise(self, batch_size: int, seed: int | None) -> torch.Tensor:
+        """Precedence: an explicit ``seed``, the episode's noise stream, ``config.inference_seed``, fresh noise."""
         shape = (batch_size, self.chunk_size, self.action_dim)
+        stream = getattr(self, "_noise_stream", None)
+        if seed is None and stream is not None:
+            return torch.randn(shape, generator=stream).to(self.device)
         seed = self.config.inference_seed if seed is None else seed
         if seed is None:
             return torch.randn(shape, device=self.device)

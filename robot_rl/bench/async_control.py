@@ -185,12 +185,12 @@ def run_from_cli(quick: bool, overrides: list[str]) -> dict:
     from robot_rl.config import load_config, to_dataclass
 
     cfg = load_config(overrides)
-    policy = load_policy(cfg, deterministic=True)
+    policy = load_policy(cfg)  # episodes are reproducible: run_sim_episode seeds the policy's noise per episode
     robot = make_sim(cfg)
     try:
         report = run_async_bench(
             robot, policy, to_dataclass(cfg.edge, EdgeConfig),
-            episodes=4 if quick else 20, reaction_episodes=2 if quick else 12, realtime_episodes=1 if quick else 2,
+            episodes=4 if quick else 30, reaction_episodes=2 if quick else 12, realtime_episodes=1 if quick else 2,
             families=task_families(cfg.task_families, TASK_FAMILIES),
         )
     finally:

@@ -62,14 +62,14 @@ def _load_policies(cfg: DictConfig) -> dict[str, object]:
     from robot_rl.commands.policy_loading import load_policy
 
     main_name = str(cfg.policy.get("path") or cfg.bc.checkpoint_dir)
-    policies = {main_name: load_policy(cfg, deterministic=True)}
+    policies = {main_name: load_policy(cfg)}
     compare = cfg.eval.compare
     if compare.get("path"):
         other = copy.deepcopy(cfg)
         other.policy.path = compare.path
         other.policy.type = compare.type
         name = str(compare.path) if str(compare.path) != main_name else f"{compare.path} (compare)"
-        policies[name] = load_policy(other, deterministic=True)
+        policies[name] = load_policy(other)
     return policies
 
 

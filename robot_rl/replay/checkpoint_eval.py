@@ -16,7 +16,7 @@ from tqdm import tqdm
 from robot_rl.core.clock import VirtualClock
 from robot_rl.core.types import Episode
 from robot_rl.edge import EdgeConfig, EdgeNode
-from robot_rl.evaluation import EvalResult, summarize, wilson_interval
+from robot_rl.evaluation import EvalResult, episode_noise, summarize, wilson_interval
 from robot_rl.replay.dataset import DatasetError, LoggedDataset
 from robot_rl.replay.joint_mapping import JointMapping, build_mapper
 from robot_rl.replay.scenes import Scene, apply_scene, task_of_instruction
@@ -79,7 +79,7 @@ def run_scene_episode(
     seed = scene.seed if scene.seed is not None else fallback_seed + episode_id
     config = replace(edge_config, fps=robot.fps, latency_seed=edge_config.latency_seed + seed)
     node = EdgeNode(robot, policy, VirtualClock(), config, task=robot, intervention=intervention)
-    with node:
+    with episode_noise(policy, seed), node:
         episode = node.run_episode(
             max_steps or robot.config.max_episode_steps,
             instruction,
