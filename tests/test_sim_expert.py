@@ -89,3 +89,28 @@ def test_episode_runs_on_a_given_clock(robot, expert):
     result = run_expert_episode(robot, expert, seed=3, clock=WallClock(), max_steps=2)
     assert result["steps"] == 2
     assert set(result) >= {"success", "steps", "sim_time_s", "instruction", "family", "color", "seed"}
+
+
+def test_expert_plans_a_rate_limited_chunk_from_the_given_state_without_moving_the_sim(robot, expert):
+    robot.reset(11, family="push")
+    before = robot.get_state()
+    start = robot.last_action + np.float32(3.0)  # a rolled-forward state need not be where the arm is
+    chunk = expert.plan_chunk(start, 8)
+    assert chunk.shape == (8, 6) and chunk.dtype == np.float32
+    steps = np.diff(np.vstack([start, chunk]), axis=0)
+    assert np.max(np.abs(steps)) <= expert.max_joint_step + 1e-4
+    assert np.array_equal(robot.get_state().physics, before.physics)  # planning is kinematic, off the live sim
+
+
+def test_expert_chunk_policy_completes_tasks_through_the_async_edge_at_200ms(robot):
+    from hardware.sim.expert_policy import ExpertChunkPolicy
+    from robot_rl.edge import EdgeConfig
+    from robot_rl.evaluation import evaluate_policy
+
+    policy = ExpertChunkPolicy(ScriptedExpert(robot, max_joint_step=3.0, cartesian_step=0.006, careful_step=0.003))
+    config = EdgeConfig(mode="async_rollforward", simulated_latency_ms=200.0, inference_runner="virtual")
+    result = evaluate_policy(robot, policy, config, seeds=[500, 501, 502], families=["push"], progress=False)
+    assert result.success_rate >= 2 / 3
+    assert result.stall_s_per_episode == 0.0
+    with pytest.raises(ValueError, match="chunk_size"):
+        ExpertChunkPolicy(ScriptedExpert(robot), chunk_size=0)

@@ -94,6 +94,21 @@ class ScriptedExpert:
         target = self._solve(reference, goal)
         return self._rate_limit(reference, target)
 
+    def plan_chunk(self, start: np.ndarray, horizon: int) -> np.ndarray:
+        """``horizon`` commands re-planned from now, starting from the commanded pose ``start``.
+
+        The goal comes from the world as it is now; the arm is stepped kinematically from
+        ``start`` (e.g. a rolled-forward state), one rate-limited IK step per tick. Contacts
+        are not simulated, so later commands in a long chunk may be off once the cube moves.
+        """
+        goal = self._plan(self.robot.world())
+        reference = np.asarray(start, dtype=np.float32).copy()
+        commands = []
+        for _ in range(horizon):
+            reference = self._rate_limit(reference, self._solve(reference, goal))
+            commands.append(reference)
+        return np.stack(commands).astype(np.float32)
+
     # ------------------------------------------------------------------ planning
 
     def _plan(self, world: WorldSnapshot) -> Goal:

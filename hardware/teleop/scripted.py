@@ -193,8 +193,11 @@ class _SimView:
         return bool(self.robot.world().cube_held.get(self.robot.task.color, False))
 
 
-def scripted_operator_for_sim(robot, config: ScriptedOperatorConfig | None = None) -> ScriptedOperator:
-    """A scripted operator watching ``robot`` (a ``SimSO101``) and driving it with its ScriptedExpert."""
+def scripted_operator_for_sim(robot, config: ScriptedOperatorConfig | None = None,
+                              expert: Expert | None = None) -> ScriptedOperator:
+    """A scripted operator watching ``robot`` (a ``SimSO101``) and driving it with ``expert``
+    (default: a full-speed ScriptedExpert). Give it the demonstrator's expert so that its
+    corrections move like the demonstrations: mixed speeds in one replay confuse the policy."""
     from hardware.sim import ScriptedExpert
 
     missing = [m for m in ("ee_position", "target_position", "world", "reset") if not hasattr(robot, m)]
@@ -203,4 +206,4 @@ def scripted_operator_for_sim(robot, config: ScriptedOperatorConfig | None = Non
             f"the scripted operator needs the simulator (robot {getattr(robot, 'name', robot)!r} lacks {missing}); "
             "use teleop=leader, gamepad or keyboard on a real robot"
         )
-    return ScriptedOperator(_SimView(robot), ScriptedExpert(robot), config)
+    return ScriptedOperator(_SimView(robot), expert or ScriptedExpert(robot), config)

@@ -5,6 +5,11 @@ simulated inference latency (virtual clock, so a 2-core CPU stands in for a slow
 a GPU) it measures success, completion time, stall time, reaction latency (see
 ``robot_rl.bench.reaction``), and, in a short real-time section on the wall clock, the
 fraction of late ticks with the sim and the policy sharing this machine.
+
+The same cells are then run with the scripted expert as the chunk policy
+(``hardware.sim.expert_policy``): it sees the world perfectly and at once, so its
+completion times and reaction latencies are the runtime's alone; the checkpoint's are
+the runtime's plus its own perception (JSON ``results_expert_policy``).
 """
 
 from __future__ import annotations
@@ -104,23 +109,22 @@ def measure_late_ticks(robot, policy, config: EdgeConfig, seeds: list[int]) -> f
     return late / total if total else 0.0
 
 
-def run_async_bench(
+def measure_cells(
     robot,
     policy,
     base: EdgeConfig,
-    episodes: int = 20,
-    reaction_episodes: int = 6,
-    realtime_episodes: int = 2,
+    seeds: list[int],
+    reaction_seeds: list[int],
     latencies_ms=LATENCIES_MS,
     modes=(*MODES, *VARIANTS),
     families: Sequence[str] | None = None,
+    desc: str = "bench async",
     progress: bool = True,
-) -> dict:
-    seeds = [2_000_000 + i for i in range(episodes)]
-    reaction_seeds = [3_000_000 + i for i in range(reaction_episodes)]
+) -> dict[str, dict[str, dict]]:
+    """``results[mode][latency_ms]`` -> success, completion, stall and reaction of one policy."""
     results: dict[str, dict[str, dict]] = {m: {} for m in modes}
     cells = [(m, lat) for m in modes for lat in latencies_ms]
-    for mode, latency in tqdm(cells, desc="bench async", disable=not progress):
+    for mode, latency in tqdm(cells, desc=desc, disable=not progress):
         config = mode_config(base, mode, latency, getattr(policy, "chunk_size", 20))
         evaluation = evaluate_policy(robot, policy, config, seeds, families=families, progress=False)
         reactions = measure_reaction(robot, policy, config, reaction_seeds, families)
@@ -139,14 +143,39 @@ def run_async_bench(
             "late_tick_frac": evaluation.late_tick_frac,  # virtual clock: lateness is 0 by construction
         }
     add_ratios_to_sync(results)
-    realtime = measure_late_ticks(robot, policy, mode_config(base, "async_rollforward", 0), [4_000_000 + i for i in range(realtime_episodes)])
-    return {
-        "results": results,
-        "realtime_late_tick_frac": realtime,
-        "episodes_per_cell": episodes,
-        "reaction_episodes_per_cell": reaction_episodes,
-        "fps": robot.fps,
+    return results
+
+
+def run_async_bench(
+    robot,
+    policy,
+    base: EdgeConfig,
+    episodes: int = 20,
+    reaction_episodes: int = 6,
+    realtime_episodes: int = 2,
+    latencies_ms=LATENCIES_MS,
+    modes=(*MODES, *VARIANTS),
+    families: Sequence[str] | None = None,
+    expert_policy=None,
+    progress: bool = True,
+) -> dict:
+    """The checkpoint in every cell; then, if given, the privileged ``expert_policy`` (see
+    ``hardware.sim.expert_policy``) in every cell, which isolates the runtime's timing from
+    the learned policy's perception; then late ticks in real time."""
+    seeds = [2_000_000 + i for i in range(episodes)]
+    reaction_seeds = [3_000_000 + i for i in range(reaction_episodes)]
+    report: dict = {
+        "results": measure_cells(robot, policy, base, seeds, reaction_seeds, latencies_ms, modes, families,
+                                 "bench async (checkpoint)", progress),
     }
+    if expert_policy is not None:
+        report["results_expert_policy"] = measure_cells(
+            robot, expert_policy, base, seeds, reaction_seeds, latencies_ms, modes, families,
+            "bench async (expert policy)", progress)
+    report["realtime_late_tick_frac"] = measure_late_ticks(
+        robot, policy, mode_config(base, "async_rollforward", 0), [4_000_000 + i for i in range(realtime_episodes)])
+    report.update(episodes_per_cell=episodes, reaction_episodes_per_cell=reaction_episodes, fps=robot.fps)
+    return report
 
 
 def add_ratios_to_sync(results: dict[str, dict[str, dict]]) -> None:
@@ -161,11 +190,19 @@ def add_ratios_to_sync(results: dict[str, dict[str, dict]]) -> None:
 
 
 def print_table(report: dict) -> None:
-    table = Table(title="async control: mode x simulated inference latency (virtual clock)")
+    titles = {"results": "checkpoint", "results_expert_policy": "expert chunk policy (privileged: runtime only)"}
+    for key, title in titles.items():
+        if key in report:
+            print_cells(report[key], f"async control, {title}: mode x simulated inference latency (virtual clock)")
+    print(f"real-time mode (wall clock, policy thread + sim in one process): late ticks {report['realtime_late_tick_frac']:.2%}")
+
+
+def print_cells(results: dict, title: str) -> None:
+    table = Table(title=title)
     for col in ("mode", "latency ms", "success", "completion s", "vs own 0 ms", "stall s/ep", "reaction s", "x floor",
                 "x sync"):
         table.add_column(col, justify="right")
-    for mode, by_latency in report["results"].items():
+    for mode, by_latency in results.items():
         zero = by_latency.get("0", {}).get("completion_s", float("nan"))
         for latency, r in by_latency.items():
             table.add_row(
@@ -174,24 +211,25 @@ def print_table(report: dict) -> None:
                 f"{r['stall_s_per_episode']:.3f}", f"{r['reaction_s']:.3f}", f"{r['reaction_over_floor']:.2f}",
                 f"{r['reaction_vs_sync']:.2f}",
             )
-    Console().print(table)
-    print(f"real-time mode (wall clock, policy thread + sim in one process): late ticks {report['realtime_late_tick_frac']:.2%}")
+    Console(width=140).print(table)
 
 
 def run_from_cli(quick: bool, overrides: list[str]) -> dict:
     from hardware.sim import TASK_FAMILIES
+    from hardware.sim.expert_policy import ExpertChunkPolicy
     from robot_rl.commands.policy_loading import load_policy
-    from robot_rl.commands.sim_setup import make_sim, task_families
+    from robot_rl.commands.sim_setup import demo_expert, make_sim, task_families
     from robot_rl.config import load_config, to_dataclass
 
     cfg = load_config(overrides)
     policy = load_policy(cfg)  # episodes are reproducible: run_sim_episode seeds the policy's noise per episode
     robot = make_sim(cfg)
+    expert = ExpertChunkPolicy(demo_expert(robot, float(cfg.demos.expert_speed)), getattr(policy, "chunk_size", 20))
     try:
         report = run_async_bench(
             robot, policy, to_dataclass(cfg.edge, EdgeConfig),
             episodes=4 if quick else 30, reaction_episodes=2 if quick else 12, realtime_episodes=1 if quick else 2,
-            families=task_families(cfg.task_families, TASK_FAMILIES),
+            families=task_families(cfg.task_families, TASK_FAMILIES), expert_policy=expert,
         )
     finally:
         robot.disconnect()

@@ -478,7 +478,7 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
                          time_budget_s=bench.minutes_per_arm * 60.0)
     robots = make_sim_robot_factory(sim_config, task_families(cfg.run.families, TASK_FAMILIES),
                                     seed_base=int(cfg.seed) + 5_000_000)  # same scenes in every arm
-    operators = operator_factory(sim_config.fps, arm.operator)
+    operators = operator_factory(sim_config.fps, arm.operator, float(cfg.demos.expert_speed))
     torch.manual_seed(int(cfg.seed))  # same flow-matching noise stream at the start of every arm
     started = time.monotonic()
     curve = LearningCurve()

@@ -78,16 +78,18 @@ def shipped_bc_checkpoint(cfg: DictConfig) -> Path | None:
     return SHIPPED_BC if read_config(SHIPPED_BC).config_hash() == wanted else None
 
 
-def operator_factory(fps: int, enabled: bool):
-    """Each robot gets a scripted operator (seeded by its index) behind the real takeover path."""
+def operator_factory(fps: int, enabled: bool, expert_speed: float = 1.0):
+    """Each robot gets a scripted operator (seeded by its index) behind the real takeover path,
+    driving at the demonstrator's ``expert_speed`` (its corrections are training data too)."""
     if not enabled:
         return None
     from hardware.teleop.blend import TakeoverBlender
     from hardware.teleop.intervention import TeleopIntervention
     from hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
+    from robot_rl.commands.sim_setup import demo_expert
 
     def make(index: int, robot):
-        operator = scripted_operator_for_sim(robot, ScriptedOperatorConfig(seed=index))
+        operator = scripted_operator_for_sim(robot, ScriptedOperatorConfig(seed=index), demo_expert(robot, expert_speed))
         return TeleopIntervention(operator, TakeoverBlender(fps))
 
     return make
@@ -165,7 +167,7 @@ def run_main_job(cfg: DictConfig) -> dict:
         result = run_local(
             learner_config, policy, run,
             make_sim_robot_factory(sim_config, families, seed_base=int(cfg.seed) + 5_000_000),
-            operator_factory=operator_factory(sim_config.fps, bool(cfg.run.operator)),
+            operator_factory=operator_factory(sim_config.fps, bool(cfg.run.operator), float(cfg.demos.expert_speed)),
             on_episode=progress.on_episode,
             on_start=progress.attach,
         )
