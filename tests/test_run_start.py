@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from policies.flow_vla import FlowVLA, FlowVLAConfig
+from robot_rl.commands import policy_loading
 from robot_rl.commands import run as run_command
 from robot_rl.config import load_config, to_dataclass
 from tests.learner_helpers import hashed_embeddings
@@ -22,7 +23,7 @@ def shipped(tmp_path, monkeypatch):
     model = FlowVLA(to_dataclass(cfg.policy.model, FlowVLAConfig), text_encoder=InstructionEncoder(backend=hashed_embeddings))
     directory = tmp_path / "bc_push"
     model.save_pretrained(directory)
-    monkeypatch.setattr(run_command, "SHIPPED_BC", directory)
+    monkeypatch.setattr(policy_loading, "SHIPPED_BC", directory)
     return directory
 
 
@@ -43,10 +44,10 @@ def test_a_trained_checkpoint_wins_over_the_shipped_one(shipped, tmp_path):
                                       "bc.use_shipped=false"])
 def test_shipped_checkpoint_is_not_used_for_another_model_or_task_set(shipped, tmp_path, override):
     cfg = load_config([f"output_dir={tmp_path / 'out'}", override])
-    assert run_command.shipped_bc_checkpoint(cfg) is None
+    assert policy_loading.shipped_bc_checkpoint(cfg) is None
 
 
 def test_the_repository_ships_a_checkpoint_for_the_default_config():
     cfg = load_config([])
-    assert run_command.shipped_bc_checkpoint(cfg) == run_command.SHIPPED_BC, (
+    assert policy_loading.shipped_bc_checkpoint(cfg) == policy_loading.SHIPPED_BC, (
         "checkpoints/bc_push is missing or no longer matches policy.model: retrain it with `robot-rl train-bc`")

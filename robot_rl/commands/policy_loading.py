@@ -8,6 +8,25 @@ from omegaconf import DictConfig
 
 from robot_rl.config import ConfigError
 
+SHIPPED_BC = Path(__file__).resolve().parents[2] / "checkpoints" / "bc_push"
+
+
+def shipped_bc_checkpoint(cfg: DictConfig) -> Path | None:
+    """The shipped BC start (``checkpoints/bc_push``, trained with ``robot-rl train-bc`` on
+    the default push demonstrations), if ``bc.use_shipped`` and it fits ``policy.model`` and
+    ``task_families``; else None (a different model or task set must be trained)."""
+    from policies.flow_vla import FlowVLAConfig
+    from policies.flow_vla.checkpoint import read_config
+    from robot_rl.config import to_dataclass
+
+    if not cfg.bc.get("use_shipped", True) or not (SHIPPED_BC / "model.safetensors").exists():
+        return None
+    families = list(cfg.task_families) if cfg.get("task_families") is not None else None
+    if families != ["push"]:
+        return None
+    wanted = to_dataclass(cfg.policy.model, FlowVLAConfig).config_hash()
+    return SHIPPED_BC if read_config(SHIPPED_BC).config_hash() == wanted else None
+
 
 def load_policy(cfg: DictConfig, deterministic: bool = False):
     """FlowVLA or a LeRobot policy (``policy.type``) from ``policy.path``, else the trained BC
@@ -16,11 +35,9 @@ def load_policy(cfg: DictConfig, deterministic: bool = False):
     kind = cfg.policy.get("type", "flow_vla")
     if kind == "flow_vla":
         from policies.flow_vla import FlowVLA
-        from robot_rl.commands.run import shipped_bc_checkpoint
 
         if not cfg.policy.get("path") and not (Path(path) / "config.json").exists():
             path = shipped_bc_checkpoint(cfg) or path
-
         if not cfg.policy.get("path") and not (Path(path) / "config.json").exists():
             raise ConfigError(
                 f"no policy checkpoint at {path}; train one with `robot-rl train-bc` or pass policy.path=DIR_OR_HUB_ID"

@@ -42,6 +42,7 @@ def ensure_bc_checkpoint(cfg: DictConfig) -> Path:
     """The starting policy: ``policy.path`` if given, else the BC checkpoint under
     ``bc.checkpoint_dir``, else the one shipped in ``checkpoints/`` if it was trained for the
     configured model and tasks, else one trained now (records demonstrations first)."""
+    from robot_rl.commands.policy_loading import shipped_bc_checkpoint
     from robot_rl.commands.train_bc import train_bc
 
     if cfg.policy.get("path"):
@@ -56,26 +57,6 @@ def ensure_bc_checkpoint(cfg: DictConfig) -> Path:
         result = train_bc(cfg)
         print(f"BC start: success {result['success']:.0%} over {result['eval_episodes']} sim episodes")
     return checkpoint
-
-
-SHIPPED_BC = Path(__file__).resolve().parents[2] / "checkpoints" / "bc_push"
-
-
-def shipped_bc_checkpoint(cfg: DictConfig) -> Path | None:
-    """The shipped BC start (``checkpoints/bc_push``, trained with ``robot-rl train-bc`` on
-    the default push demonstrations), if ``bc.use_shipped`` and it fits ``policy.model`` and
-    ``task_families``; else None (a different model or task set must be trained)."""
-    from policies.flow_vla import FlowVLAConfig
-    from policies.flow_vla.checkpoint import read_config
-    from robot_rl.config import to_dataclass
-
-    if not cfg.bc.get("use_shipped", True) or not (SHIPPED_BC / "model.safetensors").exists():
-        return None
-    families = list(cfg.task_families) if cfg.get("task_families") is not None else None
-    if families != ["push"]:
-        return None
-    wanted = to_dataclass(cfg.policy.model, FlowVLAConfig).config_hash()
-    return SHIPPED_BC if read_config(SHIPPED_BC).config_hash() == wanted else None
 
 
 def operator_factory(fps: int, enabled: bool, expert_speed: float = 1.0):
