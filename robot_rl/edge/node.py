@@ -295,7 +295,6 @@ class EdgeNode:
             self._last_late_warning = now
             self._late_since_warning = 0
 
-
     def _wait_for_tick(self, n: int) -> tuple[float, float]:
         """Sleep until tick n's scheduled time; return (start time, lateness).
 
