@@ -61,3 +61,29 @@ def test_ratios_to_sync_at_the_same_latency():
     assert results["async_rollforward"]["200"]["reaction_vs_sync"] == pytest.approx(0.5)
     assert results["async_rollforward"]["200"]["completion_vs_sync"] == pytest.approx(0.75)
     assert results["sync"]["200"]["reaction_vs_sync"] == pytest.approx(1.0)
+
+
+def test_bench_cells_with_the_expert_policy_show_latency_hidden_by_roll_forward():
+    """End to end on the sim (virtual clock): roll-forward plus a first chunk planned before
+    the start hide a 400 ms inference from the task time; sync pays for every chunk."""
+    from hardware.sim import ScriptedExpert, SimConfig, SimSO101
+    from hardware.sim.expert_policy import ExpertChunkPolicy
+    from robot_rl.bench.async_control import measure_cells
+
+    robot = SimSO101(SimConfig(cameras=()))
+    robot.connect()
+    try:
+        policy = ExpertChunkPolicy(ScriptedExpert(robot, max_joint_step=3.0, cartesian_step=0.006, careful_step=0.003))
+        results = measure_cells(robot, policy, EdgeConfig(), seeds=[2_000_000, 2_000_001], reaction_seeds=[3_000_000],
+                                latencies_ms=(0, 400), modes=("sync", "async_rollforward"), families=["push"],
+                                progress=False)
+    finally:
+        robot.disconnect()
+    rollforward, sync = results["async_rollforward"], results["sync"]
+    assert rollforward["0"]["success"] == rollforward["400"]["success"] == 1.0
+    assert rollforward["400"]["completion_s"] <= 1.05 * rollforward["0"]["completion_s"]
+    assert sync["400"]["completion_s"] > 1.2 * sync["0"]["completion_s"]  # waits 400 ms for each chunk
+    assert rollforward["400"]["stall_s_per_episode"] == 0.0
+    cell = rollforward["400"]
+    assert set(cell) >= {"success", "completion_s", "stall_s_per_episode", "reaction_s", "late_tick_frac"}
+    assert cell["reaction_s"] >= cell["reaction_floor_s"]  # nothing reacts faster than one inference + a tick

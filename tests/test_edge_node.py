@@ -17,8 +17,12 @@ from tests.edge_fakes import CountingTask, EncodingPolicy, FaultyPolicy, Kinemat
 
 
 def make_node(mode="async_naive", latency_ms=200.0, policy=None, latencies=None, **cfg):
+    """A node on the virtual clock. Tick 0 asks for the first chunk like any other tick
+    (``plan_before_start`` off) unless a test turns it on: the contract is easiest to
+    read when every chunk, the first included, is requested and spliced on a tick."""
     robot = KinematicRobot()
     policy = policy or EncodingPolicy(chunk_size=20)
+    cfg.setdefault("plan_before_start", False)
     config = EdgeConfig(mode=mode, simulated_latency_ms=latency_ms, **cfg)
     worker = None
     if latencies is not None:
@@ -47,6 +51,34 @@ def test_first_chunk_waits_then_runs_from_index_zero():
     assert [decode(s.action) for s in steps[6:]] == [(0, 0), (0, 1), (0, 2), (0, 3)]
     assert steps[6].chunk_index == 0 and steps[6].policy_version == 0
 
+
+@pytest.mark.parametrize("mode", ["sync", "async_naive", "async_rollforward"])
+def test_plan_before_start_computes_the_first_chunk_with_the_arm_at_rest(mode):
+    node, robot, _ = make_node(mode=mode, latency_ms=400.0, plan_before_start=True)
+    steps = run(node, 3)
+    assert [decode(s.action) for s in steps] == [(0, 0), (0, 1), (0, 2)]  # moving from tick 0
+    assert node.stats.wait_ticks == 0 and not any(s.stall for s in steps)
+    assert steps[0].time_s == pytest.approx(0.4)  # the episode's clock starts when the plan is there
+    assert [s.time_s - steps[0].time_s for s in steps] == pytest.approx([0.0, 1 / 30, 2 / 30])
+    assert len(robot.sent) == 3  # nothing was sent while it waited
+    assert list(node.stats.measured_delays) == [12]  # 400 ms = 12 ticks: a real measurement seeds the estimator
+    assert node.delay.estimate() == 12
+
+
+def test_plan_before_start_gives_up_after_the_timeout_and_the_chunk_lands_late():
+    node, _, _ = make_node(mode="async_rollforward", latency_ms=400.0, plan_before_start=True,
+                           first_chunk_timeout_s=0.1)
+    steps = run(node, 12)
+    assert steps[0].time_s == pytest.approx(0.1, abs=0.006)  # waited 0.1 s (polls every 5 ms), then started
+    assert [s.chunk_id for s in steps[:9]] == [-1] * 9  # holding until the chunk arrives (0.4 s after asking)
+    assert steps[9].chunk_id == 0 and steps[9].chunk_index == 0
+
+
+def test_a_human_driving_at_tick_zero_is_not_kept_waiting():
+    node, _, _ = make_node(mode="async_rollforward", latency_ms=400.0, plan_before_start=True)
+    node.intervention = lambda obs: np.full(6, 5.0, dtype=np.float32)
+    step = node.tick()
+    assert step.time_s == pytest.approx(0.0) and step.is_intervention
 
 def test_request_when_remaining_reaches_threshold_and_notes_k():
     node, _, _ = make_node(latency_ms=200.0, request_threshold=8)
@@ -251,7 +283,9 @@ def test_run_episode_with_task_hooks_and_sink():
     assert not any(s.done for s in episode.steps[:-1])
     assert seen_ticks == list(range(41)) and sunk == episode.steps
     assert episode.steps[0].instruction == "pick up the red cube" and episode.seed == 11
-    assert all(s.time_s == pytest.approx(s.tick / 30) for s in episode.steps)
+    # The first chunk (150 ms) is computed before tick 0, then ticks run at exactly 30 Hz.
+    assert all(s.time_s == pytest.approx(0.15 + s.tick / 30) for s in episode.steps)
+    assert episode.steps[0].chunk_id == 0 and episode.steps[0].chunk_index == 0
     node.task = None
     cut = node.run_episode(5, "again")
     assert cut.num_steps == 5 and cut.steps[-1].done and cut.steps[0].tick == 0

@@ -114,3 +114,46 @@ def test_expert_chunk_policy_completes_tasks_through_the_async_edge_at_200ms(rob
     assert result.stall_s_per_episode == 0.0
     with pytest.raises(ValueError, match="chunk_size"):
         ExpertChunkPolicy(ScriptedExpert(robot), chunk_size=0)
+
+
+def test_a_long_planned_chunk_goes_through_the_phases_of_a_push_without_turning_back(robot, expert):
+    """The chunk is the expert's own continuation: over the cube's back, down, then along the push
+    direction (the planned cube is carried ahead of the jaws), never lifting back mid-stroke."""
+    from hardware.sim.expert import Z_PUSH
+    from hardware.sim.tasks import PUSH_DIRECTIONS
+
+    robot.reset(21, family="push")
+    d = np.asarray(PUSH_DIRECTIONS[robot.task.direction])
+    cube0 = robot.world().cube_position[robot.task.color].copy()
+    chunk = expert.plan_chunk(robot.last_action, 90)
+    tips = np.stack([expert._point(_posed(expert, a), "tip") for a in chunk])
+    low = np.flatnonzero(tips[:, 2] < Z_PUSH + 0.006)
+    assert low.size > 10, "the plan never got down to push height"
+    stroke = tips[low[0]:]
+    along = (stroke[:, :2] - cube0[:2]) @ d
+    assert along[-1] - along[0] > 0.04  # pushed forward, past where the cube was seen
+    assert np.all(stroke[:, 2] < Z_PUSH + 0.012)  # no lift and second approach within the stroke
+
+
+def test_a_stale_cube_behind_a_rolled_forward_push_is_carried_ahead_of_the_jaws(robot, expert):
+    from hardware.sim.expert import PUSH_CONTACT_GAP, Z_PUSH
+    from hardware.sim.tasks import PUSH_DIRECTIONS
+
+    robot.reset(22, family="push")
+    world = robot.world()
+    d = np.asarray(PUSH_DIRECTIONS[robot.task.direction])
+    cube = world.cube_position[robot.task.color]
+    tip = np.array([*(cube[:2] + d * 0.03), Z_PUSH])  # jaws already 3 cm past the last seen cube
+    carried = expert._pushed_along(world, tip).cube_position[robot.task.color]
+    assert (carried[:2] - tip[:2]) @ d == pytest.approx(PUSH_CONTACT_GAP)
+    high = np.array([*tip[:2], Z_PUSH + 0.05])  # jaws above the cube push nothing
+    assert np.array_equal(expert._pushed_along(world, high).cube_position[robot.task.color], cube)
+
+
+def _posed(expert, action):
+    import mujoco
+
+    data = mujoco.MjData(expert._model)
+    data.qpos[expert._ids.arm_qpos] = np.deg2rad(action[:5])
+    mujoco.mj_kinematics(expert._model, data)
+    return data

@@ -80,7 +80,9 @@ def make_node(device: ScriptedDevice, max_step: float = 5.0, latency_ms: float =
     robot = KinematicRobot(start=0.0)
     policy = EncodingPolicy(chunk_size=20)
     hook = TeleopIntervention(device, TakeoverBlender(30, blend_time_s=0.2, max_step_per_tick=max_step))
-    config = EdgeConfig(mode="async_rollforward", simulated_latency_ms=latency_ms, request_threshold=6)
+    # Every chunk, the first included, is asked for on a tick (the ticks below count from it).
+    config = EdgeConfig(mode="async_rollforward", simulated_latency_ms=latency_ms, request_threshold=6,
+                        plan_before_start=False)
     node = EdgeNode(robot, policy, VirtualClock(), config, intervention=hook)
     hook.bind(node)
     return node, hook, robot, policy

@@ -17,7 +17,7 @@ joint targets, and every joint then moves at most ``max_joint_step`` degrees per
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,6 +32,10 @@ Z_GRASP = CUBE_HALF + 0.004  # pads pinch the cube a little above its middle
 Z_HOVER = 0.075
 Z_PUSH = 0.014
 PUSH_START_GAP = 0.04  # cube centre to jaw tip when the push starts
+# Cube centre ahead of the *commanded* jaw tip while a push rides it: 16-23 mm measured
+# (the servos lag the command); the smaller end keeps a planned stroke from outrunning it.
+PUSH_CONTACT_GAP = 0.016
+PUSH_CARRY_REACH = 0.08  # m a planned tip may be past a stale cube and still be pushing it
 Z_CARRY_RISE = PICK_LIFT + 0.03  # cube rise while carried: clears cubes and bowl walls
 Z_RELEASE_GAP = 0.006  # cube bottom above the bowl floor when it is let go
 
@@ -88,34 +92,72 @@ class ScriptedExpert:
 
     def act(self) -> np.ndarray:
         """The next command (float32[6], robot action units), re-planned from now."""
-        world = self.robot.world()
-        goal = self._plan(world)
+        goal = self._plan(self.robot.world(), self.robot.data)
         reference = self.robot.last_action
         target = self._solve(reference, goal)
         return self._rate_limit(reference, target)
 
     def plan_chunk(self, start: np.ndarray, horizon: int) -> np.ndarray:
-        """``horizon`` commands re-planned from now, starting from the commanded pose ``start``.
+        """``horizon`` commands planned from the commanded pose ``start`` (e.g. a rolled-forward state).
 
-        The goal comes from the world as it is now; the arm is stepped kinematically from
-        ``start`` (e.g. a rolled-forward state), one rate-limited IK step per tick. Contacts
-        are not simulated, so later commands in a long chunk may be off once the cube moves.
+        Each step decides afresh what to do, as ``act`` does, but from where the previous
+        planned command puts the gripper (forward kinematics), not from the live arm: the
+        chunk is the expert's own continuation of ``start``, phase changes included (over
+        the cube -> down -> push), so it never idles at a waypoint until the next chunk.
+        The world (cube, jaws' opening) is read once, now. Contacts are not simulated; the
+        one the plan cannot do without is the push itself: a cube in front of the planned
+        jaws is carried along with them (``_pushed_along``), else the plan would push
+        through where the cube was and turn back for it. Whether the push is finished is
+        judged on the real cube only: a modelled cube that ran ahead of the real one would
+        lift the jaws too early and cost a second approach.
         """
-        goal = self._plan(self.robot.world())
+        world = self.robot.world()
+        pushing = self.robot.task.family == "push"
+        push_done = pushing and self._push_done(world)
+        plan_pose = mujoco.MjData(self._model)  # the kinematic arm the chunk is planned on
         reference = np.asarray(start, dtype=np.float32).copy()
         commands = []
         for _ in range(horizon):
+            plan_pose.qpos[self._ids.arm_qpos] = np.deg2rad(reference[:5])
+            mujoco.mj_kinematics(self._model, plan_pose)
+            if pushing:
+                world = self._pushed_along(world, self._point(plan_pose, "tip"))
+            goal = self._plan(world, plan_pose, push_done)
             reference = self._rate_limit(reference, self._solve(reference, goal))
             commands.append(reference)
         return np.stack(commands).astype(np.float32)
 
-    # ------------------------------------------------------------------ planning
+    def _pushed_along(self, world: WorldSnapshot, tip: np.ndarray) -> WorldSnapshot:
+        """``world`` with the push cube carried ahead of jaws that are low and in line with it.
 
-    def _plan(self, world: WorldSnapshot) -> Goal:
+        Low jaws in line with the cube that have reached it (or gone past where the world
+        last saw it: a rolled-forward start is ahead of a stale snapshot by up to one
+        inference of pushing) can only have pushed it, so the cube is put
+        ``PUSH_CONTACT_GAP`` ahead of the tip along the push direction, in line with it
+        (kinematic: no sliding, no spin), where it rides during a real push.
+        """
+        task = self.robot.task
+        d = PUSH_DIRECTIONS[task.direction]
+        n = np.array([-d[1], d[0]])
+        cube = world.cube_position[task.color]
+        rel = tip[:2] - cube[:2]
+        along, across = float(rel @ d), float(rel @ n)
+        if tip[2] >= Z_PUSH + 0.012 or abs(across) >= 0.012 or not -PUSH_CONTACT_GAP < along < PUSH_CARRY_REACH:
+            return world
+        moved = cube.copy()
+        moved[:2] = tip[:2] + d * PUSH_CONTACT_GAP  # flat jaws: the cube also follows any sideways drift
+        return replace(world, cube_position={**world.cube_position, task.color: moved})
+
+    def _plan(self, world: WorldSnapshot, arm: mujoco.MjData, push_done: bool | None = None) -> Goal:
+        """The goal for the gripper posed as in ``arm`` (the live sim, or a planned pose).
+
+        ``push_done`` overrides judging the push finished from ``world`` (see ``plan_chunk``).
+        """
         task = self.robot.task
         if task.family == "push":
-            return self._plan_push(world, self._point(self.robot.data, "tip"))
-        p = self._point(self.robot.data, "grasp")
+            done = self._push_done(world) if push_done is None else push_done
+            return self._plan_push(world, self._point(arm, "tip"), done)
+        p = self._point(arm, "grasp")
         color = task.color
         cube = world.cube_position[color]
         if world.cube_held[color]:
@@ -173,7 +215,13 @@ class ScriptedExpert:
             return Goal(p.copy(), faces, GRIPPER_RELEASE, careful=True)
         return Goal(release + to_grasp, faces, GRIPPER_CLOSED, careful=True)
 
-    def _plan_push(self, world: WorldSnapshot, p: np.ndarray) -> Goal:
+    def _push_done(self, world: WorldSnapshot) -> bool:
+        """The cube has gone the push distance, with a margin (then the jaws lift away)."""
+        task = self.robot.task
+        moved = world.cube_position[task.color][:2] - self.robot.progress.start_position[:2]
+        return float(moved @ PUSH_DIRECTIONS[task.direction]) >= PUSH_DISTANCE + 0.012
+
+    def _plan_push(self, world: WorldSnapshot, p: np.ndarray, done: bool) -> Goal:
         """Closed jaws down behind the cube, then slide it along the table.
 
         ``p`` is the tip of the closed jaws; the jaw axis is held across the push
@@ -183,9 +231,8 @@ class ScriptedExpert:
         d = PUSH_DIRECTIONS[task.direction]
         n = np.array([-d[1], d[0]])
         cube = world.cube_position[task.color]
-        start = self.robot.progress.start_position
         jaw = (n, -n)
-        if float((cube[:2] - start[:2]) @ d) >= PUSH_DISTANCE + 0.012:
+        if done:
             return self._go_up(p, GRIPPER_CLOSED, jaw, point="tip")
         rel = p[:2] - cube[:2]
         along, across = float(rel @ d), float(rel @ n)

@@ -37,6 +37,14 @@ class EdgeConfig:
     # worth it where the policy can run requests concurrently (sim latency, a GPU server).
     max_inflight: int = 1
 
+    # Ask for the first chunk of an episode before tick 0 and start the episode's clock
+    # when it is there. The arm stands at its start pose while the scene is set, so the
+    # first inference costs no task time (no runtime can move the arm before a plan
+    # exists). Waits at most first_chunk_timeout_s (a cold start on a GPU can be slow),
+    # then starts anyway holding, and the chunk lands as an ordinary late one. All modes.
+    plan_before_start: bool = True
+    first_chunk_timeout_s: float = 30.0
+
     # Sync mode: execute this many actions of each chunk, then stop and wait for the
     # next inference (LeRobot's n_action_steps, openpi's replan_steps). None = whole chunk.
     execution_horizon: int | None = None
@@ -80,6 +88,8 @@ class EdgeConfig:
             problems.append(f"max_inflight must be >= 1, got {self.max_inflight}")
         if self.threshold_margin < 0:
             problems.append(f"threshold_margin must be >= 0, got {self.threshold_margin}")
+        if self.first_chunk_timeout_s <= 0:
+            problems.append(f"first_chunk_timeout_s must be > 0, got {self.first_chunk_timeout_s}")
         if self.execution_horizon is not None and self.execution_horizon < 1:
             problems.append(f"execution_horizon must be >= 1 or None, got {self.execution_horizon}")
         if self.delay_window < 1:

@@ -11,6 +11,10 @@ Each tick (1/fps):
      last commanded position (a stall, or a wait by design);
   5. clamp the per-tick joint change, send it, record a Step.
 
+Tick 0 is the exception by design (``plan_before_start``): the first chunk is computed
+with the arm at rest before the episode's clock starts, since nothing can move before a
+plan exists.
+
 The control loop never waits for inference (the worker computes off this thread or in
 virtual time), the network or the disk (``step_sink`` must only enqueue). The three modes
 run this same loop; ``ModeRules`` holds their few differences.
@@ -28,6 +32,7 @@ starts at index 0 on arrival and nothing is stale.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -232,6 +237,8 @@ class EdgeNode:
         if self._hold is None:
             self._hold = state.copy()  # first tick: "hold" means stay where the arm is
         human = self._read_human(obs)
+        if n == 0 and human is None and self.config.plan_before_start:
+            time_s = self._plan_before_start(obs, state)
 
         self._collect(n)
         self._maybe_request(n, obs, state, intervening=human is not None)
@@ -363,6 +370,28 @@ class EdgeNode:
         )
         self.worker.submit(request)
 
+    def _plan_before_start(self, obs: Observation, state: np.ndarray) -> float:
+        """Compute the first chunk with the arm at rest, then start the episode's clock.
+
+        Returns the (re-anchored) time of tick 0. The inference's latency is a real
+        measurement, so it seeds the delay estimator in ticks. If the chunk takes longer
+        than ``first_chunk_timeout_s`` the episode starts anyway: the arm holds and the
+        chunk lands whenever it is ready, as any late chunk does.
+        """
+        self._maybe_request(0, obs, state, intervening=False)
+        deadline = self.clock.now() + self.config.first_chunk_timeout_s
+        poll_s = 0.005  # a wall clock sleeps between polls (a spin would starve the inference thread)
+        result = self.worker.poll(self.clock.now())
+        while result is None and self.clock.now() < deadline:
+            self.clock.sleep_until(self.clock.now() + poll_s)
+            result = self.worker.poll(self.clock.now())
+        self._t0 = self.clock.now()
+        if result is None:
+            log.warning("first chunk not ready after %.1f s; starting the episode holding", self.config.first_chunk_timeout_s)
+            return self._t0
+        self._take_result(0, result, measured=math.ceil(result.latency_s * self.config.fps - 1e-9))
+        return self._t0
+
     def _stagger_ticks(self, estimate: int) -> int:
         """Ticks between two requests in flight together: they spread over one inference."""
         return max(1, -(-estimate // self.worker.max_inflight))
@@ -377,12 +406,15 @@ class EdgeNode:
         while (result := self.worker.poll(self.clock.now())) is not None:
             self._take_result(n, result)
 
-    def _take_result(self, n: int, result: InferenceResult) -> None:
+    def _take_result(self, n: int, result: InferenceResult, measured: int | None = None) -> None:
+        """Splice ``result`` if it is still wanted; ``measured`` overrides the delay in ticks
+        (computed from arrival tick - request tick, except for a chunk planned before start)."""
         request = result.request
         if request.generation != self._generation:
             log.debug("dropping chunk %d: it was requested in a previous episode", request.chunk_id)
             return
-        measured = n - request.request_tick
+        if measured is None:
+            measured = n - request.request_tick
         self.delay.observe(measured)
         self.stats.measured_delays.append(measured)
         self.stats.inference_latency_s.append(result.latency_s)
