@@ -298,3 +298,30 @@ def test_scripted_operator_notices_a_stuck_policy_takes_over_and_hands_back_dete
     again, _, _ = run_watched_episode(seed=7)
     assert [s.is_intervention for s in again] == flags.tolist()
     np.testing.assert_allclose(np.stack([s.action for s in again]), np.stack([s.action for s in steps]))
+
+
+def test_scripted_operator_leaves_a_correct_push_alone():
+    """Pushing with closed jaws touches the cube on both sides (a "pinch" to the sim) and goes
+    around the cube first; neither is a mistake, so the expert itself is never taken over from."""
+    from hardware.sim import ScriptedExpert, SimConfig, SimSO101
+    from hardware.teleop.scripted import scripted_operator_for_sim
+
+    robot = SimSO101(SimConfig(cameras=()))
+    robot.connect()
+    try:
+        expert = ScriptedExpert(robot, max_joint_step=3.0, cartesian_step=0.006, careful_step=0.003)
+        noticed = {}
+        for seed in (5003, 5004, 5006, 5018):  # seeds whose pushes used to be called "a dropped cube"
+            robot.reset(seed=seed, family="push")
+            operator = scripted_operator_for_sim(robot, expert=expert)
+            operator.reset_episode(0)
+            for _ in range(robot.config.max_episode_steps):
+                if robot.is_success():
+                    break
+                operator.read({})
+                robot.send_action(expert.act())
+            assert robot.is_success()
+            noticed[seed] = operator.reasons
+        assert noticed == {seed: [] for seed in noticed}
+    finally:
+        robot.disconnect()

@@ -175,7 +175,13 @@ class ScriptedOperator:
 
 
 class _SimView:
-    """What a person at the sim can see: end effector, target, success, and whether the cube is held."""
+    """What a person at the sim can see: end effector, target, success, and whether the cube is held.
+
+    For a push a person judges the arm against the spot behind the cube it must push
+    from (going around the cube to get there is not "moving away"), and a pushed cube is
+    never carried, so it cannot be dropped: closed jaws touching it on both sides while
+    pushing look like a pinch to the sim, and letting go of that is no mistake.
+    """
 
     def __init__(self, robot) -> None:
         self.robot = robot
@@ -184,12 +190,23 @@ class _SimView:
         return self.robot.ee_position()
 
     def target_position(self) -> np.ndarray:
-        return self.robot.target_position()
+        target = np.asarray(self.robot.target_position(), dtype=np.float64)
+        task = self.robot.task
+        if task.family != "push":
+            return target
+        from hardware.sim.expert import PUSH_START_GAP
+        from hardware.sim.tasks import PUSH_DIRECTIONS
+
+        behind = target.copy()
+        behind[:2] -= np.asarray(PUSH_DIRECTIONS[task.direction]) * PUSH_START_GAP
+        return behind
 
     def is_success(self) -> bool:
         return bool(self.robot.is_success())
 
     def is_cube_held(self) -> bool:
+        if self.robot.task.family == "push":
+            return False
         return bool(self.robot.world().cube_held.get(self.robot.task.color, False))
 
 
