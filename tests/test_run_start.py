@@ -51,3 +51,10 @@ def test_the_repository_ships_a_checkpoint_for_the_default_config():
     cfg = load_config([])
     assert policy_loading.shipped_bc_checkpoint(cfg) == policy_loading.SHIPPED_BC, (
         "checkpoints/bc_push is missing or no longer matches policy.model: retrain it with `robot-rl train-bc`")
+
+
+def test_reports_name_the_checkpoint_really_loaded(shipped, tmp_path):
+    cfg = load_config([f"output_dir={tmp_path / 'out'}"])
+    assert policy_loading.policy_source(cfg) == str(shipped)  # not the (absent) bc.checkpoint_dir
+    cfg = load_config([f"output_dir={tmp_path / 'out'}", "policy.path=some/hub-id"])
+    assert policy_loading.policy_source(cfg) == "some/hub-id"

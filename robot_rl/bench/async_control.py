@@ -226,7 +226,7 @@ def print_cells(results: dict, title: str) -> None:
 def run_from_cli(quick: bool, overrides: list[str]) -> dict:
     from hardware.sim import TASK_FAMILIES
     from hardware.sim.expert_policy import ExpertChunkPolicy
-    from robot_rl.commands.policy_loading import load_policy
+    from robot_rl.commands.policy_loading import load_policy, policy_source
     from robot_rl.commands.sim_setup import demo_expert, make_sim, task_families
     from robot_rl.config import load_config, to_dataclass
 
@@ -242,6 +242,6 @@ def run_from_cli(quick: bool, overrides: list[str]) -> dict:
         )
     finally:
         robot.disconnect()
-    report["policy"] = str(cfg.policy.path or cfg.bc.checkpoint_dir)
+    report["policy"] = policy_source(cfg)
     print_table(report)
     return report

@@ -59,9 +59,9 @@ def run_eval(cfg: DictConfig, progress: bool = True):
 
 def _load_policies(cfg: DictConfig) -> dict[str, object]:
     """{name: policy} for policy.path and, if given, eval.compare.path (names are the paths)."""
-    from robot_rl.commands.policy_loading import load_policy
+    from robot_rl.commands.policy_loading import load_policy, policy_source
 
-    main_name = str(cfg.policy.get("path") or cfg.bc.checkpoint_dir)
+    main_name = policy_source(cfg)
     policies = {main_name: load_policy(cfg)}
     compare = cfg.eval.compare
     if compare.get("path"):

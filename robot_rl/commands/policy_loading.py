@@ -28,16 +28,23 @@ def shipped_bc_checkpoint(cfg: DictConfig) -> Path | None:
     return SHIPPED_BC if read_config(SHIPPED_BC).config_hash() == wanted else None
 
 
-def load_policy(cfg: DictConfig, deterministic: bool = False):
-    """FlowVLA or a LeRobot policy (``policy.type``) from ``policy.path``, else the trained BC
-    checkpoint, else the shipped one (``checkpoints/bc_push``) where it fits the config."""
+def policy_source(cfg: DictConfig) -> str:
+    """Where ``load_policy`` loads from: ``policy.path``, else the trained BC checkpoint, else
+    (FlowVLA only) the shipped one where it fits the config. Reports name this path."""
     path = cfg.policy.get("path") or cfg.bc.checkpoint_dir
+    if cfg.policy.get("type", "flow_vla") == "flow_vla" and not cfg.policy.get("path") \
+            and not (Path(path) / "config.json").exists():
+        path = shipped_bc_checkpoint(cfg) or path
+    return str(path)
+
+
+def load_policy(cfg: DictConfig, deterministic: bool = False):
+    """FlowVLA or a LeRobot policy (``policy.type``) from ``policy_source(cfg)``."""
+    path = policy_source(cfg)
     kind = cfg.policy.get("type", "flow_vla")
     if kind == "flow_vla":
         from policies.flow_vla import FlowVLA
 
-        if not cfg.policy.get("path") and not (Path(path) / "config.json").exists():
-            path = shipped_bc_checkpoint(cfg) or path
         if not cfg.policy.get("path") and not (Path(path) / "config.json").exists():
             raise ConfigError(
                 f"no policy checkpoint at {path}; train one with `robot-rl train-bc` or pass policy.path=DIR_OR_HUB_ID"
