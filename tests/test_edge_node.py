@@ -74,6 +74,16 @@ def test_plan_before_start_gives_up_after_the_timeout_and_the_chunk_lands_late()
     assert steps[9].chunk_id == 0 and steps[9].chunk_index == 0
 
 
+def test_plan_before_start_waits_out_an_answer_to_the_previous_episode():
+    node, _, _ = make_node(mode="async_rollforward", latency_ms=300.0, plan_before_start=True)
+    node.run_episode(30)  # the last request (from tick ~18) is still in flight when it ends
+    assert node.worker.busy
+    old = node.stats.chunks[-1].chunk_id
+    second = node.run_episode(3)
+    assert {s.chunk_id for s in second.steps} == {old + 1}  # its own first chunk, from tick 0
+    assert [s.chunk_index for s in second.steps] == [0, 1, 2]
+
+
 def test_a_human_driving_at_tick_zero_is_not_kept_waiting():
     node, _, _ = make_node(mode="async_rollforward", latency_ms=400.0, plan_before_start=True)
     node.intervention = lambda obs: np.full(6, 5.0, dtype=np.float32)

@@ -374,19 +374,27 @@ class EdgeNode:
         """Compute the first chunk with the arm at rest, then start the episode's clock.
 
         Returns the (re-anchored) time of tick 0. The inference's latency is a real
-        measurement, so it seeds the delay estimator in ticks. If the chunk takes longer
-        than ``first_chunk_timeout_s`` the episode starts anyway: the arm holds and the
-        chunk lands whenever it is ready, as any late chunk does.
+        measurement, so it seeds the delay estimator in ticks. An answer to the previous
+        episode still in flight is waited out and dropped (its slot is needed). If the
+        chunk takes longer than ``first_chunk_timeout_s`` the episode starts anyway: the
+        arm holds and the chunk lands whenever it is ready, as any late chunk does.
         """
-        self._maybe_request(0, obs, state, intervening=False)
         deadline = self.clock.now() + self.config.first_chunk_timeout_s
         poll_s = 0.005  # a wall clock sleeps between polls (a spin would starve the inference thread)
-        result = self.worker.poll(self.clock.now())
-        while result is None and self.clock.now() < deadline:
-            self.clock.sleep_until(self.clock.now() + poll_s)
+        requested = False
+        result = None
+        while self.clock.now() < deadline:
+            if not requested:
+                before = self._next_chunk_id
+                self._maybe_request(0, obs, state, intervening=False)
+                requested = self._next_chunk_id > before
             result = self.worker.poll(self.clock.now())
+            if result is not None and result.request.generation == self._generation:
+                break
+            if result is None:
+                self.clock.sleep_until(self.clock.now() + poll_s)
         self._t0 = self.clock.now()
-        if result is None:
+        if result is None or result.request.generation != self._generation:
             log.warning("first chunk not ready after %.1f s; starting the episode holding", self.config.first_chunk_timeout_s)
             return self._t0
         self._take_result(0, result, measured=math.ceil(result.latency_s * self.config.fps - 1e-9))
