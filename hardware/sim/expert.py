@@ -82,6 +82,7 @@ class ScriptedExpert:
         self.careful_step = careful_step
         self._model = robot.model
         self._scratch = mujoco.MjData(self._model)  # IK/FK workspace; never the live sim
+        self._plan_pose = mujoco.MjData(self._model)  # the kinematic arm plan_chunk steps along
         self._ids = robot.ids
         self._offsets = {"grasp": self._grasp_point_offset(), "tip": self._tip_offset()}
 
@@ -114,7 +115,7 @@ class ScriptedExpert:
         world = self.robot.world()
         pushing = self.robot.task.family == "push"
         push_done = pushing and self._push_done(world)
-        plan_pose = mujoco.MjData(self._model)  # the kinematic arm the chunk is planned on
+        plan_pose = self._plan_pose
         reference = np.asarray(start, dtype=np.float32).copy()
         commands = []
         for _ in range(horizon):
