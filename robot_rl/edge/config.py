@@ -40,10 +40,12 @@ class EdgeConfig:
     # Ask for the first chunk of an episode before tick 0 and start the episode's clock
     # when it is there. The arm stands at its start pose while the scene is set, so the
     # first inference costs no task time (no runtime can move the arm before a plan
-    # exists). Waits at most first_chunk_timeout_s (a cold start on a GPU can be slow),
-    # then starts anyway holding, and the chunk lands as an ordinary late one. All modes.
+    # exists). Waits at most first_chunk_timeout_s, then starts anyway holding, and the
+    # chunk lands as an ordinary late one. Kept short: during the wait the operator
+    # session reads no keys (Ctrl-C still stops it), and a cold GPU start is better
+    # spent holding inside the episode, where the session stays responsive. All modes.
     plan_before_start: bool = True
-    first_chunk_timeout_s: float = 30.0
+    first_chunk_timeout_s: float = 5.0
 
     # Sync mode: execute this many actions of each chunk, then stop and wait for the
     # next inference (LeRobot's n_action_steps, openpi's replan_steps). None = whole chunk.
