@@ -58,11 +58,15 @@ def trainer_config(checkpoints: Path, **overrides) -> TrainerConfig:
 
 def make_step(tick: int, *, episode: int = 0, robot: int = 0, intervention: bool = False, done: bool = False,
               version: int = 0) -> Step:
-    """A step whose numbers say where it came from: state[0]=robot, state[1]=episode, state[2]=tick."""
+    """A step whose numbers say where it came from: state[0]=robot, state[1]=episode, state[2]=tick.
+
+    Policy-driven unless ``intervention``: it belongs to a chunk (chunk_id >= 0), as every
+    step the edge executes from a chunk does; a step with no chunk and no human is a hold."""
     state = np.array([robot, episode, tick, 0, 0, 0], dtype=np.float32)
     image = np.full((IMG, IMG, 3), (tick * 7) % 256, dtype=np.uint8)
     return Step(tick=tick, time_s=tick / 30, state=state, action=state + 1, images={"front": image},
-                instruction="pick the cube", is_intervention=intervention, done=done, policy_version=version)
+                instruction="pick the cube", is_intervention=intervention, done=done, policy_version=version,
+                chunk_id=-1 if intervention else tick // 4)
 
 
 def make_steps(n: int, **kwargs) -> list[Step]:

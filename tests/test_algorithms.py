@@ -270,12 +270,37 @@ def test_all_zero_weights_skip_the_step_without_touching_the_policy():
     policy = tiny_policy(seed=0).train()
     algorithm = RWR(policy, trainer_config("rwr", failures="drop"), torch.device("cpu"))
     batch = make_batch()
-    batch["episode_success"] = torch.zeros(8, dtype=torch.bool)
+    batch["episode_success"] = batch["autonomous_success"] = torch.zeros(8, dtype=torch.bool)
     batch["stream"] = torch.full((8,), ONLINE)
     before = snapshot(policy)
     metrics = algorithm.update(batch)
     assert metrics["skipped"] == 1.0 and metrics["ess"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(policy), strict=True))
+
+
+def test_rwr_rejects_policy_steps_the_operator_had_to_rescue():
+    batch = make_batch()
+    batch["stream"] = torch.full((8,), ONLINE)
+    batch["episode_success"] = torch.ones(8, dtype=torch.bool)
+    batch["episode_finished"] = torch.ones(8, dtype=torch.bool)
+    batch["autonomous_success"] = torch.tensor([True, False] * 4)
+    rescue_fails = RWR(tiny_policy(seed=0).train(), trainer_config("rwr"), torch.device("cpu"))
+    assert rescue_fails.update(batch)["kept_fraction"] == pytest.approx(0.5)
+    credited = RWR(tiny_policy(seed=0).train(), trainer_config("rwr", rescued_is_failure=False), torch.device("cpu"))
+    assert credited.update(batch)["kept_fraction"] == pytest.approx(1.0)  # episode-level credit keeps all
+
+
+def test_rwr_weights_whole_episodes_by_their_return_not_steps_by_return_to_go():
+    batch = make_batch()
+    batch["stream"] = torch.full((8,), DEMO)
+    batch["episode_return"] = torch.full((8,), 0.5)  # one episode ...
+    batch["return"] = torch.linspace(0.1, 1.0, 8)  # ... seen at steps further and further along
+    episode = RWR(tiny_policy(seed=0).train(), trainer_config("rwr"), torch.device("cpu"))
+    assert episode.update(batch)["ess_fraction"] == pytest.approx(1.0)  # equal weights: plain BC on it
+    to_go = RWR(tiny_policy(seed=0).train(), trainer_config("rwr", score="return_to_go"), torch.device("cpu"))
+    assert to_go.update(batch)["ess_fraction"] < 0.95  # later steps weigh more
+    with pytest.raises(ValueError, match="score"):
+        RWR(tiny_policy(seed=0), trainer_config("rwr", score="reward"), torch.device("cpu"))
 
 
 def test_algorithm_params_are_checked_and_nested_configs_parsed():

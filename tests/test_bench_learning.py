@@ -65,14 +65,41 @@ def test_report_has_the_issue_keys_and_compares_sync_with_async():
     ], config)
     assert set(report["curves"]) == set(report["final"]) == {"none", "rwr", "rwr_sync"}
     assert set(report["curves"]["rwr"][0]) == {"episodes", "wall_s", "success", "intervention_rate"}
-    assert report["final"]["none"] == {"success": 0.0, "episodes_to_80": None}
-    assert report["final"]["rwr"] == {"success": 1.0, "episodes_to_80": 3}
+    assert report["final"]["none"] == {"success": 0.0, "episodes_to_80": None, "heldout_success": None}
+    assert report["final"]["rwr"] == {"success": 1.0, "episodes_to_80": 3, "heldout_success": None}
     sva = report["sync_vs_async"]
     assert sva["wall_s_to_80_async"] == 30.0 and sva["wall_s_to_80_sync"] == 80.0
     assert sva["async_over_sync_wall_s_to_80"] == pytest.approx(0.375)
     assert sva["success_at_budget_async"] == 1.0 and sva["success_at_budget_sync"] == 1.0
     assert report["arms"]["rwr"]["updates"] == 300 and "autonomous success" in report["notes"]
     json.dumps(report, allow_nan=False)  # plain JSON: no NaN anywhere
+
+
+def test_heldout_evaluation_of_the_final_weights_lands_in_final_and_in_the_table(tmp_path, monkeypatch, capsys):
+    from omegaconf import OmegaConf
+
+    from policies.flow_vla import FlowVLA
+    from policies.text_encoder import InstructionEncoder
+    from tests.learner_helpers import TEXT, tiny_policy_config
+
+    monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)  # offline stand-in for the 90 MB encoder
+    config = tiny_policy_config()
+    config.cameras = ("front", "wrist")
+    FlowVLA(config, text_encoder=TEXT).save_pretrained(tmp_path / "weights")
+    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
+                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
+                                      "max_episode_steps": 6},
+                            "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
+    heldout = learning.heldout_eval(tmp_path / "weights", cfg, 2, "held-out test")
+    assert heldout["episodes"] == 2 and heldout["success"] == 0.0  # 6 ticks: too short to push anything
+    assert heldout["weights"] == str(tmp_path / "weights") and heldout["ci95"][0] == 0.0 < heldout["ci95"][1]
+    assert learning.heldout_eval(tmp_path / "weights", cfg, 0, "off") is None
+
+    report = build_report([ArmResult("rwr", records("FAAA"), heldout=heldout)],
+                          LearningBenchConfig(window=2, arms=("rwr",)))
+    assert report["final"]["rwr"]["heldout_success"] == 0.0 and report["arms"]["rwr"]["heldout"] == heldout
+    learning.print_table(report)
+    assert "held-out" in capsys.readouterr().out
 
 
 def test_sync_vs_async_is_null_when_an_arm_never_reaches_80_or_did_not_run():
@@ -116,6 +143,7 @@ def test_quick_changes_defaults_but_explicit_settings_win():
     (["bench.window=0"], "window"),
     (["bench.minutes_per_arm=-1"], "minutes_per_arm"),
     (["learner=awr"], "arms choose"),
+    (["bench.eval_episodes=-1"], "eval_episodes"),
 ])
 def test_bad_settings_are_refused_with_what_to_change(bad, match):
     with pytest.raises(ConfigError, match=match):

@@ -205,6 +205,17 @@ def test_offset_uses_commanded_action_before_chunk_start_with_current_image():
     assert s["images.front"][0, 0, 0] == 3  # image stays at t
 
 
+def test_a_chunk_is_cut_where_the_runtime_held_the_arm():
+    episode = indexed_episode(10)
+    episode["held"] = np.zeros(10, bool)
+    episode["held"][6:8] = True  # no chunk had arrived: the arm held still at ticks 6 and 7
+    s = build_sample(episode, t=3, offset=1, chunk_size=H, cameras=("front",))
+    assert s["actions"][:, 0].tolist() == [4, 5, 6, 7]
+    assert s["action_is_pad"].tolist() == [False, False, True, True]  # from the first hold on, no loss
+    episode["held"][:] = False
+    assert not build_sample(episode, t=3, offset=1, chunk_size=H, cameras=("front",))["action_is_pad"].any()
+
+
 def test_episode_end_pads_with_last_action_and_clips_offset():
     idx = offset_indices(episode_length=10, t=7, offset=1, chunk_size=H)
     assert idx.action_indices.tolist() == [8, 9, 9, 9]

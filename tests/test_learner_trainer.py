@@ -129,6 +129,22 @@ def test_batches_mix_streams_by_ratio():
     assert (batch["stream"] == 0).all() and batch["actions"].shape == (16, 4, 6)
 
 
+def test_ticks_where_the_runtime_held_the_arm_are_never_online_samples():
+    steps = make_steps(12)
+    for s in steps[5:9]:
+        s.chunk_id = -1  # no chunk to execute: the edge held the arm (a stall, or the wait after a hand-back)
+    steps[10].is_intervention, steps[10].chunk_id = True, -1  # a human drove: not a hold
+    index = SamplingIndex(CAMERAS)
+    index.append(("r", 0, 0), steps_to_columns(steps, CAMERAS), "x")
+    assert index.counts() == {"online": 7, "intervention": 1, "demonstration": 0}
+    spec = SampleSpec(4, CAMERAS)
+    batch = index.sample(200, {"online": 1.0}, spec, np.random.default_rng(0))
+    ticks = batch["state"][:, 2].numpy()  # make_step: state[2] = tick
+    assert not np.isin(ticks, [5, 6, 7, 8]).any()
+    at_3 = batch["action_is_pad"][ticks == 3]  # chunk 3..6 runs into the hold at 5: cut there
+    assert len(at_3) and at_3[0].tolist() == [False, False, True, True]
+
+
 def test_trainer_waits_for_data_without_blocking(tmp_path):
     trainer = Trainer(tiny_policy(), SamplingIndex(CAMERAS), trainer_config(tmp_path, min_steps_to_train=5))
     assert trainer.update_once() is None and trainer.step == 0

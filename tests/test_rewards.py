@@ -157,6 +157,28 @@ def test_transition_inside_the_episode_bootstraps_at_the_next_chunk_boundary():
     assert f["policy_version"] == 0  # of the step at t=2
 
 
+def test_policy_steps_before_a_rescue_are_not_autonomous_successes():
+    # Policy 0-3, operator 4-5 (takes over), policy 6-9, success at 8: only the policy steps
+    # after the hand-back reached success on their own.
+    ep, config = episode(10, success_at=8, interventions=(4, 5)), RewardConfig(**SPARSE)
+    flags = [bool(transition_fields(ep, t, 0, 2, ("front",), config)["autonomous_success"]) for t in range(10)]
+    assert flags == [False] * 4 + [True] * 6
+    assert all(transition_fields(ep, t, 0, 2, ("front",), config)["episode_success"] for t in range(10))
+    # The offset moves the chunk start past the takeover: judged from where the chunk starts.
+    assert transition_fields(ep, 2, 3, 2, ("front",), config)["autonomous_success"]
+    # A takeover after the first success changes nothing; a failed episode never counts.
+    assert transition_fields(episode(10, success_at=3, interventions=(6,)), 0, 0, 2, ("front",),
+                             config)["autonomous_success"]
+    assert not transition_fields(episode(10, interventions=(4,)), 6, 0, 2, ("front",), config)["autonomous_success"]
+
+
+def test_episode_return_is_the_same_for_every_step_of_an_episode():
+    config = RewardConfig(gamma=0.5, **SPARSE)
+    fields = [transition_fields(episode(10, success_at=3), t, 0, 2, ("front",), config) for t in range(10)]
+    assert {float(f["episode_return"]) for f in fields} == {0.5 ** 3}  # success reward at step 3, seen from step 0
+    assert float(fields[3]["return"]) == 1.0 and float(fields[0]["return"]) == 0.5 ** 3  # return-to-go grows
+
+
 def test_transition_that_reaches_the_terminal_step_does_not_bootstrap():
     ep, config = episode(10, success_at=7), RewardConfig(gamma=0.5, **SPARSE)
     f = transition_fields(ep, t=5, offset=0, chunk_size=3, cameras=("front",), config=config)

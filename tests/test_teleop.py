@@ -52,9 +52,27 @@ def test_takeover_blend_bounds_every_step_and_converges_in_bounded_time(gap):
     assert jumps.max() <= max_step + 1e-5
     bound = max(blender.blend_ticks, int(np.ceil(gap / max_step)))
     np.testing.assert_allclose(commands[bound], leader, atol=1e-4)
-    # Small gaps follow the ramp: the first command is not the leader pose yet.
+    # The ramp lasts as long as half the per-tick bound needs for the gap: a small gap passes at once,
+    # a large one ramps for the whole blend time before the per-tick bound alone limits it.
     if gap < max_step:
-        assert not np.allclose(commands[1], leader)
+        np.testing.assert_allclose(commands[1], leader, atol=1e-5)
+    else:
+        assert blender.ramp_ticks_for(leader - follower) == blender.blend_ticks
+
+
+def test_a_device_that_starts_at_the_follower_is_not_held_back():
+    """A scripted expert (or an aligned leader arm) steps 3 deg/tick from the last command: the
+    takeover must follow it from the first ticks, not creep for the blend time (those creeping
+    ticks would be recorded as the correction)."""
+    blender = TakeoverBlender(30, blend_time_s=0.5, max_step_per_tick=6.0)
+    command = np.zeros(6, dtype=np.float32)
+    blender.start(command)
+    speeds = []
+    for _ in range(10):
+        new = blender(command + 3.0)  # the device's next pose: 3 deg further than the last command
+        speeds.append(float(np.abs(new - command).max()))
+        command = new
+    assert min(speeds[1:]) == pytest.approx(3.0) and speeds[0] >= 1.5
 
 
 def test_blender_keeps_bounding_a_jumpy_device_after_the_ramp():

@@ -12,6 +12,11 @@ DESIGN.md, "Roll-forward"). The image is still the current one. A training sampl
 
 Steps past the episode end repeat the last action and are flagged ``action_is_pad`` so they
 carry no loss. Offsets are clipped so at least one target step is real.
+
+Robot episodes also say where the runtime *held* the arm (no chunk to execute yet: a stall,
+or the wait for the first chunk after a hand-back). A held command is the runtime's, not the
+policy's: a chunk that runs into one is cut there (the rest is padding), so the policy never
+learns to freeze mid-task from its own recorded episodes.
 """
 
 from __future__ import annotations
@@ -62,10 +67,14 @@ def build_sample(episode: dict, t: int, offset: int, chunk_size: int, cameras: t
     """One training sample (numpy) from an episode dict with 'state', 'action', 'images.<cam>'."""
     idx = offset_indices(len(episode["action"]), t, offset, chunk_size)
     source = episode["action"] if idx.state_from_action else episode["state"]
+    is_pad = idx.action_is_pad
+    held = episode.get("held")
+    if held is not None:
+        is_pad = is_pad | (np.cumsum(np.asarray(held, dtype=bool)[idx.action_indices]) > 0)
     sample = {
         "state": np.asarray(source[idx.state_index], dtype=np.float32),
         "actions": np.asarray(episode["action"][idx.action_indices], dtype=np.float32),
-        "action_is_pad": idx.action_is_pad,
+        "action_is_pad": is_pad,
         "offset": idx.offset,
     }
     for cam in cameras:

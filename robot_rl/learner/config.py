@@ -61,9 +61,10 @@ class TrainerConfig:
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
     # Share of each batch drawn from each stream (renormalised over the non-empty ones).
-    online_ratio: float = 0.5
-    intervention_ratio: float = 0.25
-    demonstration_ratio: float = 0.25
+    # Demonstration-heavy: a few dozen online successes at 50 % are memorised and cost success.
+    online_ratio: float = 0.2
+    intervention_ratio: float = 0.1
+    demonstration_ratio: float = 0.7
     min_steps_to_train: int = 64  # wait (idle, not blocking ingest) until the store holds this many steps
     max_updates: int | None = None  # None: train until stopped
     publish_every_updates: int = 50

@@ -10,7 +10,9 @@ function of its content. An index rebuilt from disk after a restart therefore sa
 exactly like the one that was checkpointed, whatever order the data arrived in.
 
 Streams: every step of a demonstration entry is a demonstration step; robot steps go
-to ``intervention`` when a human was driving and to ``online`` otherwise.
+to ``intervention`` when a human was driving and to ``online`` otherwise, except the ticks
+where the runtime only held the arm (``held``: no chunk had arrived), which are nobody's
+decision and are never a training target (``build_sample`` also cuts chunks there).
 
 Learning signal: each sample also carries the reward fields of
 ``robot_rl.learner.rewards.transition_fields`` (return, chunk reward and discount, next
@@ -82,12 +84,18 @@ class GrowingEpisode:
         if stream == "intervention":
             return np.flatnonzero(flags)
         if stream == "online":
-            return np.flatnonzero(~flags)
+            held = self._arrays.get("held")
+            return np.flatnonzero(~flags if held is None else ~flags & ~held[: self.length])
         return np.empty(0, dtype=np.int64)
 
 
+def held_steps(is_intervention: np.ndarray, chunk_id: np.ndarray) -> np.ndarray:
+    """Robot ticks where the runtime held the arm: nobody drove (no human, no chunk)."""
+    return ~np.asarray(is_intervention, dtype=bool) & (np.asarray(chunk_id) < 0)
+
+
 def steps_to_columns(steps: Sequence[Step], cameras: Sequence[str]) -> dict[str, np.ndarray]:
-    """Steps -> the column arrays the index keeps (state, action, images, flags, reward, done)."""
+    """Steps -> the column arrays the index keeps (state, action, images, flags, reward, done, held)."""
     columns = {
         "state": np.stack([np.asarray(s.state, dtype=np.float32) for s in steps]),
         "action": np.stack([np.asarray(s.action, dtype=np.float32) for s in steps]),
@@ -97,16 +105,20 @@ def steps_to_columns(steps: Sequence[Step], cameras: Sequence[str]) -> dict[str,
         "done": np.array([s.done for s in steps], dtype=bool),
         "policy_version": np.array([s.policy_version for s in steps], dtype=np.int64),
     }
+    columns["held"] = held_steps(columns["is_intervention"], np.array([s.chunk_id for s in steps]))
     for cam in cameras:
         columns[f"images.{cam}"] = np.stack([s.images[cam] for s in steps])
     return columns
 
 
-def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str]) -> dict[str, np.ndarray]:
+def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str], *,
+                               robot_episode: bool = True) -> dict[str, np.ndarray]:
     """An episode dict from ``load_episode_arrays`` -> the same columns as ``steps_to_columns``.
 
     A dataset episode is complete (committed, or a recorded demonstration), so its last
     step is terminal even if it was cut short: no more steps of it will ever arrive.
+    ``robot_episode=False`` for demonstrations: they hold no chunks, and none of their
+    steps is a runtime hold.
     """
     n = len(episode["action"])
 
@@ -125,6 +137,11 @@ def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str]) -> dict
     }
     if n:
         columns["done"][-1] = True
+    chunk_id = episode.get("chunk_id")
+    if robot_episode and chunk_id is not None:
+        columns["held"] = held_steps(columns["is_intervention"], np.asarray(chunk_id).reshape(n))
+    else:
+        columns["held"] = np.zeros(n, dtype=bool)
     for cam in cameras:
         columns[f"images.{cam}"] = np.asarray(episode[f"images.{cam}"], dtype=np.uint8)
     return columns

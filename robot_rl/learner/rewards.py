@@ -39,8 +39,8 @@ from torch.nn import functional as F
 from policies.flow_vla.encoders import images_to_float
 
 # Per-sample fields that ``transition_fields`` adds to a training sample (see there).
-TRANSITION_FIELDS = ("return", "chunk_reward", "chunk_discount", "transition_valid", "episode_success",
-                     "episode_finished", "policy_version", "next.state")  # + "next.images.<cam>"
+TRANSITION_FIELDS = ("return", "episode_return", "chunk_reward", "chunk_discount", "transition_valid", "episode_success",
+                     "autonomous_success", "episode_finished", "policy_version", "next.state")  # + "next.images.<cam>"
 
 
 @dataclass
@@ -90,13 +90,25 @@ class EpisodeRewards:
 
     ``horizon`` is the number of steps that count: up to and including the first success
     step of a successful episode (what happens after the task is done is not rewarded),
-    else the whole episode.
+    else the whole episode. ``last_takeover`` is the last step (before the horizon) at which
+    a human took over, -1 if none did: steps before it did not lead to success on their own.
     """
 
     rewards: np.ndarray  # float64 [T]
     success: bool
     finished: bool
     horizon: int
+    last_takeover: int = -1
+    episode_return: float = 0.0  # discounted return of the whole episode, from its first step
+
+    def autonomous_success(self, step: int) -> bool:
+        """Did the policy, from ``step`` on, reach success without anyone taking over?
+
+        A rescued episode is a success of the operator, not of the policy steps that made the
+        operator take over (RLIF): imitating those would teach exactly the mistake. Steps after
+        the last hand-back that then finish the task on their own do count.
+        """
+        return self.success and step >= self.last_takeover
 
 
 def takeover_steps(is_intervention: np.ndarray) -> np.ndarray:
@@ -156,7 +168,10 @@ def episode_rewards(episode: Mapping[str, Any], config: RewardConfig) -> Episode
     elif finished and n:
         rewards[n - 1] += config.failure_reward
     rewards[horizon:] = 0.0
-    return EpisodeRewards(rewards=rewards, success=success, finished=finished, horizon=horizon)
+    takeovers = takeover_steps(_column(episode, "is_intervention", n, False).astype(bool)[:horizon])
+    last_takeover = int(takeovers[-1]) if len(takeovers) else -1
+    return EpisodeRewards(rewards=rewards, success=success, finished=finished, horizon=horizon,
+                          last_takeover=last_takeover, episode_return=discounted_sum(rewards[:horizon], config.gamma))
 
 
 def _column(episode: Mapping[str, Any], name: str, n: int, default: float | bool) -> np.ndarray:
@@ -243,12 +258,15 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
     ``policies.flow_vla.augment.offset_indices``) and spans H = ``chunk_size`` steps. Returns:
 
     - ``return``: discounted return-to-go from ``s`` (partial while the episode is open);
+    - ``episode_return``: the discounted return of the whole episode (the same for all its steps);
     - ``chunk_reward``: sum_{k<H} gamma^k r_{s+k}; ``chunk_discount``: gamma^H, or 0 when the
       episode terminates inside the chunk, so a TD target is chunk_reward + chunk_discount * V(next);
     - ``next.state`` / ``next.images.<cam>``: the observation at the next chunk boundary s + H;
     - ``transition_valid``: False when the open episode has not reached s + H yet (no next
       observation, so no TD target);
-    - ``episode_success``, ``episode_finished``, ``policy_version`` (of the step at ``t``).
+    - ``episode_success``, ``episode_finished``, ``policy_version`` (of the step at ``t``);
+    - ``autonomous_success``: the episode succeeded and no human took over after the chunk start
+      (``EpisodeRewards.autonomous_success``).
 
     Pass ``rewards`` (from ``episode_rewards``) to reuse it across samples of one episode.
     Values are numpy scalars/arrays, so a sampler can stack them like ``build_sample``'s.
@@ -269,10 +287,12 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
         discount, next_index, valid = 0.0, n - 1, False  # open episode, next boundary not recorded yet
     fields: dict[str, np.ndarray] = {
         "return": np.float32(discounted_sum(rewards.rewards[start:horizon], config.gamma)),
+        "episode_return": np.float32(rewards.episode_return),
         "chunk_reward": np.float32(discounted_sum(rewards.rewards[start:min(end, horizon)], config.gamma)),
         "chunk_discount": np.float32(discount),
         "transition_valid": np.bool_(valid),
         "episode_success": np.bool_(rewards.success),
+        "autonomous_success": np.bool_(rewards.autonomous_success(start)),
         "episode_finished": np.bool_(rewards.finished),
         "policy_version": np.int64(_column(episode, "policy_version", n, -1)[t]),
         "next.state": np.asarray(episode["state"][next_index], dtype=np.float32),

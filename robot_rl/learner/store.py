@@ -491,7 +491,8 @@ class ReplayStore:
 
         episodes = load_episode_arrays(self.config.demonstrations, self.config.demonstrations_repo_id)
         for i, episode in enumerate(episodes):
-            self.index.append((DEMO_ROBOT, i, 0), dataset_episode_to_columns(episode, self.config.cameras),
+            self.index.append((DEMO_ROBOT, i, 0),
+                              dataset_episode_to_columns(episode, self.config.cameras, robot_episode=False),
                               episode["instruction"])
         log.info("preloaded %d demonstration episodes from %s", len(episodes), self.config.demonstrations)
 

@@ -6,10 +6,14 @@ supervised learning on its own rollouts, filtered and weighted by outcome:
 - rejection sampling: policy-driven steps of failed episodes are dropped (or down-weighted);
 - human corrections (intervention segments) are weighted up: they show what to do exactly
   where the policy went wrong (as in HG-DAgger);
-- what remains is weighted by exp(R / beta) of its return R (reward-weighted regression,
-  Peters & Schaal 2007), normalised to mean 1 over the kept samples and clipped, so a few
-  lucky samples cannot take over the batch. The effective sample size of the weights is
-  logged to show how far the update is from plain behaviour cloning (ESS = batch size).
+- what remains is weighted by exp(R / beta) of its episode's return R (reward-weighted
+  regression, Peters & Schaal 2007, weights whole rollouts by their return), normalised to
+  mean 1 over the kept samples and clipped, so a few lucky samples cannot take over the
+  batch. The episode's return, not the step's return-to-go: with a discounted success reward
+  the return-to-go grows towards the end of every successful episode, so weighting by it
+  would teach the last few centimetres of a push more than the approach that decides it.
+  The effective sample size of the weights is logged to show how far the update is from
+  plain behaviour cloning (ESS = batch size).
 
 This module also holds what the three weighted algorithms share (``WeightedFlowAlgorithm``):
 per-algorithm config parsing, the staleness bound, and the guarded weighted policy step.
@@ -142,18 +146,27 @@ def _warn_once(owner: object, key: str, message: str) -> None:
 # ---------------------------------------------------------------- RWR
 
 
+RWR_SCORES = ("episode_return", "return_to_go")
+
+
 @dataclass
 class RWRConfig:
     beta: float = 0.5  # temperature of exp(R / beta); smaller = greedier
+    score: str = "episode_return"  # R: the episode's return (RWR) or the step's return-to-go
     max_weight: float = 10.0  # clip, in units of the mean weight
     failures: str = "drop"  # online steps of failed episodes: "drop" (rejection sampling), "downweight", "keep"
     failure_weight: float = 0.1  # multiplier for "downweight"
-    intervention_weight: float = 2.0  # human corrections count this much more
+    intervention_weight: float = 1.0  # human corrections count this much more
     demonstration_weight: float = 1.0
     drop_unfinished: bool = True  # online steps of episodes whose outcome is not known yet
+    # Online steps after which the operator had to take over count as failed even when the
+    # operator then finished the task (True); False credits them with the rescued success.
+    rescued_is_failure: bool = True
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
 
     def __post_init__(self) -> None:
+        if self.score not in RWR_SCORES:
+            raise ValueError(f"RWRConfig: score must be one of {RWR_SCORES}, got {self.score!r}")
         if self.failures not in ("drop", "downweight", "keep"):
             raise ValueError(f"RWRConfig: failures must be 'drop', 'downweight' or 'keep', got {self.failures!r}")
         if self.beta <= 0 or self.max_weight <= 0:
@@ -181,7 +194,8 @@ def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tenso
 
 class RWR(WeightedFlowAlgorithm):
     """Reward-weighted regression on the flow-matching loss (Hi-ORS). Uses batch fields
-    ``stream``, ``return`` (else ``reward``), ``episode_success``, ``episode_finished``, ``policy_version``."""
+    ``stream``, ``return`` (else ``reward``), ``autonomous_success`` (or ``episode_success``),
+    ``episode_finished``, ``policy_version``."""
 
     name = "rwr"
 
@@ -191,9 +205,9 @@ class RWR(WeightedFlowAlgorithm):
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         stale, stale_metrics = self.base_weights(batch)
-        weights = rwr_weights(self._scores(batch), batch["stream"], batch.get("episode_success"),
+        success = self._outcomes(batch)
+        weights = rwr_weights(self._scores(batch), batch["stream"], success,
                               batch.get("episode_finished"), self.params)
-        success = batch.get("episode_success")
         if success is None:
             _warn_once(self, "success", "rwr: batches carry no 'episode_success' field; failed episodes cannot be "
                                         "rejected (add robot_rl.learner.rewards.transition_fields to the sampler)")
@@ -202,8 +216,18 @@ class RWR(WeightedFlowAlgorithm):
             metrics["batch_success_fraction"] = float(torch.as_tensor(success, dtype=torch.float32).mean())
         return {**metrics, **stale_metrics}
 
+    def _outcomes(self, batch: dict[str, Any]) -> torch.Tensor | None:
+        """Per-sample success used for rejection: the policy's own (autonomous) unless configured otherwise."""
+        if self.params.rescued_is_failure and "autonomous_success" in batch:
+            return batch["autonomous_success"]
+        return batch.get("episode_success")
+
     def _scores(self, batch: dict[str, Any]) -> torch.Tensor:
+        field = "episode_return" if self.params.score == "episode_return" else "return"
+        if field in batch:
+            return torch.as_tensor(batch[field], dtype=torch.float32)
         if "return" in batch:
+            _warn_once(self, field, f"rwr: batches carry no {field!r} field; weighting by the return-to-go")
             return torch.as_tensor(batch["return"], dtype=torch.float32)
         _warn_once(self, "return", "rwr: batches carry no 'return' field; weighting by the per-step 'reward' "
                                    "instead (add robot_rl.learner.rewards.transition_fields to the sampler)")
