@@ -78,6 +78,7 @@ def test_report_has_the_issue_keys_and_compares_sync_with_async():
 def test_heldout_evaluation_of_the_final_weights_lands_in_final_and_in_the_table(tmp_path, monkeypatch, capsys):
     from omegaconf import OmegaConf
 
+    from robot_rl.bench.heldout import evaluate_weights, heldout_eval
     from policies.flow_vla import FlowVLA
     from policies.text_encoder import InstructionEncoder
     from tests.learner_helpers import TEXT, tiny_policy_config
@@ -90,16 +91,36 @@ def test_heldout_evaluation_of_the_final_weights_lands_in_final_and_in_the_table
                             "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
                                       "max_episode_steps": 6},
                             "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
-    heldout = learning.heldout_eval(tmp_path / "weights", cfg, 2, "held-out test")
+    heldout = evaluate_weights(tmp_path / "weights", cfg, 2, "held-out test")
     assert heldout["episodes"] == 2 and heldout["success"] == 0.0  # 6 ticks: too short to push anything
     assert heldout["weights"] == str(tmp_path / "weights") and heldout["ci95"][0] == 0.0 < heldout["ci95"][1]
-    assert learning.heldout_eval(tmp_path / "weights", cfg, 0, "off") is None
+    assert heldout_eval(tmp_path / "weights", cfg, 0, "off") is None
 
     report = build_report([ArmResult("rwr", records("FAAA"), heldout=heldout)],
                           LearningBenchConfig(window=2, arms=("rwr",)))
     assert report["final"]["rwr"]["heldout_success"] == 0.0 and report["arms"]["rwr"]["heldout"] == heldout
     learning.print_table(report)
     assert "held-out" in capsys.readouterr().out
+
+
+def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_results(tmp_path):
+    """The child loads the real sentence encoder (offline), so the weights get real embeddings."""
+    from omegaconf import OmegaConf
+
+    from robot_rl.bench.heldout import heldout_eval
+    from policies.flow_vla import FlowVLA
+    from tests.learner_helpers import tiny_policy_config
+
+    config = tiny_policy_config()
+    config.cameras = ("front", "wrist")
+    FlowVLA(config).save_pretrained(tmp_path / "weights")
+    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
+                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
+                                      "max_episode_steps": 4},
+                            "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
+    heldout = heldout_eval(tmp_path / "weights", cfg, 1, "child")
+    assert heldout == {"success": 0.0, "ci95": heldout["ci95"], "episodes": 1, "weights": str(tmp_path / "weights")}
+    assert heldout_eval(tmp_path / "missing", cfg, 1, "child") is None  # logged, not raised
 
 
 def test_sync_vs_async_is_null_when_an_arm_never_reaches_80_or_did_not_run():

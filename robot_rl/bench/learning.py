@@ -41,7 +41,8 @@ name                        default  --quick    meaning
 Held-out evaluation: after each arm, its final weights (the start for ``none``) run
 ``eval_episodes`` episodes without the operator on scenes no arm trained on (seeds from
 ``seed + 9,000,000``; the arms' robots use ``seed + 5,000,000`` onwards), with the same
-flow-noise stream per scene for every arm, in virtual time. A rolling window of 20
+flow-noise stream per scene for every arm, in virtual time, in a fresh process
+(``robot_rl.bench.heldout`` says why). A rolling window of 20
 live episodes cannot tell 25 % from 40 %; this paired comparison on 40 fixed scenes can
 tell larger gaps, and it measures the weights alone, not the weights plus a watching operator.
 
@@ -69,6 +70,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from robot_rl.bench.heldout import heldout_eval
 from robot_rl.config import ConfigError
 from robot_rl.learning_curve import EpisodeRecord, LearningCurve
 
@@ -91,7 +93,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 THRESHOLD = 0.8  # the issue's target: success >= 80 %
-HELDOUT_SEED_OFFSET = 9_000_000  # held-out scenes; the arms' robots use seed + 5,000,000 onwards
 ASYNC_ARM, SYNC_ARM = "rwr", "rwr_sync"  # the pair compared in sync_vs_async
 LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"  # never collide with a `robot-rl run` on the default ports
 
@@ -474,29 +475,6 @@ def arm_learner_config(cfg: DictConfig, checkpoint: Path, demos: Path, arm_dir: 
     return config
 
 
-def heldout_eval(weights: Path, cfg: DictConfig, episodes: int, desc: str) -> dict[str, Any] | None:
-    """Success of ``weights`` alone on ``episodes`` held-out scenes (virtual time; see the module docstring)."""
-    if episodes <= 0:
-        return None
-    from hardware.sim import TASK_FAMILIES
-    from policies.flow_vla import FlowVLA
-    from robot_rl.commands.sim_setup import make_sim, task_families
-    from robot_rl.config import to_dataclass
-    from robot_rl.edge import EdgeConfig
-    from robot_rl.evaluation import evaluate_policy
-
-    policy = FlowVLA.from_pretrained(weights, device="cpu")
-    robot = make_sim(cfg)
-    try:
-        seeds = [int(cfg.seed) + HELDOUT_SEED_OFFSET + i for i in range(episodes)]
-        result = evaluate_policy(robot, policy, to_dataclass(cfg.edge, EdgeConfig), seeds,
-                                 task_families(cfg.run.families, TASK_FAMILIES), desc=desc)
-    finally:
-        robot.disconnect()
-    return {"success": result.success_rate, "ci95": [round(c, 3) for c in result.ci95], "episodes": episodes,
-            "weights": str(weights)}
-
-
 def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: FlowVLA, checkpoint: Path,
             demos: Path, out_dir: Path) -> ArmResult:
     """Run one arm for ``bench.minutes_per_arm`` and collect its learning curve."""
@@ -622,6 +600,8 @@ def print_table(report: dict) -> None:
                       _or_dash(arm["wall_s_to_80"]), str(arm["updates"]), _pct(arm["final_intervention_rate"]),
                       _heldout(arm.get("heldout")))
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)  # a log file or pipe: room for every column (80 wraps the held-out CIs)
     console.print(table)
     if report.get("start_heldout"):
         console.print(f"held-out success of the start: {_heldout(report['start_heldout'])}")

@@ -39,8 +39,9 @@ from torch.nn import functional as F
 from policies.flow_vla.encoders import images_to_float
 
 # Per-sample fields that ``transition_fields`` adds to a training sample (see there).
-TRANSITION_FIELDS = ("return", "episode_return", "chunk_reward", "chunk_discount", "transition_valid", "episode_success",
-                     "autonomous_success", "episode_finished", "policy_version", "next.state")  # + "next.images.<cam>"
+TRANSITION_FIELDS = ("return", "episode_return", "chunk_reward", "chunk_discount", "transition_valid",
+                     "episode_success", "autonomous_success", "episode_finished", "policy_version",
+                     "next.state")  # + "next.images.<cam>"
 
 
 @dataclass
