@@ -23,7 +23,9 @@ def test_four_robots_learn_together_on_loopback(tmp_path):
                          spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30))
     result = run_local(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"))
     assert result.episodes == 8 and result.steps == 8 * 12
-    assert result.store["episodes_stored"] == 8 and result.store["online_steps"] == 96
+    assert result.store["episodes_stored"] == 8
+    # Every tick is the policy's or, where no chunk had arrived yet on a loaded machine, a hold.
+    assert result.store["online_steps"] + result.store["held_steps"] == 96
     assert sorted(result.robot_versions) == [f"sim-{i}" for i in range(4)]
     assert len(stored_triples(tmp_path / "store")) == 96
 

@@ -136,7 +136,7 @@ def test_ticks_where_the_runtime_held_the_arm_are_never_online_samples():
     steps[10].is_intervention, steps[10].chunk_id = True, -1  # a human drove: not a hold
     index = SamplingIndex(CAMERAS)
     index.append(("r", 0, 0), steps_to_columns(steps, CAMERAS), "x")
-    assert index.counts() == {"online": 7, "intervention": 1, "demonstration": 0}
+    assert index.counts() == {"online": 7, "intervention": 1, "demonstration": 0} and index.held_steps() == 4
     spec = SampleSpec(4, CAMERAS)
     batch = index.sample(200, {"online": 1.0}, spec, np.random.default_rng(0))
     ticks = batch["state"][:, 2].numpy()  # make_step: state[2] = tick

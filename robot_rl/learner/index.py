@@ -77,6 +77,11 @@ class GrowingEpisode:
         out["instruction"] = self.instruction
         return out
 
+    def held_count(self) -> int:
+        """Ticks of this robot episode where the runtime held the arm (never sampled)."""
+        held = self._arrays.get("held")
+        return 0 if held is None or self.is_demonstration else int(held[: self.length].sum())
+
     def stream_positions(self, stream: str) -> np.ndarray:
         if self.is_demonstration:
             return np.arange(self.length) if stream == "demonstration" else np.empty(0, dtype=np.int64)
@@ -202,6 +207,11 @@ class SamplingIndex:
         with self._lock:
             cumulative = self._cumulative_locked()
             return {s: int(cumulative[s][-1]) if len(cumulative[s]) else 0 for s in STREAMS}
+
+    def held_steps(self) -> int:
+        """Robot ticks kept but never sampled, because the runtime only held the arm."""
+        with self._lock:
+            return sum(entry.held_count() for entry in self._entries.values())
 
     @property
     def num_entries(self) -> int:

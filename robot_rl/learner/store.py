@@ -280,6 +280,7 @@ class ReplayStore:
                 "duplicate_segments": self.counters["duplicate_segments"],
                 "steps_ingested": self.counters["steps"],
                 **{f"{stream}_steps": n for stream, n in counts.items()},
+                "held_steps": self.index.held_steps(),  # robot ticks no stream samples (see index)
             }
 
     def is_stored(self, robot_id: str, episode_id: int, seq: int) -> bool:
