@@ -65,7 +65,11 @@ def heldout_eval(weights: Path, cfg: Any, episodes: int, desc: str, timeout_s: f
     if done.returncode != 0 or not lines:
         log.error("held-out evaluation of %s failed (exit code %d); see its output above", weights, done.returncode)
         return None
-    return json.loads(lines[-1])
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        log.error("held-out evaluation of %s ended without its JSON result (last line: %r)", weights, lines[-1][:200])
+        return None
 
 
 def main(argv: list[str]) -> int:
