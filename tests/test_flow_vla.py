@@ -85,6 +85,43 @@ def test_save_load_round_trip_gives_identical_predictions(tmp_path):
     assert not np.array_equal(model.predict_chunk(*args, seed=7), model.predict_chunk(*args, seed=8))
 
 
+def test_instruction_normalisation_spreads_near_parallel_embeddings_and_round_trips(tmp_path):
+    """Sentence embeddings of one task's instructions are nearly parallel; standardised over the
+    training instructions their differences become O(1), and the statistics travel with the weights."""
+    base = np.random.default_rng(0).standard_normal(32)
+    close = {f"push the {c} cube": base + 0.05 * np.random.default_rng(i + 1).standard_normal(32) for i, c in
+             enumerate(("red", "green", "blue"))}
+
+    def encode(texts):
+        return np.stack([close[t] / np.linalg.norm(close[t]) for t in texts]).astype(np.float32)
+
+    model = FlowVLA(tiny_config(text_dim=32, normalize_instruction=True), text_encoder=InstructionEncoder(backend=encode, dim=32))
+    rng = np.random.default_rng(1)
+    model.fit_normalization(rng.normal(50, 10, (100, A)), rng.normal(50, 10, (100, A)), list(close) * 5)
+    raw = model.text_encoder.encode_batch(sorted(close))
+    normalised = model.normalizer.normalize_text(raw)
+    assert torch.allclose(normalised.mean(0), torch.zeros(32), atol=1e-5)
+    raw_gap, new_gap = torch.cdist(raw, raw).max(), torch.cdist(normalised, normalised).max()
+    assert new_gap > 20 * raw_gap and new_gap > 2.0  # the words that differ now matter
+
+    model.save_pretrained(tmp_path)
+    loaded = FlowVLA.from_pretrained(tmp_path, text_encoder=model.text_encoder)
+    assert torch.equal(loaded.normalizer.text_std, model.normalizer.text_std)
+    args = (observation(), np.full(A, 40.0, np.float32), "push the red cube")
+    np.testing.assert_array_equal(model.predict_chunk(*args, seed=3), loaded.predict_chunk(*args, seed=3))
+    # A model configured without it has no text statistics, so old checkpoints load unchanged.
+    assert "normalizer.text_mean" not in tiny_model().state_dict()
+    assert tiny_config().config_hash() != tiny_config(normalize_instruction=True).config_hash()
+
+
+def test_fit_fits_instruction_statistics_on_distinct_instructions():
+    model = tiny_model(normalize_instruction=True)
+    episodes = [ramp_episode(1.0, 100, f"task {i % 2}") for i in range(3)]  # "task 0" twice, "task 1" once
+    fit(model, episodes, steps=1, batch_size=4, device="cpu", progress=False)
+    expected = model.text_encoder.encode_batch(["task 0", "task 1"]).mean(0)
+    assert torch.allclose(model.normalizer.text_mean, expected, atol=1e-6)
+
+
 def test_hot_swap_via_state_dict_and_deepcopy_shares_the_text_encoder():
     a, b = tiny_model(), tiny_model(dropout=0.1)
     with torch.no_grad():

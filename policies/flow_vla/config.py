@@ -31,6 +31,9 @@ class FlowVLAConfig:
     action_dim: int = _arch(6)
     chunk_size: int = _arch(20)  # H, actions per predicted chunk
     text_dim: int = _arch(384)  # sentence-embedding size (all-MiniLM-L6-v2)
+    # Standardise instruction embeddings over the training instructions (normalization.py);
+    # False in the dataclass so checkpoints saved before it existed load unchanged.
+    normalize_instruction: bool = _arch(False)
 
     # --- network size (architecture) ---
     cnn_channels: tuple[int, ...] = _arch((32, 64, 128, 128))

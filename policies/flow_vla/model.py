@@ -42,7 +42,8 @@ class FlowVLA(nn.Module):
         self._text_encoder = text_encoder  # not a submodule: frozen, shared, outside state_dict
         d = config.d_model
 
-        self.normalizer = Normalizer(config.state_dim, config.action_dim)
+        self.normalizer = Normalizer(config.state_dim, config.action_dim,
+                                     config.text_dim if config.normalize_instruction else None)
         self.image_encoder = ImageEncoder(len(config.cameras), config.cnn_channels, config.image_grid, d,
                                           keypoints=config.keypoints)
         self.text_proj = nn.Linear(config.text_dim, d)
@@ -87,11 +88,19 @@ class FlowVLA(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def fit_normalization(self, states: np.ndarray, actions: np.ndarray, instructions: Sequence[str]) -> None:
+        """Fit the normaliser on training data: states/actions [N, dim] and the instructions seen."""
+        self.normalizer.fit(states, actions)
+        if self.config.normalize_instruction:
+            distinct = sorted(set(instructions))
+            self.normalizer.fit_text(self.text_encoder.encode_batch(distinct).cpu().numpy())
+
     # ------------------------------------------------------------------ network
     def encode_context(self, images: torch.Tensor, state: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """images [B, n_cams, 3, S, S] in -1..1, normalised state [B, state_dim], text [B, text_dim] -> [B, L, d]."""
         tokens = torch.cat(
-            [self.image_encoder(images), self.text_proj(text)[:, None], self.state_proj(state)[:, None]], dim=1
+            [self.image_encoder(images), self.text_proj(self.normalizer.normalize_text(text))[:, None],
+             self.state_proj(state)[:, None]], dim=1
         )
         return self.context(tokens)
 

@@ -266,6 +266,11 @@ class SamplingIndex:
         batch["is_intervention"] = torch.tensor(flags)
         return batch
 
+    def instructions(self) -> list[str]:
+        """The distinct instructions held (normalisation statistics of a fresh policy)."""
+        with self._lock:
+            return sorted({self._entries[k].instruction for k in self._keys})
+
     def states_and_actions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every state and action held, for normalisation statistics of a fresh policy."""
         with self._lock:

@@ -85,7 +85,7 @@ class Trainer:
     def _sample_locked(self) -> dict:
         """The next batch from the index (fits the normaliser first on a fresh policy)."""
         if not self.policy.normalizer.fitted:
-            self.policy.normalizer.fit(*self.index.states_and_actions())
+            self.policy.fit_normalization(*self.index.states_and_actions(), self.index.instructions())
             log.info("normalisation statistics fitted on %d stored steps", sum(self.index.counts().values()))
         return self.index.sample(self.config.batch_size, self.config.stream_ratios, self._spec, self.rng)
 
