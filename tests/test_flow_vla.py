@@ -17,6 +17,7 @@ from policies.base import ChunkPolicy, validate_chunk
 from policies.flow_vla import CheckpointError, FlowVLA, FlowVLAConfig, fit
 from policies.flow_vla.augment import build_sample, offset_indices, sample_offsets
 from policies.flow_vla.data import EpisodeSampler
+from policies.flow_vla.encoders import ImageEncoder
 from policies.flow_vla.model import masked_mse_per_sample
 from policies.text_encoder import InstructionEncoder
 from tests.learner_helpers import hashed_embeddings
@@ -426,3 +427,20 @@ def test_noise_stream_makes_a_sequence_of_chunks_reproducible_and_varied():
     model.reseed_noise(7)
     np.testing.assert_array_equal(model.predict_chunk(obs, state, "push", seed=3), explicit)  # explicit seed wins
     model.reseed_noise(None)
+
+
+def test_film_lets_the_instruction_change_the_image_features_and_starts_as_identity():
+    torch.manual_seed(0)
+    encoder = ImageEncoder(2, (8, 8), 2, 16, keypoints=4, film_dim=12)
+    images = torch.rand(3, 2, 3, 16, 16) * 2 - 1
+    a, b = torch.randn(3, 12), torch.randn(3, 12)
+    assert torch.equal(encoder(images, a), encoder(images, b))  # zero-initialised: no effect yet
+    with torch.no_grad():
+        encoder.film.weight.normal_(0.0, 0.5)
+    assert not torch.allclose(encoder(images, a), encoder(images, b))
+    with pytest.raises(ValueError, match="instruction-conditioned"):
+        encoder(images)
+    assert tiny_config().config_hash() != tiny_config(film_instruction=True).config_hash()
+    model = tiny_model(film_instruction=True)
+    chunk = model.predict_chunk(observation(), np.zeros(A, np.float32), "x", seed=0)
+    assert chunk.shape == (H, A) and np.isfinite(chunk).all()

@@ -39,6 +39,7 @@ class FlowVLAConfig:
     cnn_channels: tuple[int, ...] = _arch((32, 64, 128, 128))
     image_grid: int = _arch(4)  # each camera becomes image_grid**2 tokens
     keypoints: int = _arch(0)  # spatial-softmax keypoints per camera, as one extra token; 0 = none
+    film_instruction: bool = _arch(False)  # the instruction modulates the CNN features (FiLM)
     d_model: int = _arch(128)
     n_heads: int = _arch(4)
     n_layers: int = _arch(3)  # context transformer (images + instruction + state)

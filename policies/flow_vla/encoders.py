@@ -82,7 +82,8 @@ class ImageEncoder(nn.Module):
     tokens_per_camera = grid**2, plus one keypoint token when ``keypoints`` > 0.
     """
 
-    def __init__(self, n_cameras: int, channels: tuple[int, ...], grid: int, d_model: int, keypoints: int = 0):
+    def __init__(self, n_cameras: int, channels: tuple[int, ...], grid: int, d_model: int, keypoints: int = 0,
+                 film_dim: int = 0):
         super().__init__()
         layers: list[nn.Module] = []
         c_in = 3
@@ -102,13 +103,26 @@ class ImageEncoder(nn.Module):
         if keypoints > 0:
             self.keypoints = SpatialSoftmax(c_in, keypoints)
             self.keypoint_proj = nn.Sequential(nn.Linear(2 * keypoints, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
+        # FiLM (Perez et al. 2018; as in RT-1): the instruction scales and shifts every feature map,
+        # so the keypoints can follow "the red cube" rather than every cube. Zero-initialised: identity.
+        self.film = None
+        if film_dim > 0:
+            self.film = nn.Linear(film_dim, 2 * c_in)
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
         tokens_per_camera = grid * grid + (1 if keypoints > 0 else 0)
         self.position = nn.Parameter(torch.randn(tokens_per_camera, d_model) * 0.02)
         self.camera = nn.Parameter(torch.randn(n_cameras, d_model) * 0.02)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
+        """``condition`` [B, film_dim] (the instruction) is required when the encoder has FiLM."""
         b, n_cams = images.shape[:2]
         features = self.cnn(images.flatten(0, 1))  # [B*n, C, h, w]
+        if self.film is not None:
+            if condition is None:
+                raise ValueError("this image encoder is instruction-conditioned (FiLM): pass the instruction")
+            scale, shift = self.film(condition).repeat_interleave(n_cams, dim=0)[:, :, None, None].chunk(2, dim=1)
+            features = features * (1.0 + scale) + shift
         tokens = self.proj(self.pool(features).flatten(2).transpose(1, 2))  # [B*n, g*g, d]
         if self.keypoints is not None:
             keypoint_token = self.keypoint_proj(self.keypoints(features))[:, None]  # [B*n, 1, d]

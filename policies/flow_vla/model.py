@@ -45,7 +45,8 @@ class FlowVLA(nn.Module):
         self.normalizer = Normalizer(config.state_dim, config.action_dim,
                                      config.text_dim if config.normalize_instruction else None)
         self.image_encoder = ImageEncoder(len(config.cameras), config.cnn_channels, config.image_grid, d,
-                                          keypoints=config.keypoints)
+                                          keypoints=config.keypoints,
+                                          film_dim=config.text_dim if config.film_instruction else 0)
         self.text_proj = nn.Linear(config.text_dim, d)
         self.state_proj = nn.Linear(config.state_dim, d)
         self.context = nn.TransformerEncoder(
@@ -98,9 +99,9 @@ class FlowVLA(nn.Module):
     # ------------------------------------------------------------------ network
     def encode_context(self, images: torch.Tensor, state: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """images [B, n_cams, 3, S, S] in -1..1, normalised state [B, state_dim], text [B, text_dim] -> [B, L, d]."""
+        text = self.normalizer.normalize_text(text)
         tokens = torch.cat(
-            [self.image_encoder(images), self.text_proj(self.normalizer.normalize_text(text))[:, None],
-             self.state_proj(state)[:, None]], dim=1
+            [self.image_encoder(images, text), self.text_proj(text)[:, None], self.state_proj(state)[:, None]], dim=1
         )
         return self.context(tokens)
 
