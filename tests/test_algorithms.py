@@ -332,3 +332,39 @@ def test_critic_fits_its_targets_on_a_fixed_batch(name, loss_key):
     batch = make_batch(n=8, seed=0)
     losses = [algorithm.update(batch)[loss_key] for _ in range(10)]
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3])
+
+
+def failed_online_batch() -> dict:
+    """Half the batch: online steps of attempts the operator had to rescue; the rest: demonstrations."""
+    batch = make_batch()
+    batch["stream"] = torch.tensor([ONLINE, DEMO] * 4)
+    batch["episode_finished"] = torch.ones(8, dtype=torch.bool)
+    batch["episode_success"] = torch.ones(8, dtype=torch.bool)
+    batch["autonomous_success"] = torch.tensor([False, True] * 4)
+    return batch
+
+
+@pytest.mark.parametrize("name", ["awr", "rl"])
+def test_critic_algorithms_do_not_imitate_failed_attempts_unless_told_to(name):
+    """The critic learns from failures; the imitation terms skip them (rejection.failures: drop)."""
+    params = {**SMALL[name], "warmup_updates": 10} if name == "rl" else SMALL[name]  # rl: anchor only
+    rejecting = CLASSES[name](tiny_policy(seed=0).train(), trainer_config(name, **params), torch.device("cpu"))
+    assert rejecting.update(failed_online_batch())["kept_fraction"] == pytest.approx(0.5)
+    keeping = CLASSES[name](tiny_policy(seed=0).train(),
+                            trainer_config(name, **params, rejection={"failures": "keep"}), torch.device("cpu"))
+    assert keeping.update(failed_online_batch())["kept_fraction"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="failures"):
+        CLASSES[name](tiny_policy(seed=0), trainer_config(name, rejection={"failures": "ignore"}),
+                      torch.device("cpu"))
+
+
+def test_rl_candidates_use_their_own_integration_steps():
+    policy, algorithm = make_algorithm("rl")
+    context = torch.randn(2, 5, policy.config.d_model)
+    noise = torch.randn(2, policy.chunk_size, policy.action_dim)
+    coarse, fine = policy.sample(context, noise, steps=1), policy.sample(context, noise)
+    assert not torch.allclose(coarse, fine)  # a step count that is ignored would give the same chunk
+    with pytest.raises(ValueError, match="steps"):
+        policy.sample(context, noise, steps=0)
+    with pytest.raises(ValueError, match="candidate_integration_steps"):
+        ChunkQLearning(policy, trainer_config("rl", candidate_integration_steps=0), torch.device("cpu"))

@@ -111,9 +111,14 @@ class FlowVLA(nn.Module):
         return self.action_out(self.expert(tokens, context))
 
     @torch.no_grad()
-    def sample(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Euler-integrate the velocity field from noise (t=0) to normalised actions (t=1)."""
-        steps = self.config.num_integration_steps
+    def sample(self, context: torch.Tensor, noise: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+        """Euler-integrate the velocity field from noise (t=0) to normalised actions (t=1).
+
+        ``steps`` overrides ``num_integration_steps`` (a learner scoring many candidates can
+        afford fewer, coarser steps than the robot's controller)."""
+        steps = self.config.num_integration_steps if steps is None else int(steps)
+        if steps < 1:
+            raise ValueError(f"sample: steps must be >= 1, got {steps}")
         x = noise
         for k in range(steps):
             t = torch.full((x.shape[0],), k / steps, device=x.device)

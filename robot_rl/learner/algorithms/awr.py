@@ -17,6 +17,11 @@ stabilises learning from sparse rewards (Ostrovski et al. 2017); it is the two-p
 special case of a lambda-return. While an episode is still open its Monte-Carlo return
 is unknown, so such samples use the TD target alone; a sample whose next boundary is not
 recorded yet has no target and keeps the neutral weight 1.
+
+Before weighting, online steps of failed attempts are rejected as in Hi-ORS
+(``rejection``): with the critic still inaccurate, standardised advantages give half of
+every batch weights above 1, failures included, and the policy then imitated its own
+failures (BENCHMARKS.md, "learning"). ``rejection.failures: keep`` restores plain AWR.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from robot_rl.learner.algorithms.critic import (
     seeded,
 )
 from robot_rl.learner.algorithms.rwr import (
+    RejectionConfig,
     WeightedFlowAlgorithm,
     algorithm_config,
     require_fields,
@@ -56,6 +62,8 @@ class AWRConfig:
     critic_hidden: int = 256
     critic_depth: int = 2
     tau: float = 0.01  # Polyak rate of the target value network
+    # Failed online attempts are not imitated at all (the critic still learns from them).
+    rejection: RejectionConfig = field(default_factory=RejectionConfig)
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
 
     def __post_init__(self) -> None:
@@ -122,8 +130,10 @@ class AWR(WeightedFlowAlgorithm):
         value = self.value(features)
         critic_metrics = self._critic_step(value, targets, has_target.float() * stale.to(self.device))
         advantages = targets - value.detach()
-        weights = advantage_weights(advantages, has_target, self.params.beta, self.params.max_weight,
-                                    self.params.normalize_advantages)
+        kept = self.params.rejection.factors(batch).to(self.device)
+        # Standardised among the samples that may be imitated: which of those did better.
+        weights = advantage_weights(advantages, has_target & (kept > 0), self.params.beta, self.params.max_weight,
+                                    self.params.normalize_advantages) * kept
         metrics = self.policy_step(batch, weights.cpu() * stale)
         known = has_target.any()
         return {**metrics, **critic_metrics, **stale_metrics,

@@ -147,6 +147,7 @@ def _warn_once(owner: object, key: str, message: str) -> None:
 
 
 RWR_SCORES = ("episode_return", "return_to_go")
+FAILURE_MODES = ("drop", "downweight", "keep")
 
 
 @dataclass
@@ -167,28 +168,76 @@ class RWRConfig:
     def __post_init__(self) -> None:
         if self.score not in RWR_SCORES:
             raise ValueError(f"RWRConfig: score must be one of {RWR_SCORES}, got {self.score!r}")
-        if self.failures not in ("drop", "downweight", "keep"):
-            raise ValueError(f"RWRConfig: failures must be 'drop', 'downweight' or 'keep', got {self.failures!r}")
+        check_failures_mode("RWRConfig", self.failures)
         if self.beta <= 0 or self.max_weight <= 0:
             raise ValueError(f"RWRConfig: beta and max_weight must be > 0, got {self.beta}, {self.max_weight}")
         if min(self.failure_weight, self.intervention_weight, self.demonstration_weight) < 0:
             raise ValueError("RWRConfig: stream and failure weights must be >= 0")
 
 
+def outcome_factors(stream: torch.Tensor, success: torch.Tensor | None, finished: torch.Tensor | None,
+                    failures: str, failure_weight: float = 0.1, drop_unfinished: bool = True) -> torch.Tensor:
+    """Rejection sampling's multipliers [B] (float64): online steps of failed episodes get 0 ("drop"),
+    ``failure_weight`` ("downweight") or 1 ("keep"); online steps whose outcome is unknown get 0
+    when ``drop_unfinished``. Human and demonstration steps always get 1."""
+    stream = torch.as_tensor(stream, dtype=torch.int64)
+    factors = torch.ones(len(stream), dtype=torch.float64)
+    online = stream == ONLINE
+    finished = torch.ones_like(online) if finished is None else torch.as_tensor(finished, dtype=torch.bool)
+    if drop_unfinished:
+        factors[online & ~finished] = 0.0
+    if success is not None and failures != "keep":
+        failed = online & finished & ~torch.as_tensor(success, dtype=torch.bool)
+        factors[failed] *= 0.0 if failures == "drop" else failure_weight
+    return factors
+
+
+def batch_outcomes(batch: dict[str, Any], rescued_is_failure: bool) -> torch.Tensor | None:
+    """Per-sample success used for rejection: the policy's own (autonomous) one unless told otherwise."""
+    if rescued_is_failure and "autonomous_success" in batch:
+        return batch["autonomous_success"]
+    return batch.get("episode_success")
+
+
+def check_failures_mode(owner: str, failures: str) -> None:
+    if failures not in FAILURE_MODES:
+        raise ValueError(f"{owner}: failures must be one of {FAILURE_MODES}, got {failures!r}")
+
+
+@dataclass
+class RejectionConfig:
+    """Which online steps the policy may imitate at all (Hi-ORS's rejection stage), for awr and rl.
+
+    A critic's weights are learned: until it is accurate, a failed attempt's steps still get
+    weights near 1 and the policy imitates its own failures (BENCHMARKS.md, "learning"). The
+    critics themselves still learn from every step; this only gates the imitation terms.
+    """
+
+    failures: str = "drop"  # online steps of failed (or rescued) episodes: drop | downweight | keep
+    failure_weight: float = 0.1  # multiplier when failures: downweight
+    rescued_is_failure: bool = True  # a takeover makes the policy's steps before it a failure
+
+    def __post_init__(self) -> None:
+        check_failures_mode("RejectionConfig", self.failures)
+        if self.failure_weight < 0:
+            raise ValueError(f"RejectionConfig: failure_weight must be >= 0, got {self.failure_weight}")
+
+    def factors(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Multipliers [B] (float32): 0 for rejected online steps, 1 for the rest (unknown outcome: kept
+        only when failures are kept)."""
+        return outcome_factors(batch["stream"], batch_outcomes(batch, self.rescued_is_failure),
+                               batch.get("episode_finished"), self.failures, self.failure_weight,
+                               drop_unfinished=self.failures != "keep").to(torch.float32)
+
+
 def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tensor | None,
                 finished: torch.Tensor | None, config: RWRConfig) -> torch.Tensor:
     """Hi-ORS weights [B]: rejection of failed online steps, stream multipliers, clipped exp(R / beta)."""
+    factors = outcome_factors(stream, success, finished, config.failures, config.failure_weight,
+                              config.drop_unfinished)
     stream = torch.as_tensor(stream, dtype=torch.int64)
-    factors = torch.ones(len(stream), dtype=torch.float64)
-    factors[stream == INTERVENTION] = config.intervention_weight
-    factors[stream == DEMONSTRATION] = config.demonstration_weight
-    online = stream == ONLINE
-    finished = torch.ones_like(online) if finished is None else torch.as_tensor(finished, dtype=torch.bool)
-    if config.drop_unfinished:
-        factors[online & ~finished] = 0.0
-    if success is not None and config.failures != "keep":
-        failed = online & finished & ~torch.as_tensor(success, dtype=torch.bool)
-        factors[failed] *= 0.0 if config.failures == "drop" else config.failure_weight
+    factors[stream == INTERVENTION] *= config.intervention_weight
+    factors[stream == DEMONSTRATION] *= config.demonstration_weight
     return exponential_weights(scores, config.beta, config.max_weight, torch.log(factors))
 
 
@@ -205,7 +254,7 @@ class RWR(WeightedFlowAlgorithm):
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         stale, stale_metrics = self.base_weights(batch)
-        success = self._outcomes(batch)
+        success = batch_outcomes(batch, self.params.rescued_is_failure)
         weights = rwr_weights(self._scores(batch), batch["stream"], success,
                               batch.get("episode_finished"), self.params)
         if success is None:
@@ -215,12 +264,6 @@ class RWR(WeightedFlowAlgorithm):
         if success is not None:
             metrics["batch_success_fraction"] = float(torch.as_tensor(success, dtype=torch.float32).mean())
         return {**metrics, **stale_metrics}
-
-    def _outcomes(self, batch: dict[str, Any]) -> torch.Tensor | None:
-        """Per-sample success used for rejection: the policy's own (autonomous) unless configured otherwise."""
-        if self.params.rescued_is_failure and "autonomous_success" in batch:
-            return batch["autonomous_success"]
-        return batch.get("episode_success")
 
     def _scores(self, batch: dict[str, Any]) -> torch.Tensor:
         field = "episode_return" if self.params.score == "episode_return" else "return"
