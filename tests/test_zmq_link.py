@@ -249,28 +249,49 @@ def test_weights_for_another_config_are_ignored(tmp_path):
 def test_curve_admits_listed_keys_and_refuses_others(tmp_path):
     keys = tmp_path / "keys"
     generate_keypair(keys, "learner")
-    generate_keypair(keys / "robots", "robot-a")
+    generate_keypair(keys / "robots", "so101-a")
+    generate_keypair(keys / "robots", "so101-b")
     generate_keypair(tmp_path / "strangers", "robot-x")
     server_curve = ServerCurve.from_files(keys / "learner.key_secret", keys / "robots")
     with serving(ServerConfig(curve=server_curve)) as server:
         good = ZmqClient(client_config(server, tmp_path / "a", curve=ClientCurve.from_files(
-            keys / "robots" / "robot-a.key_secret", keys / "learner.key")))
+            keys / "robots" / "so101-a.key_secret", keys / "learner.key")))
         bad = ZmqClient(client_config(server, tmp_path / "x", robot_id="robot-x", curve=ClientCurve.from_files(
             tmp_path / "strangers" / "robot-x.key_secret", keys / "learner.key")))
         plain = ZmqClient(client_config(server, tmp_path / "p", robot_id="robot-p"))
+        # A listed key, but robot b's: it must not write episodes as robot a.
+        impostor = ZmqClient(client_config(server, tmp_path / "i", robot_id="so101-a", curve=ClientCurve.from_files(
+            keys / "robots" / "so101-b.key_secret", keys / "learner.key")))
 
         def tick() -> None:
-            for c in (good, bad, plain):
+            for c in (good, bad, plain, impostor):
                 c.poll(5)
 
         assert wait_until(lambda: good.connected, timeout_s=5, tick=tick)
         good.send_segment(encode_segment(good.config.robot_id, 1, 0, make_steps(1)))
         assert wait_until(lambda: good.pending == 0, timeout_s=5, tick=tick)
+        assert wait_until(lambda: impostor.stats.errors_received > 0, timeout_s=5, tick=tick)
         wait_until(lambda: False, timeout_s=1.0, tick=tick)  # give the refused ones a fair chance
-        assert not bad.connected and not plain.connected
+        assert not bad.connected and not plain.connected and not impostor.connected
         assert [p.robot_id for p in server.peers()] == ["so101-a"]
-        for c in (good, bad, plain):
+        assert len(server.peers()) == 1  # the impostor did not join under a's name
+        for c in (good, bad, plain, impostor):
             c.close()
+
+
+def test_curve_keys_are_bound_to_the_robot_id_their_file_names(tmp_path):
+    generate_keypair(tmp_path, "so101-a")
+    generate_keypair(tmp_path, "so101-b")
+    generate_keypair(tmp_path, "learner")
+    curve = ServerCurve.from_files(tmp_path / "learner.key_secret", [tmp_path / "so101-a.key", tmp_path / "so101-b.key"])
+    key_a = next(k for k, name in curve.client_names.items() if name == "so101-a")
+    assert curve.robot_id_refusal(key_a.decode(), "so101-a") is None
+    assert "cannot speak for robot 'so101-b'" in curve.robot_id_refusal(key_a.decode(), "so101-b")
+    assert "no authenticated" in curve.robot_id_refusal(None, "so101-a")
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "so101-c.key").write_bytes((tmp_path / "so101-a.key").read_bytes())
+    with pytest.raises(ValueError, match="same public key"):
+        ServerCurve.from_files(tmp_path / "learner.key_secret", [tmp_path / "so101-a.key", tmp_path / "copy" / "so101-c.key"])
 
 
 # ---------------------------------------------------------------- many robots

@@ -279,7 +279,7 @@ class ZmqClient:
             log.info("robot %s: learner asks for hello again", self.config.robot_id)
             self._drop_session(reset_socket=False)
             self._last_hello_s = -1e9  # say hello right away
-        elif msg.code in ("config_mismatch", "version_mismatch"):
+        elif msg.code in ("config_mismatch", "version_mismatch", "identity_mismatch"):
             log.error("robot %s: learner refused us (%s): %s", self.config.robot_id, msg.code, msg.message)
             self._drop_session(reset_socket=False)
             self._last_hello_s = time.monotonic() + self.config.refused_retry_s - self.config.hello_retry_s

@@ -15,8 +15,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -38,15 +38,32 @@ class KeyPair:
 
 @dataclass(frozen=True)
 class ServerCurve:
-    """Learner side: its own key pair and the robots' public keys it accepts."""
+    """Learner side: its own key pair and the robots' public keys it accepts.
+
+    ``client_names`` binds a key to the one robot id it may speak for (the key file's name,
+    ``robots/NAME.key``): holding robot A's secret key must not let a machine write episodes
+    as robot B. A key with no name there may use any robot id.
+    """
 
     keypair: KeyPair
     allowed_clients: frozenset[bytes]
+    client_names: Mapping[bytes, str] = field(default_factory=dict)
 
     @classmethod
     def from_files(cls, secret_file: str | os.PathLike[str], clients: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> ServerCurve:
-        """``clients``: a directory of ``*.key`` files, or an iterable of key files."""
-        return cls(load_keypair(secret_file), frozenset(load_public_keys(clients)))
+        """``clients``: a directory of ``NAME.key`` files, or an iterable of key files."""
+        names = load_named_public_keys(clients)
+        return cls(load_keypair(secret_file), frozenset(names), names)
+
+    def robot_id_refusal(self, client_key: str | bytes | None, robot_id: str) -> str | None:
+        """Why ``robot_id`` may not be used by the authenticated ``client_key`` (z85), or None."""
+        if client_key is None:
+            return "the connection carries no authenticated CURVE key"
+        key = client_key.encode() if isinstance(client_key, str) else client_key
+        name = self.client_names.get(key)
+        if name is not None and name != robot_id:
+            return f"the CURVE key of robot {name!r} cannot speak for robot {robot_id!r}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,11 @@ def load_public_key(path: str | os.PathLike[str]) -> bytes:
 
 def load_public_keys(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[bytes]:
     """Public keys from a directory of ``*.key`` files or from a list of files."""
+    return list(load_named_public_keys(source))
+
+
+def load_named_public_keys(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> dict[bytes, str]:
+    """{public key: robot id} from ``NAME.key`` files (a directory of them or a list of files)."""
     if isinstance(source, (str, os.PathLike)):
         directory = Path(source)
         if not directory.is_dir():
@@ -97,7 +119,13 @@ def load_public_keys(source: str | os.PathLike[str] | Iterable[str | os.PathLike
         files = sorted(directory.glob("*.key"))
     else:
         files = [Path(p) for p in source]
-    return [load_public_key(f) for f in files]
+    names: dict[bytes, str] = {}
+    for file in files:
+        key = load_public_key(file)
+        if key in names:
+            raise ValueError(f"{file} holds the same public key as {names[key]}.key: one key pair per robot")
+        names[key] = file.stem
+    return names
 
 
 # ---------------------------------------------------------------- policy

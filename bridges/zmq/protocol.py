@@ -57,6 +57,7 @@ ERROR_CODES = frozenset(
         "too_large",  # over the receiver's size limits
         "version_mismatch",  # protocol version differs
         "config_mismatch",  # config hash differs between edge and learner
+        "identity_mismatch",  # the robot_id is not the one its CURVE key was issued to
         "hello_required",  # a request arrived before a successful hello
         "unknown_type",  # no such message type
         "unexpected",  # valid message, wrong direction or state

@@ -236,6 +236,12 @@ class ZmqServer:
                 segments.append((identity, peer, msg))
                 return
         try:
+            if isinstance(msg, Hello) and self.config.curve is not None:
+                refusal = self.config.curve.robot_id_refusal(_authenticated_key(frames), msg.robot_id)
+                if refusal is not None:
+                    log.error("refused hello from %r: %s", identity, refusal)
+                    self._reply(identity, Error(code="identity_mismatch", message=refusal, in_reply_to=msg.TYPE))
+                    return
             reply = self._dispatch(identity, msg)
         except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
             self.counters["bad_messages"] += 1
@@ -363,3 +369,11 @@ class ZmqServer:
                 log.warning("robot %s silent for %.0f s; forgetting its session", peer.robot_id, now - peer.last_seen_s)
                 del self._peers[identity]
                 self.handlers.on_peer_lost(peer)
+
+
+def _authenticated_key(frames: list[zmq.Frame]) -> str | None:
+    """The z85 public key ZAP authenticated this message's connection with (its User-Id), or None."""
+    try:
+        return frames[0].get("User-Id") if frames else None
+    except zmq.ZMQError:
+        return None

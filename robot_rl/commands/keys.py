@@ -5,6 +5,7 @@ Layout written (``--out``, default ``keys/``)::
     keys/learner.key          learner public key   -> copy to every robot (edge: --learner-key)
     keys/learner.key_secret   learner secret key   -> stays on the learner (learner.service.secret_key)
     keys/robots/NAME.key      robot public keys    -> the learner's allow-list (learner.service.robot_keys_dir)
+                                                   (NAME is the robot id that key may use: --robot-id NAME)
     keys/robots/NAME.key_secret                    -> copy to robot NAME only (edge: --secret-key)
 """
 
