@@ -123,6 +123,27 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
     assert heldout_eval(tmp_path / "missing", cfg, 1, "child") is None  # logged, not raised
 
 
+def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypatch):
+    from policies.flow_vla import FlowVLA
+    from robot_rl.commands import run, train_bc
+
+    monkeypatch.setattr(run, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")
+    monkeypatch.setattr(train_bc, "ensure_demos", lambda cfg: tmp_path / "demos")
+    monkeypatch.setattr(FlowVLA, "from_pretrained", classmethod(lambda cls, *a, **k: None))
+
+    def fake_arm(name, *args):
+        if name == "awr":
+            raise KeyboardInterrupt  # an operator's Ctrl-C an hour in
+        return ArmResult(name, records("AAFA"))
+
+    monkeypatch.setattr(learning, "run_arm", fake_arm)
+    bench = LearningBenchConfig(window=2, arms=("none", "rwr", "awr"), eval_episodes=0)
+    with pytest.raises(KeyboardInterrupt):
+        learning.run_learning_bench(lambda algorithm: None, bench, tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / learning.PARTIAL_REPORT).read_text())
+    assert list(saved["arms"]) == ["none", "rwr"] and saved["final"]["rwr"]["success"] == 0.5
+
+
 def test_sync_vs_async_is_null_when_an_arm_never_reaches_80_or_did_not_run():
     report = build_report([ArmResult("rwr", records("FFFA"))], LearningBenchConfig(window=2, arms=("rwr",)))
     sva = report["sync_vs_async"]

@@ -94,7 +94,8 @@ log = logging.getLogger(__name__)
 
 THRESHOLD = 0.8  # the issue's target: success >= 80 %
 ASYNC_ARM, SYNC_ARM = "rwr", "rwr_sync"  # the pair compared in sync_vs_async
-LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"  # never collide with a `robot-rl run` on the default ports
+LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"
+PARTIAL_REPORT = "partial.json"  # in the run's directory, rewritten after every arm  # never collide with a `robot-rl run` on the default ports
 
 
 # ---------------------------------------------------------------- settings
@@ -529,6 +530,17 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
                      heldout=heldout_eval(final_weights, cfg, bench.eval_episodes, f"held-out {name}"))
 
 
+def save_partial_report(report: dict, path: Path) -> None:
+    """The arms finished so far, rewritten after each one: an hour of arms survives a crash or Ctrl-C."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(path)
+    print(f"bench learning: {len(report['arms'])} arm(s) done, saved in {path}")
+
+
 def run_learning_bench(cfg_for: Callable[[str], DictConfig], bench: LearningBenchConfig, out_dir: Path) -> dict:
     """Every arm in turn from the same BC checkpoint; returns the report (see ``build_report``)."""
     from policies.flow_vla import FlowVLA
@@ -541,8 +553,10 @@ def run_learning_bench(cfg_for: Callable[[str], DictConfig], bench: LearningBenc
     policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
     print(f"bench learning: arms {list(bench.arms)}, {bench.minutes_per_arm:g} min each "
           f"(~{len(bench.arms) * bench.minutes_per_arm:.0f} min), {bench.num_robots} robots, start {checkpoint}")
-    results = [run_arm(name, cfg_for(ARMS[name].algorithm), bench, policy, checkpoint, demos, out_dir)
-               for name in bench.arms]
+    results: list[ArmResult] = []
+    for name in bench.arms:
+        results.append(run_arm(name, cfg_for(ARMS[name].algorithm), bench, policy, checkpoint, demos, out_dir))
+        save_partial_report(build_report(results, bench), out_dir / PARTIAL_REPORT)
     report = build_report(results, bench)
     report["start_checkpoint"] = str(checkpoint)
     report["start_heldout"] = next((r.heldout for r in results if r.name == "none"), None) \
