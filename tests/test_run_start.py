@@ -58,3 +58,34 @@ def test_reports_name_the_checkpoint_really_loaded(shipped, tmp_path):
     assert policy_loading.policy_source(cfg) == str(shipped)  # not the (absent) bc.checkpoint_dir
     cfg = load_config([f"output_dir={tmp_path / 'out'}", "policy.path=some/hub-id"])
     assert policy_loading.policy_source(cfg) == "some/hub-id"
+
+
+def test_local_runs_train_and_store_below_the_robots_priority(tmp_path):
+    """Robots and learner share the CPU in `robot-rl run` / `bench learning`: training yields to control."""
+    cfg = load_config([f"output_dir={tmp_path}"])
+    config = run_command.local_learner_config(cfg, tmp_path / "bc", tmp_path / "run", demos=tmp_path / "demos")
+    assert config.trainer.thread_nice == config.store.commit_nice == cfg.run.learner_nice > 0
+    assert config.store.demonstrations == str(tmp_path / "demos") and config.init_checkpoint == str(tmp_path / "bc")
+    standalone = load_config([f"output_dir={tmp_path}", "run.learner_nice=0"])
+    assert run_command.local_learner_config(standalone, tmp_path / "bc", tmp_path / "run", tmp_path / "d") \
+        .trainer.thread_nice == 0
+
+
+def test_a_thread_can_lower_its_own_priority_without_touching_the_caller():
+    import threading
+
+    from robot_rl.core.priority import lower_own_priority
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = {}
+
+    def worker() -> None:
+        seen["lowered"] = lower_own_priority(5)
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == {"lowered": True, "nice": min(19, before + 5)}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    assert lower_own_priority(0) is False  # 0 = leave as is

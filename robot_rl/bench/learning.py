@@ -464,14 +464,9 @@ def _coordinate(learner: LearnerService, rounds: SyncRounds, updates: int, deadl
 
 def arm_learner_config(cfg: DictConfig, checkpoint: Path, demos: Path, arm_dir: Path) -> LearnerConfig:
     """The learner config of one arm: its algorithm's settings, the shared start, its own directories."""
-    from robot_rl.learner.config import learner_config_from
+    from robot_rl.commands.run import local_learner_config
 
-    config = learner_config_from(cfg.learner)
-    config.init_checkpoint = str(checkpoint)
-    config.store.root = str(arm_dir / "store")
-    config.trainer.checkpoint_dir = str(arm_dir / "checkpoints")
-    if config.store.demonstrations is None:
-        config.store.demonstrations = str(demos)
+    config = local_learner_config(cfg, checkpoint, arm_dir, demos)
     config.service.router_endpoint = config.service.pub_endpoint = LOOPBACK_ANY_PORT
     return config
 

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 from rich.console import Console
@@ -23,6 +24,9 @@ from tqdm import tqdm
 
 from robot_rl.config import load_config, to_dataclass
 from robot_rl.learning_curve import LearningCurve
+
+if TYPE_CHECKING:
+    from robot_rl.learner.config import LearnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -110,24 +114,36 @@ class Progress:
         self.bar.close()
 
 
+def local_learner_config(cfg: DictConfig, checkpoint: Path, run_dir: Path, demos: Path | None = None) -> LearnerConfig:
+    """The learner of a run whose robots share this machine: starts from ``checkpoint``, keeps its
+    store and checkpoints under ``run_dir``, and trains and stores at ``run.learner_nice`` so the
+    robots' control ticks are served first (a learner on its own GPU box needs no such thing)."""
+    from robot_rl.commands.train_bc import ensure_demos
+    from robot_rl.learner.config import learner_config_from
+
+    config = learner_config_from(cfg.learner)
+    config.init_checkpoint = str(checkpoint)
+    config.store.root = str(run_dir / "store")
+    config.trainer.checkpoint_dir = str(run_dir / "checkpoints")
+    if config.store.demonstrations is None:
+        config.store.demonstrations = str(demos if demos is not None else ensure_demos(cfg))
+    nice = int(cfg.run.get("learner_nice", 0))
+    config.trainer.thread_nice = max(config.trainer.thread_nice, nice)
+    config.store.commit_nice = max(config.store.commit_nice, nice)
+    return config
+
+
 def run_main_job(cfg: DictConfig) -> dict:
     from hardware.sim import TASK_FAMILIES, SimConfig
     from policies.flow_vla import FlowVLA
     from robot_rl.commands.sim_setup import task_families
-    from robot_rl.commands.train_bc import ensure_demos
     from robot_rl.edge import EdgeConfig
-    from robot_rl.learner.config import learner_config_from
     from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local
 
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
     checkpoint = ensure_bc_checkpoint(cfg)
     policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
-    learner_config = learner_config_from(cfg.learner)
-    learner_config.init_checkpoint = str(checkpoint)
-    learner_config.store.root = str(run_dir / "store")
-    learner_config.trainer.checkpoint_dir = str(run_dir / "checkpoints")
-    if learner_config.store.demonstrations is None:
-        learner_config.store.demonstrations = str(ensure_demos(cfg))
+    learner_config = local_learner_config(cfg, checkpoint, run_dir)
     sim_config = to_dataclass(cfg.robot, SimConfig)
     run = LocalRunConfig(
         num_robots=int(cfg.run.num_robots),

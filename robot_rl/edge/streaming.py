@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import queue
 import threading
 import time
@@ -48,6 +47,7 @@ from bridges.zmq.protocol import WeightsAnnounce
 from bridges.zmq.segments import ImageEncoding
 from bridges.zmq.streaming import StreamingClient
 from bridges.zmq.weights import TensorView, WeightsError, tensor_views
+from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
 
 log = logging.getLogger(__name__)
@@ -58,23 +58,6 @@ _TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float1
 LOAD_SLICE_BYTES = 4 << 20  # per copy_ call: the GIL is taken back (and offered to the control thread) between slices
 LOADER_NICE = 10  # the weights loader yields the CPU to the control and inference threads
 LINK_NICE = 0  # the link thread (JPEG, spool, weight hashes): left as is; lowered, it starves on a loaded machine
-
-
-def lower_thread_priority(thread: threading.Thread, nice: int) -> bool:
-    """Raise ``thread``'s nice value by ``nice`` (Linux: threads have their own; no privilege needed).
-
-    On a busy machine the scheduler then runs the control and inference threads first; the
-    background thread still gets every idle cycle. Returns False where this is not supported.
-    """
-    tid = thread.native_id
-    if nice <= 0 or tid is None or not hasattr(os, "setpriority"):
-        return False
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-        return True
-    except OSError as exc:
-        log.debug("could not lower the priority of thread %s: %s", thread.name, exc)
-        return False
 
 
 def load_weights_into(module: torch.nn.Module, data: bytes | bytearray | memoryview,

@@ -36,10 +36,15 @@ class StoreConfig:
     episode_timeout_s: float = 300.0
     # Write finished episodes on a background thread (True) or inline (False: tests, tools).
     background_commit: bool = True
+    # Nice value added to that thread (image encoding for the dataset): > 0 where robots share
+    # the CPU (`robot-rl run`, `bench learning`), so their control ticks are served first.
+    commit_nice: int = 0
 
     def __post_init__(self) -> None:
         self.joint_names = tuple(self.joint_names)
         self.cameras = tuple(self.cameras)
+        if not 0 <= self.commit_nice <= 19:
+            raise ValueError(f"StoreConfig: commit_nice must be in 0..19, got {self.commit_nice}")
         if self.fps <= 0 or self.image_height <= 0 or self.image_width <= 0:
             raise ValueError(f"StoreConfig: fps and image size must be > 0, got fps={self.fps}, "
                              f"image={self.image_height}x{self.image_width}")
@@ -83,11 +88,16 @@ class TrainerConfig:
     log_dir: str | None = None
     log_every_updates: int = 10
     wandb_project: str | None = None  # also log to Weights & Biases (needs the wandb package); None = off
+    # Nice value added to the training thread (and the intra-op threads it starts): > 0 where
+    # robots share the CPU, so training takes only the cycles their control loops leave.
+    thread_nice: int = 0
 
     def __post_init__(self) -> None:
         self.algorithm_params = dict(self.algorithm_params or {})
         self.rewards = dict(self.rewards or {})
         self.reward_config()  # a typo in ``rewards`` fails here, at start, not at the first batch
+        if not 0 <= self.thread_nice <= 19:
+            raise ValueError(f"TrainerConfig: thread_nice must be in 0..19, got {self.thread_nice}")
         if self.log_every_updates < 1:
             raise ValueError(f"TrainerConfig: log_every_updates must be >= 1, got {self.log_every_updates}")
         ratios = (self.online_ratio, self.intervention_ratio, self.demonstration_ratio)

@@ -42,6 +42,7 @@ import numpy as np
 from bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_message
 from bridges.zmq.segments import decode_segment
 from bridges.zmq.spool import Spool
+from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder, RecordingError
 from robot_rl.learner.config import StoreConfig
@@ -383,6 +384,7 @@ class ReplayStore:
     # ------------------------------------------------------------ internals: committing
 
     def _commit_loop(self) -> None:
+        lower_own_priority(self.config.commit_nice)
         while True:
             episode = self._jobs.get()
             if episode is None:

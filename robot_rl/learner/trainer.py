@@ -21,6 +21,7 @@ import torch
 
 from policies.flow_vla import FlowVLA
 from policies.flow_vla.training import auto_device
+from robot_rl.core.priority import lower_own_priority
 from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.algorithms import make_algorithm
 from robot_rl.learner.config import TrainerConfig
@@ -141,6 +142,7 @@ class Trainer:
 
     def _run(self) -> None:
         limit = self.config.max_updates
+        lower_own_priority(self.config.thread_nice)  # before the first torch op starts its worker threads
         try:
             while not self._stop.is_set() and (limit is None or self.step < limit):
                 if self.update_once() is None:
