@@ -20,8 +20,8 @@ recorded yet has no target and keeps the neutral weight 1.
 
 Before weighting, online steps of failed attempts are rejected as in Hi-ORS
 (``rejection``): with the critic still inaccurate, standardised advantages give half of
-every batch weights above 1, failures included, and the policy then imitated its own
-failures (BENCHMARKS.md, "learning"). ``rejection.failures: keep`` restores plain AWR.
+every batch weights above 1, failures included, so the policy would imitate its own
+failures. ``rejection.failures: keep`` restores plain AWR.
 """
 
 from __future__ import annotations
