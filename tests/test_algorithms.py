@@ -368,3 +368,9 @@ def test_rl_candidates_use_their_own_integration_steps():
         policy.sample(context, noise, steps=0)
     with pytest.raises(ValueError, match="candidate_integration_steps"):
         ChunkQLearning(policy, trainer_config("rl", candidate_integration_steps=0), torch.device("cpu"))
+    coarse_rl = ChunkQLearning(policy, trainer_config("rl", **{**SMALL["rl"], "candidate_integration_steps": 1}),
+                               torch.device("cpu"))
+    seen, sample = [], policy.sample
+    policy.sample = lambda ctx, noise, steps=None: seen.append(steps) or sample(ctx, noise, steps)
+    coarse_rl.update(make_batch())
+    assert seen and set(seen) == {1}  # every candidate, for the target and for best-of-N, at 1 step
