@@ -93,10 +93,25 @@ def test_rwr_weights_successes_above_failures_and_interventions_up():
     keep = rwr_weights(scores, stream, success, finished, RWRConfig(failures="downweight", failure_weight=0.1,
                                                                    intervention_weight=2.0, drop_unfinished=True))
     assert keep[0] > keep[1] > 0  # failure down-weighted, not dropped
-    assert keep[2] == pytest.approx(2 * keep[0])  # intervention in a failed episode still counts, doubled
+    assert keep[2] == pytest.approx(2.0)  # a correction in a failed episode still counts: its multiplier
     assert keep[3] == 0.0  # outcome unknown yet
     drop = rwr_weights(scores, stream, success, finished, RWRConfig(failures="drop"))
     assert drop[1] == 0.0 and drop[0] > 0  # rejection sampling
+
+
+def test_rwr_weights_corrections_by_their_stream_not_by_the_penalised_episode_return():
+    # Online success (R 0.4), a correction inside a rescued episode whose return carries the takeover
+    # penalty (R -0.6), a demonstration (R 0.4). The penalty blames the policy, not the person.
+    stream = torch.tensor([ONLINE, INTERVENTION, DEMO])
+    success, finished = torch.tensor([True, False, True]), torch.ones(3, dtype=torch.bool)
+    scores = torch.tensor([0.4, -0.6, 0.4])
+    experts = rwr_weights(scores, stream, success, finished, RWRConfig(beta=0.5))
+    assert experts.tolist() == pytest.approx([1.0, 1.0, 1.0])
+    everything = rwr_weights(scores, stream, success, finished,
+                             RWRConfig(beta=0.5, score_streams=("online", "intervention", "demonstration")))
+    assert everything[1] < 0.2 * everything[2]  # the old whole-batch weighting: exp(-1 / 0.5) of a demo's
+    with pytest.raises(ValueError, match="score_streams"):
+        RWRConfig(score_streams=("robot",))
 
 
 def test_rwr_weights_prefer_higher_returns_and_respect_the_clip():
@@ -292,8 +307,10 @@ def test_rwr_rejects_policy_steps_the_operator_had_to_rescue():
 
 def test_rwr_weights_whole_episodes_by_their_return_not_steps_by_return_to_go():
     batch = make_batch()
-    batch["stream"] = torch.full((8,), DEMO)
-    batch["episode_return"] = torch.full((8,), 0.5)  # one episode ...
+    batch["stream"] = torch.full((8,), ONLINE)
+    batch["episode_finished"] = torch.ones(8, dtype=torch.bool)
+    batch["autonomous_success"] = torch.ones(8, dtype=torch.bool)  # one successful attempt ...
+    batch["episode_return"] = torch.full((8,), 0.5)
     batch["return"] = torch.linspace(0.1, 1.0, 8)  # ... seen at steps further and further along
     episode = RWR(tiny_policy(seed=0).train(), trainer_config("rwr"), torch.device("cpu"))
     assert episode.update(batch)["ess_fraction"] == pytest.approx(1.0)  # equal weights: plain BC on it

@@ -6,10 +6,14 @@ supervised learning on its own rollouts, filtered and weighted by outcome:
 - rejection sampling: policy-driven steps of failed episodes are dropped (or down-weighted);
 - human corrections (intervention segments) are weighted up: they show what to do exactly
   where the policy went wrong (as in HG-DAgger);
-- what remains is weighted by exp(R / beta) of its episode's return R (reward-weighted
-  regression, Peters & Schaal 2007, weights whole rollouts by their return), normalised to
-  mean 1 over the kept samples and clipped, so a few lucky samples cannot take over the
-  batch. The episode's return, not the step's return-to-go: with a discounted success reward
+- the policy's own kept steps are weighted by exp(R / beta) of their episode's return R
+  (reward-weighted regression, Peters & Schaal 2007, weights whole rollouts by their return),
+  normalised to mean 1 over the kept samples and clipped, so a few lucky samples cannot take
+  over the batch. Human and demonstration steps are expert labels and get their stream's
+  multiplier alone (``score_streams``): the return of the episode a correction belongs to
+  carries the takeover penalty the *policy's* mistake earned, and weighting the correction
+  by it would suppress exactly the steps that show how to recover (it gave corrections a
+  quarter of a demonstration's weight, BENCHMARKS.md "learning"). The episode's return, not the step's return-to-go: with a discounted success reward
   the return-to-go grows towards the end of every successful episode, so weighting by it
   would teach the last few centimetres of a push more than the approach that decides it.
   The effective sample size of the weights is logged to show how far the update is from
@@ -163,9 +167,16 @@ class RWRConfig:
     # Online steps after which the operator had to take over count as failed even when the
     # operator then finished the task (True); False credits them with the rescued success.
     rescued_is_failure: bool = True
+    # Streams whose samples are weighted by exp(R / beta); the others (expert labels) by their
+    # stream multiplier alone. All three = the whole batch reward-weighted (earlier behaviour).
+    score_streams: tuple[str, ...] = ("online",)
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
 
     def __post_init__(self) -> None:
+        self.score_streams = tuple(self.score_streams)
+        unknown = sorted(set(self.score_streams) - set(STREAMS))
+        if unknown:
+            raise ValueError(f"RWRConfig: score_streams {unknown} unknown; streams are {list(STREAMS)}")
         if self.score not in RWR_SCORES:
             raise ValueError(f"RWRConfig: score must be one of {RWR_SCORES}, got {self.score!r}")
         check_failures_mode("RWRConfig", self.failures)
@@ -232,13 +243,22 @@ class RejectionConfig:
 
 def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tensor | None,
                 finished: torch.Tensor | None, config: RWRConfig) -> torch.Tensor:
-    """Hi-ORS weights [B]: rejection of failed online steps, stream multipliers, clipped exp(R / beta)."""
+    """Hi-ORS weights [B]: rejection of failed online steps, stream multipliers, and clipped
+    exp(R / beta) (mean 1 over the kept samples of ``config.score_streams``)."""
     factors = outcome_factors(stream, success, finished, config.failures, config.failure_weight,
                               config.drop_unfinished)
     stream = torch.as_tensor(stream, dtype=torch.int64)
     factors[stream == INTERVENTION] *= config.intervention_weight
     factors[stream == DEMONSTRATION] *= config.demonstration_weight
-    return exponential_weights(scores, config.beta, config.max_weight, torch.log(factors))
+    scored = torch.zeros(len(stream), dtype=torch.bool)
+    for name in config.score_streams:
+        scored |= stream == STREAMS.index(name)
+    weights = factors.to(torch.float32)
+    if scored.any():
+        scores = torch.as_tensor(scores, dtype=torch.float32)
+        weights[scored] = exponential_weights(scores[scored], config.beta, config.max_weight,
+                                              torch.log(factors[scored]))
+    return weights
 
 
 class RWR(WeightedFlowAlgorithm):
