@@ -9,15 +9,17 @@ supervised learning on its own rollouts, filtered and weighted by outcome:
 - the policy's own kept steps are weighted by exp(R / beta) of their episode's return R
   (reward-weighted regression, Peters & Schaal 2007, weights whole rollouts by their return),
   normalised to mean 1 over the kept samples and clipped, so a few lucky samples cannot take
-  over the batch. Human and demonstration steps are expert labels and get their stream's
-  multiplier alone (``score_streams``): the return of the episode a correction belongs to
-  carries the takeover penalty the *policy's* mistake earned, and weighting the correction
-  by it would suppress exactly the steps that show how to recover (it gave corrections a
-  quarter of a demonstration's weight, BENCHMARKS.md "learning"). The episode's return, not the step's return-to-go: with a discounted success reward
-  the return-to-go grows towards the end of every successful episode, so weighting by it
-  would teach the last few centimetres of a push more than the approach that decides it.
-  The effective sample size of the weights is logged to show how far the update is from
-  plain behaviour cloning (ESS = batch size).
+  over the batch. The episode's return, not the step's return-to-go: with a discounted success
+  reward the return-to-go grows towards the end of every successful episode, so weighting by
+  it would teach the last few centimetres of a push more than the approach that decides it.
+- human and demonstration steps are expert labels and get their stream's multiplier alone
+  (``score_streams``): the return of the episode a correction belongs to carries the takeover
+  penalty the *policy's* mistake earned, and weighting the correction by it would suppress
+  exactly the steps that show how to recover (it gave corrections a quarter of a
+  demonstration's weight, BENCHMARKS.md "learning").
+
+The effective sample size of the weights is logged to show how far the update is from plain
+behaviour cloning (ESS = batch size).
 
 This module also holds what the three weighted algorithms share (``WeightedFlowAlgorithm``):
 per-algorithm config parsing, the staleness bound, and the guarded weighted policy step.
