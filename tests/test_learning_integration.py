@@ -46,7 +46,8 @@ def test_every_algorithm_is_registered_and_selectable_from_the_yaml_configs():
         assert type(algorithm) is cls
     rwr = learner_config_from(load_config(["learner=rwr", "learner.trainer.algorithm_params.beta=0.25"]).learner)
     algorithm = make_algorithm(tiny_policy(), rwr.trainer, torch.device("cpu"))
-    assert algorithm.params.beta == 0.25 and algorithm.params.staleness.max_staleness == 5
+    assert algorithm.params.beta == 0.25 and algorithm.params.staleness.max_staleness == 20  # nested YAML read
+    assert algorithm.params.score_streams == ("online",)  # a YAML list becomes the dataclass's tuple
 
 
 def test_reward_settings_are_checked_when_the_config_is_built():
