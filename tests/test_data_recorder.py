@@ -83,3 +83,38 @@ def test_batched_finalize_keeps_every_episode(tmp_path):
         indices = [recorder.write_episode(make_episode(i, 3 + i, i)) for i in range(4)]
     assert indices == [0, 1, 2, 3]
     assert [len(e["state"]) for e in load_episode_arrays(tmp_path / "ds")] == [3, 4, 5, 6]
+
+
+KILLED_WRITER = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from tests.test_data_recorder import CAMS, JOINTS, make_episode
+from robot_rl.data import EpisodeRecorder
+recorder = EpisodeRecorder({root!r}, fps=30, joint_names=JOINTS, cameras=CAMS)
+recorder.write_episode(make_episode(2, 4, 3), finalize=False)
+recorder.write_episode(make_episode(3, 5, 4), finalize=False)
+os._exit(3)  # killed before finalize: info.json already counts both episodes
+"""
+
+
+def test_a_writer_killed_before_finalize_is_rolled_back_and_earlier_episodes_stay_readable(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path / "ds"
+    with EpisodeRecorder(root, fps=30, joint_names=JOINTS, cameras=CAMS) as recorder:
+        recorder.write_episode(make_episode(0, 6, 1))
+        recorder.write_episode(make_episode(1, 3, 2))
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITER.format(repo=repo, root=str(root))],
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert json.loads((root / "meta" / "info.json").read_text())["total_episodes"] == 4  # the torn state
+
+    reopened = EpisodeRecorder(root, fps=30, joint_names=JOINTS, cameras=CAMS)
+    assert reopened.num_episodes == 2
+    moved = list((tmp_path / "ds.interrupted").rglob("*.parquet"))
+    assert moved, "the torn files are kept aside, not deleted"
+    assert reopened.write_episode(make_episode(4, 7, 5)) == 2
+    assert [len(e["state"]) for e in load_episode_arrays(root)] == [6, 3, 7]

@@ -69,3 +69,113 @@ def test_layout_mismatch_is_refused_with_a_clear_error(tmp_path):
         with pytest.raises(ProtocolError, match="cameras"):
             store.ingest(segments("r0", 1, make_steps(3))[0])
         assert store.stats()["segments_ingested"] == 0
+
+
+KILLED_BATCH = """
+import os, sys, threading
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+import robot_rl.learner.store as store_module
+from robot_rl.data.recorder import EpisodeRecorder
+from tests.learner_helpers import make_steps, store_config
+from tests.test_learner_store import segments
+
+queued = threading.Event()
+store_module.lower_own_priority = lambda nice: queued.wait()  # the writer starts once all three are queued
+finalize = EpisodeRecorder.close
+def killed(self):
+    if self._dataset is not None:
+        os._exit(3)  # the batch is saved, not finalized
+    finalize(self)
+EpisodeRecorder.close = killed
+store = store_module.ReplayStore(store_config(Path({root!r}), background_commit=True, commit_batch=8))
+for episode in (1, 2, 3):
+    for segment in segments("r0", episode, make_steps(6, robot=0, episode=episode)):
+        store.ingest(segment)
+queued.set()
+store.flush(60)
+os._exit(4)  # not reached: the finalize kills the process
+"""
+
+
+def test_a_batch_killed_before_its_finalize_stays_staged_and_is_stored_once_on_restart(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with ReplayStore(store_config(tmp_path)) as store:  # one episode stored before the crash
+        for s in segments("r0", 0, make_steps(8, robot=0, episode=0)):
+            store.ingest(s)
+    repo = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", KILLED_BATCH.format(repo=repo, root=str(tmp_path))],
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+
+    reopened = ReplayStore(store_config(tmp_path))
+    try:
+        stats = reopened.stats()
+        assert stats["episodes_stored"] == 4 and stats["segments_staged"] == 0
+        again = segments("r0", 2, make_steps(6, robot=0, episode=2))
+        assert all(reopened.ingest(s).duplicate for s in again)
+    finally:
+        reopened.close()
+    expected = [(0, 0, t) for t in range(8)] + [(0, e, t) for e in (1, 2, 3) for t in range(6)]
+    assert sorted(stored_triples(tmp_path)) == expected
+
+
+def test_queued_episodes_share_one_finalize_and_keep_their_order(tmp_path, monkeypatch):
+    import threading
+
+    import robot_rl.learner.store as store_module
+    from robot_rl.data.recorder import EpisodeRecorder
+
+    queued = threading.Event()
+    monkeypatch.setattr(store_module, "lower_own_priority", lambda nice: queued.wait())
+    finalizes = []
+    finalize = EpisodeRecorder.close
+
+    def counted(self):
+        finalizes.append(self._dataset is not None)
+        finalize(self)
+
+    monkeypatch.setattr(EpisodeRecorder, "close", counted)
+    store = ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=2))
+    try:
+        for episode in (1, 2, 3):
+            for s in segments("r0", episode, make_steps(5, robot=0, episode=episode)):
+                store.ingest(s)
+        queued.set()
+        assert store.flush(60)
+        assert store.stats()["episodes_stored"] == 3 and store.stats()["segments_staged"] == 0
+    finally:
+        store.close()
+    assert finalizes.count(True) == 2  # batches [1, 2] and [3]
+    assert [e for _, e, t in stored_triples(tmp_path) if t == 0] == [1, 2, 3]
+
+
+def test_an_episode_whose_write_failed_is_not_taken_for_the_next_one_on_restart(tmp_path, monkeypatch):
+    """The next episode gets the failed one's dataset index; without the ledger's abort line a
+    restart would read that index as proof the failed episode was written, and drop it."""
+    from robot_rl.data.recorder import EpisodeRecorder
+
+    write = EpisodeRecorder.write_episode
+    failures = []
+
+    def disk_full_once(self, episode, finalize=None):
+        if episode.episode_id == 1 and not failures:
+            failures.append(episode.episode_id)
+            raise OSError("simulated: no space left on device")
+        return write(self, episode, finalize)
+
+    monkeypatch.setattr(EpisodeRecorder, "write_episode", disk_full_once)
+    with ReplayStore(store_config(tmp_path, background_commit=True)) as store:
+        for episode in (1, 2):
+            for s in segments("r0", episode, make_steps(5, robot=0, episode=episode)):
+                store.ingest(s)
+            assert store.flush(60)
+        assert store.stats()["episodes_stored"] == 1 and store.stats()["segments_staged"] == 2
+    assert failures == [1]
+
+    with ReplayStore(store_config(tmp_path)) as reopened:  # the staged episode 1 is written now
+        assert reopened.stats()["episodes_stored"] == 2 and reopened.stats()["segments_staged"] == 0
+    assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in (1, 2) for t in range(5)]

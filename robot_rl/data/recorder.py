@@ -2,10 +2,12 @@
 
 Crash safety: each episode is validated completely before its first frame is
 buffered, then saved and (by default) finalized on its own, so a crash or a bad
-episode can lose at most the episode being written, never one already stored. The
-next episode re-opens the dataset with ``LeRobotDataset.resume``, which costs a few
-seconds; bulk jobs that can simply be rerun (demonstrations) may finalize every N
-episodes instead (``finalize_every``) and call ``close()``.
+episode can lose at most the episodes saved since the last finalize, never one
+already finalized: opening a dataset whose last write was cut short rolls it back to
+its last finalize (``repair.repair_interrupted_write``). The next episode re-opens the
+dataset with ``LeRobotDataset.resume``, which costs a few seconds; writers that keep
+their own copy until ``close()`` returns (the learner's staging log) or can simply
+rerun (demonstrations) may finalize every N episodes instead (``finalize_every``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.features import EXTRA_COLUMNS, dataset_features
+from robot_rl.data.repair import repair_interrupted_write
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class EpisodeRecorder:
         self._num_episodes: int | None = None
         if (self.root / "meta" / "info.json").exists():
             self._check_existing_layout()
+            repair_interrupted_write(self.root)
         self._num_episodes = self._read_num_episodes()
 
     @property
@@ -72,8 +76,12 @@ class EpisodeRecorder:
             return 0
         return int(json.loads(info.read_text())["total_episodes"])
 
-    def write_episode(self, episode: Episode) -> int:
-        """Store one episode; returns its index in the dataset."""
+    def write_episode(self, episode: Episode, finalize: bool | None = None) -> int:
+        """Store one episode; returns its index in the dataset.
+
+        ``finalize``: True or False to finalize after this episode or not (``close()`` later);
+        None: every ``finalize_every`` episodes.
+        """
         seed = -1 if episode.seed is None else int(episode.seed)
         frames = [self._frame(step, episode.instruction, seed) for step in episode.steps]
         if not frames:
@@ -92,7 +100,7 @@ class EpisodeRecorder:
         index = dataset.meta.total_episodes - 1
         self._num_episodes = index + 1
         self._since_finalize += 1
-        if self._since_finalize >= self.finalize_every:
+        if finalize or (finalize is None and self._since_finalize >= self.finalize_every):
             self.close()
         return index
 

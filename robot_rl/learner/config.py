@@ -39,10 +39,16 @@ class StoreConfig:
     # Nice value added to that thread (image encoding for the dataset): > 0 where robots share
     # the CPU (`robot-rl run`, `bench learning`), so their control ticks are served first.
     commit_nice: int = 0
+    # Closed episodes already queued for the writer share one dataset open/finalize (re-opening
+    # a LeRobotDataset costs ~2 s of the ~6 s an episode takes); they stay staged until that
+    # finalize, so a crash loses none of them. 1 = finalize after every episode.
+    commit_batch: int = 8
 
     def __post_init__(self) -> None:
         self.joint_names = tuple(self.joint_names)
         self.cameras = tuple(self.cameras)
+        if self.commit_batch < 1:
+            raise ValueError(f"StoreConfig: commit_batch must be >= 1, got {self.commit_batch}")
         if not 0 <= self.commit_nice <= 19:
             raise ValueError(f"StoreConfig: commit_nice must be in 0..19, got {self.commit_nice}")
         if self.fps <= 0 or self.image_height <= 0 or self.image_width <= 0:

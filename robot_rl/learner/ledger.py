@@ -11,6 +11,8 @@ two fsynced JSON lines around the dataset write::
 
 An intent without its commit (a crash in between) is resolved on open by looking at
 the dataset: if it holds episode ``index``, the write happened; if not, it did not.
+A write that failed without a crash gets an ``abort`` line instead of its commit: the
+next episode takes the same index, so the dataset could not tell the two apart.
 A torn last line (crash mid-write) is ignored: its operation never completed.
 """
 
@@ -62,6 +64,11 @@ class Ledger:
         self.commits.append(record)
         self.pending_intents = [r for r in self.pending_intents if r != record]
 
+    def write_abort(self, record: CommitRecord) -> None:
+        """The intent's write failed; the episode stays staged and will be written again."""
+        self._append(record.as_json("abort"))
+        self.pending_intents = [r for r in self.pending_intents if r != record]
+
     def close(self) -> None:
         self._file.close()
 
@@ -94,4 +101,6 @@ class Ledger:
             elif data["op"] == "commit":
                 intents.pop(key, None)
                 self.commits.append(record)
+            elif data["op"] == "abort":
+                intents.pop(key, None)
         self.pending_intents = list(intents.values())

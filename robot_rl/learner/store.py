@@ -44,7 +44,7 @@ from bridges.zmq.segments import decode_segment
 from bridges.zmq.spool import Spool
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Episode, Step
-from robot_rl.data.recorder import EpisodeRecorder, RecordingError
+from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.learner.config import StoreConfig
 from robot_rl.learner.index import (
     DEMO_ROBOT,
@@ -386,46 +386,91 @@ class ReplayStore:
     def _commit_loop(self) -> None:
         lower_own_priority(self.config.commit_nice)
         while True:
-            episode = self._jobs.get()
-            if episode is None:
+            batch, stop = self._next_batch()
+            try:
+                if batch:
+                    self._commit_batch(batch)
+            except Exception:
+                # Disk trouble: the episodes not committed stay staged and are committed on the next start.
+                log.exception("could not store %d episode(s); they stay staged", len(batch))
+            if stop:
                 self._idle.set()
                 return
-            try:
-                self._commit(episode)
-            except Exception:
-                # Disk trouble: the episode stays staged and is committed on the next start.
-                log.exception("could not store episode %d of robot %s; it stays staged",
-                              episode.episode_id, episode.robot_id)
             if self._jobs.empty():
                 self._idle.set()
 
+    def _next_batch(self) -> tuple[list[_OpenEpisode], bool]:
+        """The next closed episode, plus those already queued behind it (up to ``commit_batch``):
+        a writer that fell behind catches up with one dataset open/finalize per batch."""
+        batch: list[_OpenEpisode] = []
+        job = self._jobs.get()
+        while job is not None:
+            batch.append(job)
+            if len(batch) >= self.config.commit_batch:
+                return batch, False
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return batch, False
+        return batch, True
+
     def _commit(self, episode: _OpenEpisode) -> None:
+        self._commit_batch([episode])
+
+    def _commit_batch(self, episodes: Sequence[_OpenEpisode]) -> None:
+        """Write the episodes, finalize the dataset once, then commit them and release their staging.
+
+        Until the finalize they are not readable from the dataset (``repair_interrupted_write``
+        rolls a crash back to the last finalize), so they stay staged until then.
+        """
+        saved: list[tuple[_OpenEpisode, CommitRecord, list[str], dict[str, np.ndarray] | None]] = []
+        try:
+            for episode in episodes:
+                saved.append(self._write_unfinalized(episode))
+        finally:
+            # The recorder finalized on its own if a write failed; finalize the rest.
+            self.recorder.close()
+            for episode, record, keys, outcome in saved:
+                self._release(episode, record, keys, outcome)
+
+    def _write_unfinalized(self, episode: _OpenEpisode) -> tuple[_OpenEpisode, CommitRecord, list[str],
+                                                                  dict[str, np.ndarray] | None]:
         keys = [_staging_key(episode.robot_id, episode.episode_id, s) for s in sorted(episode.seqs)]
         steps = self._staged_steps(keys)
         record = CommitRecord(episode.robot_id, episode.episode_id, episode.fragment,
                               self.recorder.num_episodes if steps else -1, tuple(sorted(episode.seqs)))
-        if steps:
+        if not steps:
+            return episode, record, keys, None
+        with self._lock:
+            self._ledger.write_intent(record)
+        try:
+            self.recorder.write_episode(Episode(episode.robot_id, episode.episode_id, steps[0].instruction,
+                                                steps=steps, success=any(s.success for s in steps)),
+                                        finalize=False)
+        except Exception as exc:
+            # A RecordingError is a bug (validated at ingest), else disk trouble: keep the data staged.
+            log.error("episode %d of robot %s could not be written (%s); it stays staged",
+                      episode.episode_id, episode.robot_id, exc)
             with self._lock:
-                self._ledger.write_intent(record)
-            try:
-                self.recorder.write_episode(Episode(episode.robot_id, episode.episode_id, steps[0].instruction,
-                                                    steps=steps, success=any(s.success for s in steps)))
-            except RecordingError as exc:
-                # Validated at ingest, so this is a bug; keep the data staged rather than lose it.
-                log.error("episode %d of robot %s could not be written (%s); it stays staged",
-                          episode.episode_id, episode.robot_id, exc)
-                raise
+                self._ledger.write_abort(record)
+            raise
+        return episode, record, keys, {
+            "success": np.array([s.success for s in steps]),
+            "is_intervention": np.array([s.is_intervention for s in steps]),
+            "policy_version": np.array([s.policy_version for s in steps])}
+
+    def _release(self, episode: _OpenEpisode, record: CommitRecord, keys: Sequence[str],
+                 outcome: dict[str, np.ndarray] | None) -> None:
+        """The episode is in the finalized dataset: commit line, then its staged segments go."""
         with self._lock:
             self._ledger.write_commit(record)
             for key in keys:
                 self._staging.ack(key)
-        if steps:
-            self._record_outcome(episode.robot_id, episode.episode_id, {
-                "success": np.array([s.success for s in steps]),
-                "is_intervention": np.array([s.is_intervention for s in steps]),
-                "policy_version": np.array([s.policy_version for s in steps])})
+        if outcome is not None:
+            self._record_outcome(episode.robot_id, episode.episode_id, outcome)
         log.info("stored episode %d of robot %s (fragment %d): %d steps from %d segments, dataset episode %d",
-                 episode.episode_id, episode.robot_id, episode.fragment, len(steps), len(keys), record.index)
+                 episode.episode_id, episode.robot_id, episode.fragment,
+                 0 if outcome is None else len(outcome["success"]), len(keys), record.index)
 
     def _record_outcome(self, robot_id: str, episode_id: int, columns: dict[str, np.ndarray]) -> None:
         self.outcomes.add(outcome_from_columns(robot_id, episode_id, columns["success"], columns["is_intervention"],

@@ -1,0 +1,133 @@
+"""Bring a LeRobotDataset v3 directory back to its last finalized state after a crash.
+
+Why this is needed: LeRobot's ``save_episode`` rewrites ``meta/info.json`` (the episode
+count) at once, but the episode's rows reach disk only through parquet writers that get
+their footer at ``finalize()``. A process killed in between leaves ``info.json`` counting
+episodes whose data and metadata files are unreadable, and LeRobot then refuses to load
+*any* episode of the dataset. Writers here (``EpisodeRecorder``) only ever finalize whole
+sessions, and each session writes new data and metadata files, so the torn part is always
+the tail: the episodes after the last finalize.
+
+``repair_interrupted_write`` keeps the episodes whose metadata and data files are readable,
+moves the torn files aside (``<root>.interrupted/<time>/``, never deleted) and rewrites the
+counts in ``info.json``. Whoever still holds the torn episodes (the learner's staging log)
+writes them again. ``stats.json`` and ``tasks.parquet`` may still include the torn
+episodes' values; both are aggregates and LeRobot loads them either way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+EPISODE_COLUMNS = ["episode_index", "length", "data/chunk_index", "data/file_index"]
+
+
+class DatasetRepairError(RuntimeError):
+    """The dataset is damaged in a way a crash of our writers cannot explain; nothing was changed."""
+
+
+@dataclass
+class RepairReport:
+    """What ``repair_interrupted_write`` found and did."""
+
+    episodes_kept: int
+    episodes_dropped: int  # counted by info.json but not readable: written again by their owner
+    moved: list[str] = field(default_factory=list)  # files moved aside, relative to the dataset root
+    moved_to: Path | None = None
+
+    @property
+    def repaired(self) -> bool:
+        return self.episodes_dropped > 0 or bool(self.moved)
+
+
+def repair_interrupted_write(root: str | Path) -> RepairReport:
+    """Roll ``root`` back to its readable episodes if a write was interrupted; a no-op otherwise."""
+    root = Path(root)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    counted = int(info["total_episodes"])
+    readable, torn_meta = _readable_episodes(root)
+    data_files = sorted((root / "data").glob("chunk-*/file-*.parquet"))
+    good_data = {path for path in data_files if _parquet_readable(path)}
+    kept = _longest_intact_prefix(info, root, readable, good_data)
+    referenced = {_data_path(root, info, row) for row in kept}
+    stray_data = [path for path in data_files if path not in referenced]
+    dropped_meta = torn_meta + _meta_files_of(root, readable[len(kept):])
+    if len(kept) == counted and not stray_data and not dropped_meta:
+        return RepairReport(episodes_kept=counted, episodes_dropped=0)
+    shared = set(dropped_meta) & set(_meta_files_of(root, kept))
+    if shared:
+        raise DatasetRepairError(f"{root}: metadata file(s) {sorted(map(str, shared))} hold both intact and torn "
+                                 "episodes; this is not a torn tail, so nothing was changed")
+    moved_to = root.parent / f"{root.name}.interrupted" / time.strftime("%Y%m%d-%H%M%S")
+    moved = [_move_aside(path, root, moved_to) for path in sorted(set(dropped_meta)) + stray_data]
+    info["total_episodes"] = len(kept)
+    info["total_frames"] = int(sum(row["length"] for row in kept))
+    info["splits"] = {"train": f"0:{len(kept)}"}
+    tmp = info_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(info, indent=4))
+    tmp.replace(info_path)
+    report = RepairReport(episodes_kept=len(kept), episodes_dropped=counted - len(kept), moved=moved,
+                          moved_to=moved_to if moved else None)
+    log.warning("%s: a write was interrupted (crash before finalize); kept %d episodes, rolled back %d, moved %d "
+                "torn file(s) to %s", root, report.episodes_kept, report.episodes_dropped, len(moved), moved_to)
+    return report
+
+
+def _readable_episodes(root: Path) -> tuple[list[dict], list[Path]]:
+    """Episode rows of every readable metadata file (sorted by index), and the unreadable files."""
+    rows: list[dict] = []
+    torn: list[Path] = []
+    for path in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
+        try:
+            table = pq.read_table(path, columns=EPISODE_COLUMNS)
+        except Exception:  # noqa: BLE001 - a footer-less file from a killed writer
+            torn.append(path)
+            continue
+        for row in table.to_pylist():
+            rows.append({**row, "meta_file": path})
+    rows.sort(key=lambda r: r["episode_index"])
+    return rows, torn
+
+
+def _longest_intact_prefix(info: dict, root: Path, rows: list[dict], good_data: set[Path]) -> list[dict]:
+    """Episodes 0..k-1 with contiguous indices whose data file is readable."""
+    kept: list[dict] = []
+    for expected, row in enumerate(rows):
+        if row["episode_index"] != expected or _data_path(root, info, row) not in good_data:
+            break
+        kept.append(row)
+    return kept
+
+
+def _meta_files_of(root: Path, rows: list[dict]) -> list[Path]:
+    return sorted({row["meta_file"] for row in rows})
+
+
+def _data_path(root: Path, info: dict, row: dict) -> Path:
+    return root / info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+
+
+def _parquet_readable(path: Path) -> bool:
+    try:
+        pq.read_metadata(path)
+        return True
+    except Exception:  # noqa: BLE001 - no footer: the writer never closed it
+        return False
+
+
+def _move_aside(path: Path, root: Path, moved_to: Path) -> str:
+    relative = path.relative_to(root)
+    target = moved_to / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(path), str(target))
+    return str(relative)
