@@ -1,0 +1,127 @@
+"""`robot-rl bench store`: how fast the learner's dataset writer catches up, per ``commit_batch``.
+
+Why it matters: on a shared CPU the writer falls behind the robots (it lagged 7-10 minutes
+in the 10-minute learning arms), and every second it spends is taken from the trainer. The
+cost of one episode is LeRobot's own: re-opening the dataset (``resume``), encoding and
+embedding its images, finalizing. Episodes that queue up can share one open/finalize
+(``store.commit_batch``).
+
+What runs: the real ``ReplayStore`` with its background writer. ``episodes`` finished
+episodes (300 steps, two 96x96 cameras, synthetic camera-like frames) are ingested as the
+edge would stream them, as fast as the store takes them, so they queue for the writer the
+way they do behind a lagging writer; the clock runs from the first ingest until every
+episode is in the finalized dataset (``flush``). Each setting writes a fresh dataset, the
+settings run one after the other in one process (compare the ratio, not absolute numbers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from robot_rl.bench.transport import CAMERAS, EPISODE_STEPS, IMAGE, SEGMENT_STEPS, synthetic_steps
+
+log = logging.getLogger(__name__)
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # lerobot's writer would print a bar per episode
+
+
+@dataclass
+class StoreBenchConfig:
+    episodes: int = 16
+    batches: tuple[int, ...] = (1, 8)  # store.commit_batch settings, side by side
+    episode_steps: int = EPISODE_STEPS
+
+    def __post_init__(self) -> None:
+        self.batches = tuple(int(b) for b in self.batches)
+        if self.episodes < 1 or not self.batches or min(self.batches) < 1 or self.episode_steps < 1:
+            raise ValueError(f"bench store: episodes, batches and episode_steps must be >= 1, got {self}")
+
+    @staticmethod
+    def quick() -> StoreBenchConfig:
+        return StoreBenchConfig(episodes=4, batches=(1, 4), episode_steps=30)
+
+
+def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path) -> dict[str, float]:
+    """Wall seconds until ``cfg.episodes`` queued episodes are in the finalized dataset."""
+    from bridges.zmq.segments import ImageEncoding, encode_segment
+    from robot_rl.learner.config import StoreConfig
+    from robot_rl.learner.store import ReplayStore
+
+    config = StoreConfig(root=str(root), cameras=CAMERAS, image_height=IMAGE, image_width=IMAGE,
+                         background_commit=True, commit_batch=batch)
+    segments = []
+    for episode in range(cfg.episodes):
+        steps = synthetic_steps(cfg.episode_steps, episode, seed=episode)
+        chunks = [steps[i:i + SEGMENT_STEPS] for i in range(0, len(steps), SEGMENT_STEPS)]
+        segments += [encode_segment("bench", episode, seq, chunk, episode_done=chunk[-1].done,
+                                    image_encoding=ImageEncoding("jpeg"))
+                     for seq, chunk in enumerate(chunks)]
+    store = ReplayStore(config)
+    try:
+        started = time.monotonic()
+        for segment in segments:
+            store.ingest(segment)
+        ingested = time.monotonic() - started
+        if not store.flush(timeout_s=3600):
+            raise RuntimeError(f"bench store: the writer did not finish {cfg.episodes} episodes within an hour")
+        total = time.monotonic() - started
+        stored = store.stats()["episodes_stored"]
+    finally:
+        store.close()
+    if stored != cfg.episodes:
+        raise RuntimeError(f"bench store: {stored} of {cfg.episodes} episodes stored")
+    return {"commit_batch": batch, "episodes": cfg.episodes, "ingest_s": round(ingested, 2),
+            "total_s": round(total, 2), "s_per_episode": round(total / cfg.episodes, 3)}
+
+
+def run_store_bench(cfg: StoreBenchConfig, progress: Any = print) -> dict[str, Any]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
+        for batch in cfg.batches:
+            progress(f"commit_batch {batch}: {cfg.episodes} episodes of {cfg.episode_steps} steps")
+            rows.append(writer_seconds(batch, cfg, Path(tmp) / f"batch-{batch}"))
+    base = rows[0]["s_per_episode"]
+    for row in rows:
+        row["speedup_vs_first"] = round(base / row["s_per_episode"], 2) if row["s_per_episode"] else None
+    return {"rows": rows, "episode_steps": cfg.episode_steps, "cameras": list(CAMERAS), "image": IMAGE}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"dataset writer: {report['rows'][0]['episodes']} queued episodes of "
+                        f"{report['episode_steps']} steps, cameras {report['cameras']} at {report['image']} px")
+    for col in ("commit_batch", "ingest s", "until all finalized s", "s / episode", "speed-up"):
+        table.add_column(col, justify="right")
+    for row in report["rows"]:
+        table.add_row(str(row["commit_batch"]), f"{row['ingest_s']:.1f}", f"{row['total_s']:.1f}",
+                      f"{row['s_per_episode']:.2f}", f"{row['speedup_vs_first']:.2f}x")
+    Console().print(table)
+
+
+def parse_overrides(overrides: list[str], cfg: StoreBenchConfig) -> StoreBenchConfig:
+    values: dict[str, Any] = {"episodes": cfg.episodes, "batches": cfg.batches, "episode_steps": cfg.episode_steps}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        name = key.removeprefix("bench.")
+        if not sep or name not in values:
+            raise SystemExit(f"bench store: unknown override {item!r}; use bench.episodes=N, "
+                             "bench.batches=[1,8], bench.episode_steps=N")
+        values[name] = tuple(int(v) for v in value.strip("[]").split(",")) if name == "batches" else int(value)
+    return StoreBenchConfig(**values)
+
+
+def run_from_cli(quick: bool, overrides: list[str]) -> dict:
+    cfg = parse_overrides(overrides, StoreBenchConfig.quick() if quick else StoreBenchConfig())
+    started = time.monotonic()
+    report = run_store_bench(cfg, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
+                                                             flush=True))
+    report["duration_s"] = round(time.monotonic() - started, 1)
+    print_table(report)
+    return report
