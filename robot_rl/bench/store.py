@@ -20,6 +20,7 @@ import logging
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from robot_rl.bench.transport import CAMERAS, EPISODE_STEPS, IMAGE, SEGMENT_STEP
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # lerobot's writer would print a bar per episode
+warnings.filterwarnings("ignore", message="Cannot enable progress bars")  # lerobot re-enables them per episode
 
 
 @dataclass
