@@ -154,28 +154,35 @@ def test_queued_episodes_share_one_finalize_and_keep_their_order(tmp_path, monke
 
 
 def test_an_episode_whose_write_failed_is_not_taken_for_the_next_one_on_restart(tmp_path, monkeypatch):
-    """The next episode gets the failed one's dataset index; without the ledger's abort line a
-    restart would read that index as proof the failed episode was written, and drop it."""
+    """One write of a batch fails: the others are stored, it stays staged. The next episode gets
+    its dataset index, so without the ledger's abort line a restart would read that index as
+    proof the failed episode was written, and drop it."""
+    import threading
+
+    import robot_rl.learner.store as store_module
     from robot_rl.data.recorder import EpisodeRecorder
 
+    queued = threading.Event()
+    monkeypatch.setattr(store_module, "lower_own_priority", lambda nice: queued.wait())
     write = EpisodeRecorder.write_episode
     failures = []
 
     def disk_full_once(self, episode, finalize=None):
-        if episode.episode_id == 1 and not failures:
+        if episode.episode_id == 2 and not failures:
             failures.append(episode.episode_id)
             raise OSError("simulated: no space left on device")
         return write(self, episode, finalize)
 
     monkeypatch.setattr(EpisodeRecorder, "write_episode", disk_full_once)
     with ReplayStore(store_config(tmp_path, background_commit=True)) as store:
-        for episode in (1, 2):
+        for episode in (1, 2, 3):
             for s in segments("r0", episode, make_steps(5, robot=0, episode=episode)):
                 store.ingest(s)
-            assert store.flush(60)
-        assert store.stats()["episodes_stored"] == 1 and store.stats()["segments_staged"] == 2
-    assert failures == [1]
+        queued.set()  # one batch: 1, 2 (fails), 3
+        assert store.flush(60)
+        assert store.stats()["episodes_stored"] == 2 and store.stats()["segments_staged"] == 2
+    assert failures == [2]
 
-    with ReplayStore(store_config(tmp_path)) as reopened:  # the staged episode 1 is written now
-        assert reopened.stats()["episodes_stored"] == 2 and reopened.stats()["segments_staged"] == 0
-    assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in (1, 2) for t in range(5)]
+    with ReplayStore(store_config(tmp_path)) as reopened:  # the staged episode 2 is written now
+        assert reopened.stats()["episodes_stored"] == 3 and reopened.stats()["segments_staged"] == 0
+    assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in (1, 2, 3) for t in range(5)]

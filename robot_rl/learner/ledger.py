@@ -3,7 +3,8 @@
 Why a ledger: the dataset itself does not know which (robot, episode, seq) segments
 its episodes came from, and the learner must ack a re-sent segment as a duplicate
 instead of storing it twice, even after a restart. Each episode commit is written as
-two fsynced JSON lines around the dataset write::
+two fsynced JSON lines around the dataset write (the commit line after the dataset is
+finalized; the store may finalize several queued episodes at once)::
 
     {"op": "intent", "robot": "a", "episode": 7, "fragment": 0, "index": 12, "seqs": [0, 1, 2]}
     ... EpisodeRecorder writes dataset episode 12 ...

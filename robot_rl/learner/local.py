@@ -177,7 +177,12 @@ def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalR
                           config_hash=policy.config_hash(), policy_version=0)
     parts = robot_factory(index)
     operator = operator_factory(index, parts[0]) if operator_factory is not None else None
-    return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode)
+    try:
+        return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode)
+    finally:
+        # On this thread, which made its GL context: left to the garbage collector at exit,
+        # EGL prints EGL_NOT_INITIALIZED tracebacks after the results.
+        parts[0].disconnect()
 
 
 def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,

@@ -14,13 +14,16 @@ Path of a segment (edge -> learner):
 3. When the episode is finished (``episode_done`` and no seq missing), or is cut short
    (the robot started another episode, or went silent for ``episode_timeout_s``), it is
    *committed*: written to the LeRobotDataset v3 by ``EpisodeRecorder`` between an intent
-   and a commit line of the ``Ledger``, then its staged records are released.
+   and a commit line of the ``Ledger``, then its staged records are released. Episodes that
+   queued up behind a busy writer are saved together and finalized once (``commit_batch``);
+   their commit lines and releases follow that finalize.
 
 Each committed robot episode's outcome (success, interventions, the policy version that
 drove it) goes to ``outcomes``, which learning curves per policy version are made from.
 
 On restart the store rebuilds everything from disk: committed seqs from the ledger,
-half-done commits resolved against the dataset, committed episodes and preloaded
+half-done commits resolved against the dataset (which the recorder first rolls back to its
+last finalize if a write was cut short), committed episodes and preloaded
 demonstrations into the index from the dataset, open episodes from staging.
 """
 
@@ -391,7 +394,7 @@ class ReplayStore:
                 if batch:
                     self._commit_batch(batch)
             except Exception:
-                # Disk trouble: the episodes not committed stay staged and are committed on the next start.
+                # Disk trouble at the finalize: the batch stays staged and is committed on the next start.
                 log.exception("could not store %d episode(s); they stay staged", len(batch))
             if stop:
                 self._idle.set()
@@ -423,20 +426,21 @@ class ReplayStore:
         Until the finalize they are not readable from the dataset (``repair_interrupted_write``
         rolls a crash back to the last finalize), so they stay staged until then.
         """
-        saved: list[tuple[_OpenEpisode, CommitRecord, list[str], dict[str, np.ndarray] | None]] = []
-        try:
-            for episode in episodes:
-                saved.append(self._write_unfinalized(episode))
-        finally:
-            # The recorder finalized on its own if a write failed; finalize the rest.
-            self.recorder.close()
-            for episode, record, keys, outcome in saved:
-                self._release(episode, record, keys, outcome)
+        saved = [written for episode in episodes if (written := self._write_unfinalized(episode)) is not None]
+        self.recorder.close()  # raises on disk trouble: then nothing of the batch is released
+        for episode, record, keys, outcome in saved:
+            self._release(episode, record, keys, outcome)
 
     def _write_unfinalized(self, episode: _OpenEpisode) -> tuple[_OpenEpisode, CommitRecord, list[str],
-                                                                  dict[str, np.ndarray] | None]:
+                                                                  dict[str, np.ndarray] | None] | None:
+        """Save one episode without finalizing; None if it could not be written (it stays staged)."""
         keys = [_staging_key(episode.robot_id, episode.episode_id, s) for s in sorted(episode.seqs)]
-        steps = self._staged_steps(keys)
+        try:
+            steps = self._staged_steps(keys)
+        except Exception:  # noqa: BLE001 - a staging log we cannot read: leave it for the next start
+            log.exception("episode %d of robot %s: staged segments unreadable; it stays staged",
+                          episode.episode_id, episode.robot_id)
+            return None
         record = CommitRecord(episode.robot_id, episode.episode_id, episode.fragment,
                               self.recorder.num_episodes if steps else -1, tuple(sorted(episode.seqs)))
         if not steps:
@@ -444,16 +448,16 @@ class ReplayStore:
         with self._lock:
             self._ledger.write_intent(record)
         try:
+            # On failure the recorder finalizes what the batch saved before this episode.
             self.recorder.write_episode(Episode(episode.robot_id, episode.episode_id, steps[0].instruction,
                                                 steps=steps, success=any(s.success for s in steps)),
                                         finalize=False)
-        except Exception as exc:
-            # A RecordingError is a bug (validated at ingest), else disk trouble: keep the data staged.
+        except Exception as exc:  # noqa: BLE001 - RecordingError is a bug (validated at ingest), else disk trouble
             log.error("episode %d of robot %s could not be written (%s); it stays staged",
                       episode.episode_id, episode.robot_id, exc)
             with self._lock:
                 self._ledger.write_abort(record)
-            raise
+            return None
         return episode, record, keys, {
             "success": np.array([s.success for s in steps]),
             "is_intervention": np.array([s.is_intervention for s in steps]),
