@@ -63,6 +63,10 @@ def main(argv: list[str]) -> int:
                           spool_dir=args.spool or f"outputs/edge/{args.robot_id}/spool",
                           config_hash=policy.config_hash(), policy_version=0, curve=curve)
     run = LocalRunConfig(num_robots=1, episodes_per_robot=args.episodes, max_steps=args.max_steps)
-    episodes, steps, successes = run_edge(client, policy, run, sim_robot_factory(0))
+    parts = sim_robot_factory(0)
+    try:
+        episodes, steps, successes = run_edge(client, policy, run, parts)
+    finally:
+        parts[0].disconnect()  # frees the sim's GL context before exit
     print(f"edge {args.robot_id}: {episodes} episodes, {steps} steps, {successes} successes")
     return 0
