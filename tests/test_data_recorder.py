@@ -118,3 +118,19 @@ def test_a_writer_killed_before_finalize_is_rolled_back_and_earlier_episodes_sta
     assert moved, "the torn files are kept aside, not deleted"
     assert reopened.write_episode(make_episode(4, 7, 5)) == 2
     assert [len(e["state"]) for e in load_episode_arrays(root)] == [6, 3, 7]
+
+
+def test_damage_that_a_killed_writer_cannot_explain_is_reported_and_left_alone(tmp_path):
+    from robot_rl.data.repair import DatasetRepairError
+
+    root = tmp_path / "ds"
+    with EpisodeRecorder(root, fps=30, joint_names=JOINTS, cameras=CAMS) as recorder:
+        recorder.write_episode(make_episode(0, 4, 1))
+        recorder.write_episode(make_episode(1, 3, 2))
+    first = sorted((root / "data").rglob("*.parquet"))[0]
+    first.write_bytes(first.read_bytes()[:100])  # an old, finalized file damaged afterwards
+    info_before = (root / "meta" / "info.json").read_text()
+    with pytest.raises(DatasetRepairError, match="later episodes"):
+        EpisodeRecorder(root, fps=30, joint_names=JOINTS, cameras=CAMS)
+    assert (root / "meta" / "info.json").read_text() == info_before
+    assert not (tmp_path / "ds.interrupted").exists()

@@ -59,6 +59,12 @@ def repair_interrupted_write(root: str | Path) -> RepairReport:
     data_files = sorted((root / "data").glob("chunk-*/file-*.parquet"))
     good_data = {path for path in data_files if _parquet_readable(path)}
     kept = _longest_intact_prefix(info, root, readable, good_data)
+    intact_after = [row["episode_index"] for row in readable[len(kept):] if _data_path(root, info, row) in good_data]
+    if intact_after:
+        # A killed writer leaves only unreadable rows after the first torn one; intact ones mean
+        # older damage (a truncated or edited file), which rolling back would hide.
+        raise DatasetRepairError(f"{root}: episode {len(kept)} is unreadable but later episodes {intact_after[:5]} "
+                                 "are intact; this is not a write cut short, so nothing was changed")
     referenced = {_data_path(root, info, row) for row in kept}
     stray_data = [path for path in data_files if path not in referenced]
     dropped_meta = torn_meta + _meta_files_of(root, readable[len(kept):])
