@@ -44,10 +44,6 @@ class RepairReport:
     moved: list[str] = field(default_factory=list)  # files moved aside, relative to the dataset root
     moved_to: Path | None = None
 
-    @property
-    def repaired(self) -> bool:
-        return self.episodes_dropped > 0 or bool(self.moved)
-
 
 def repair_interrupted_write(root: str | Path) -> RepairReport:
     """Roll ``root`` back to its readable episodes if a write was interrupted; a no-op otherwise."""
