@@ -22,5 +22,7 @@ def test_overrides_are_checked():
     assert parse_overrides(["bench.batches=[2,4]", "bench.episodes=5"], StoreBenchConfig()).batches == (2, 4)
     with pytest.raises(SystemExit, match="unknown override"):
         parse_overrides(["bench.speed=3"], StoreBenchConfig())
+    with pytest.raises(SystemExit, match="whole numbers"):
+        parse_overrides(["bench.batches=[1,x]"], StoreBenchConfig())
     with pytest.raises(ValueError, match=">= 1"):
         StoreBenchConfig(batches=(0,))

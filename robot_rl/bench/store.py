@@ -1,7 +1,7 @@
 """`robot-rl bench store`: how fast the learner's dataset writer catches up, per ``commit_batch``.
 
-Why it matters: on a shared CPU the writer falls behind the robots (it lagged 7-10 minutes
-in the 10-minute learning arms), and every second it spends is taken from the trainer. The
+Why it matters: on a shared CPU the writer falls behind the robots (it lagged 7-15 minutes
+in the 10-minute learning arms before ``commit_batch``), and every second it spends is taken from the trainer. The
 cost of one episode is LeRobot's own: re-opening the dataset (``resume``), encoding and
 embedding its images, finalizing. Episodes that queue up can share one open/finalize
 (``store.commit_batch``).
@@ -115,7 +115,10 @@ def parse_overrides(overrides: list[str], cfg: StoreBenchConfig) -> StoreBenchCo
         if not sep or name not in values:
             raise SystemExit(f"bench store: unknown override {item!r}; use bench.episodes=N, "
                              "bench.batches=[1,8], bench.episode_steps=N")
-        values[name] = tuple(int(v) for v in value.strip("[]").split(",")) if name == "batches" else int(value)
+        try:
+            values[name] = tuple(int(v) for v in value.strip("[]").split(",")) if name == "batches" else int(value)
+        except ValueError:
+            raise SystemExit(f"bench store: {item!r} must be whole numbers, e.g. bench.batches=[1,8]") from None
     return StoreBenchConfig(**values)
 
 
