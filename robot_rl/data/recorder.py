@@ -106,10 +106,12 @@ class EpisodeRecorder:
 
     def close(self) -> None:
         """Finalize what is open; until then the last ``finalize_every - 1`` episodes are not crash-safe."""
-        if self._dataset is not None:
-            self._dataset.finalize()
-            self._dataset = None
+        dataset, self._dataset = self._dataset, None
         self._since_finalize = 0
+        if dataset is not None:
+            # Not reused if this fails (disk trouble): the next write re-opens the dataset, and the
+            # next recorder on it (a restart) rolls back whatever this left torn.
+            dataset.finalize()
 
     def __enter__(self) -> EpisodeRecorder:
         return self
