@@ -186,3 +186,35 @@ def test_an_episode_whose_write_failed_is_not_taken_for_the_next_one_on_restart(
     with ReplayStore(store_config(tmp_path)) as reopened:  # the staged episode 2 is written now
         assert reopened.stats()["episodes_stored"] == 3 and reopened.stats()["segments_staged"] == 0
     assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in (1, 2, 3) for t in range(5)]
+
+
+def test_episodes_trickling_in_share_a_finalize_and_flush_does_not_wait_out_the_linger(tmp_path, monkeypatch):
+    """A writer that keeps up used to finalize and re-open the dataset for every episode (the
+    re-open alone held the GIL for half the writer's time). Now it waits up to commit_linger_s
+    for more, and a flush ends that wait: with a 60 s linger, flush(10) must still finish."""
+    from robot_rl.data.recorder import EpisodeRecorder
+    from tests.learner_helpers import wait_for
+
+    finalizes = []
+    finalize = EpisodeRecorder.close
+
+    def counted(self):
+        finalizes.append(self._dataset is not None)
+        finalize(self)
+
+    monkeypatch.setattr(EpisodeRecorder, "close", counted)
+    with ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=8, commit_linger_s=60.0)) as store:
+        for s in segments("r0", 1, make_steps(5, robot=0, episode=1)):
+            store.ingest(s)
+        wait_for(lambda: store._jobs.qsize() == 0, what="the writer to take episode 1")  # it is waiting for more now
+        for s in segments("r0", 2, make_steps(5, robot=0, episode=2)):
+            store.ingest(s)
+        assert store.flush(10)
+        assert store.stats()["episodes_stored"] == 2 and store.stats()["segments_staged"] == 0
+    assert finalizes.count(True) == 1  # one batch [1, 2]
+    assert [e for _, e, t in stored_triples(tmp_path) if t == 0] == [1, 2]
+
+
+def test_commit_linger_must_not_be_negative(tmp_path):
+    with pytest.raises(ValueError, match="commit_linger_s"):
+        store_config(tmp_path, commit_linger_s=-1.0)

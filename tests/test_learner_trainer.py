@@ -34,8 +34,9 @@ def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path):
-    config = trainer_config(tmp_path / "ckpt")
+@pytest.mark.parametrize("ema_decay", [None, 0.9])
+def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_decay):
+    config = trainer_config(tmp_path / "ckpt", ema_decay=ema_decay)
     a = Trainer(tiny_policy(), filled_index(), config)
     for _ in range(3):
         a.update_once()
@@ -62,6 +63,8 @@ def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path):
     assert [m["loss"] for m in metrics_b] == [m["loss"] for m in metrics_a]
     for key, value in params(a.policy).items():
         assert torch.equal(value, params(b.policy)[key]), key
+    for key, value in params(a.deployed).items():  # the average too, when one is kept
+        assert torch.equal(value, params(b.deployed)[key]), key
 
 
 def test_checkpoint_write_is_atomic_and_pruned(tmp_path):
@@ -148,3 +151,33 @@ def test_ticks_where_the_runtime_held_the_arm_are_never_online_samples():
 def test_trainer_waits_for_data_without_blocking(tmp_path):
     trainer = Trainer(tiny_policy(), SamplingIndex(CAMERAS), trainer_config(tmp_path, min_steps_to_train=5))
     assert trainer.update_once() is None and trainer.step == 0
+
+
+def test_with_ema_robots_and_checkpoints_get_the_average_and_training_goes_on_the_raw_weights(tmp_path):
+    from policies.flow_vla import FlowVLA
+
+    blobs = []
+    decay = 0.8
+    config = trainer_config(tmp_path / "ckpt", publish_every_updates=3, ema_decay=decay)
+    trainer = Trainer(tiny_policy(), filled_index(), config, publish=blobs.append)
+    start = params(trainer.policy)
+    expected = {k: v.clone() for k, v in start.items()}
+    for _ in range(3):
+        trainer.update_once()
+        for name, value in trainer.policy.named_parameters():
+            expected[name] = decay * expected[name] + (1 - decay) * value.detach()
+    published = deserialize_tensors(blobs[-1].data, framework="pt")
+    training = params(trainer.policy)
+    moved = [k for k, _ in trainer.policy.named_parameters() if not torch.equal(training[k], start[k])]
+    assert moved, "the updates changed no weight"
+    for name in moved:
+        torch.testing.assert_close(published[name], expected[name])
+        assert not torch.equal(published[name], training[name]), name  # not the raw iterate
+    model = FlowVLA.from_pretrained(trainer.checkpoint(), device="cpu")
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, params(trainer.deployed)[name]), name
+
+
+def test_ema_decay_outside_0_1_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="ema_decay"):
+        trainer_config(tmp_path, ema_decay=1.0)

@@ -89,3 +89,27 @@ def test_a_thread_can_lower_its_own_priority_without_touching_the_caller():
     assert seen == {"lowered": True, "nice": min(19, before + 5)}
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
     assert lower_own_priority(0) is False  # 0 = leave as is
+
+
+@pytest.mark.parametrize("override, expected", [([], 1), (["run.torch_threads=null"], None)])
+def test_local_runs_cap_torch_threads_unless_told_not_to(override, expected, monkeypatch):
+    """Robots and learner share one process and the machine's cores: the default run caps PyTorch's
+    intra-op threads (1.9x the updates per second on 2 cores, BENCHMARKS.md); null leaves them alone."""
+    import torch
+
+    before = torch.get_num_threads()
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    run_command.share_cpu_with_robots(load_config(override))
+    assert calls == ([] if expected is None else [expected])
+    assert torch.get_num_threads() == before
+
+
+def test_the_synchronous_loop_trains_with_a_thread_per_core(monkeypatch):
+    """Its train phases have the CPU alone (the robots wait), so capping them would handicap it."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    run_command.share_cpu_with_robots(load_config([]), overlapping=False)
+    assert calls == [len(os.sched_getaffinity(0))]

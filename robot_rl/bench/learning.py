@@ -477,7 +477,7 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
     import torch
 
     from hardware.sim import TASK_FAMILIES, SimConfig
-    from robot_rl.commands.run import Progress, operator_factory
+    from robot_rl.commands.run import Progress, operator_factory, share_cpu_with_robots
     from robot_rl.commands.sim_setup import task_families
     from robot_rl.config import to_dataclass
     from robot_rl.edge import EdgeConfig
@@ -485,6 +485,7 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
 
     arm = ARMS[name]
     arm_dir = out_dir / name
+    share_cpu_with_robots(cfg, overlapping=not arm.sync)  # the sync loop's phases take turns
     learner_config = arm_learner_config(cfg, checkpoint, demos, arm_dir)
     sim_config = to_dataclass(cfg.robot, SimConfig)
     run = LocalRunConfig(num_robots=bench.num_robots, episodes_per_robot=10**9, max_steps=int(cfg.run.max_steps),

@@ -133,6 +133,25 @@ def local_learner_config(cfg: DictConfig, checkpoint: Path, run_dir: Path, demos
     return config
 
 
+def share_cpu_with_robots(cfg: DictConfig, *, overlapping: bool = True) -> None:
+    """Cap PyTorch's intra-op threads for a run whose robots and learner share this process.
+
+    PyTorch starts one intra-op thread per core, for the trainer and for every robot's policy.
+    On a small CPU the trainer's second thread waits at every parallel op for a core that a
+    robot or the dataset writer holds (BENCHMARKS.md "learning": more updates per second with
+    one). ``run.torch_threads: null`` keeps PyTorch's default (a learner on a machine of its own).
+    ``overlapping=False`` (a synchronous collect-then-train loop, whose trainer has the CPU to
+    itself while the robots wait) gives it one thread per core whatever the setting.
+    """
+    import os
+
+    import torch
+
+    threads = cfg.run.get("torch_threads") if overlapping else len(os.sched_getaffinity(0))
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+
+
 def run_main_job(cfg: DictConfig) -> dict:
     from hardware.sim import TASK_FAMILIES, SimConfig
     from policies.flow_vla import FlowVLA
@@ -142,6 +161,7 @@ def run_main_job(cfg: DictConfig) -> dict:
 
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
     checkpoint = ensure_bc_checkpoint(cfg)
+    share_cpu_with_robots(cfg)
     policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
     learner_config = local_learner_config(cfg, checkpoint, run_dir)
     sim_config = to_dataclass(cfg.robot, SimConfig)

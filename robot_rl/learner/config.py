@@ -43,12 +43,19 @@ class StoreConfig:
     # a LeRobotDataset costs ~2 s of the ~6 s an episode takes); they stay staged until that
     # finalize, so a crash loses none of them. 1 = finalize after every episode.
     commit_batch: int = 8
+    # A writer that is keeping up waits this long after an episode for more to join its batch
+    # (flush and close do not wait): finalize-and-reopen per episode, which is what it did when
+    # episodes trickled in one at a time, held the GIL the trainer shares for ~half its time
+    # (BENCHMARKS.md "store"). 0 = write whatever is queued at once.
+    commit_linger_s: float = 30.0
 
     def __post_init__(self) -> None:
         self.joint_names = tuple(self.joint_names)
         self.cameras = tuple(self.cameras)
         if self.commit_batch < 1:
             raise ValueError(f"StoreConfig: commit_batch must be >= 1, got {self.commit_batch}")
+        if self.commit_linger_s < 0:
+            raise ValueError(f"StoreConfig: commit_linger_s must be >= 0, got {self.commit_linger_s}")
         if not 0 <= self.commit_nice <= 19:
             raise ValueError(f"StoreConfig: commit_nice must be in 0..19, got {self.commit_nice}")
         if self.fps <= 0 or self.image_height <= 0 or self.image_width <= 0:
@@ -71,6 +78,9 @@ class TrainerConfig:
     lr: float = 1e-4
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
+    # Publish and checkpoint an exponential moving average of the weights with this decay
+    # (robot_rl.learner.averaging); None: the training weights themselves.
+    ema_decay: float | None = None
     # Share of each batch drawn from each stream (renormalised over the non-empty ones).
     # Demonstration-heavy: a few dozen online successes at 50 % are memorised and cost success.
     online_ratio: float = 0.2
@@ -109,6 +119,8 @@ class TrainerConfig:
         ratios = (self.online_ratio, self.intervention_ratio, self.demonstration_ratio)
         if min(ratios) < 0 or sum(ratios) <= 0:
             raise ValueError(f"TrainerConfig: stream ratios must be >= 0 with a positive sum, got {ratios}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"TrainerConfig: ema_decay must be in (0, 1) or null, got {self.ema_decay}")
         if self.batch_size < 1:
             raise ValueError(f"TrainerConfig: batch_size must be >= 1, got {self.batch_size}")
         if self.publish_every_updates < 1 or self.checkpoint_every_updates < 1:

@@ -15,8 +15,9 @@ Path of a segment (edge -> learner):
    (the robot started another episode, or went silent for ``episode_timeout_s``), it is
    *committed*: written to the LeRobotDataset v3 by ``EpisodeRecorder`` between an intent
    and a commit line of the ``Ledger``, then its staged records are released. Episodes that
-   queued up behind a busy writer are saved together and finalized once (``commit_batch``);
-   their commit lines and releases follow that finalize.
+   queued up behind a busy writer, or that arrive within ``commit_linger_s`` of each other,
+   are saved together and finalized once (``commit_batch``); their commit lines and releases
+   follow that finalize.
 
 Each committed robot episode's outcome (success, interventions, the policy version that
 drove it) goes to ``outcomes``, which learning curves per policy version are made from.
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 EpisodeKey = tuple[str, int]  # (robot_id, episode_id)
 DECODE_WORKERS = 2  # threads decoding (validating) the images of a batch of segments
 INDEX_QUEUE = 64  # decoded segments waiting for the index thread
+LINGER_POLL_S = 0.05  # how often a lingering writer looks whether a flush wants it to stop waiting
+_NO_JOB = object()  # the writer's queue had nothing in time
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class ReplayStore:
         self._jobs: queue.Queue[_OpenEpisode | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
+        self._draining = 0  # flush() calls under way: the writer stops lingering for them
         self._committer: threading.Thread | None = None
         self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | None] | None] | None = None
         self._indexer: threading.Thread | None = None
@@ -232,7 +236,13 @@ class ReplayStore:
             return False
         if self._committer is None:
             return True
-        return self._idle.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._draining += 1
+        try:
+            return self._idle.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._draining -= 1
 
     def flush_index(self, timeout_s: float = 60.0) -> bool:
         """Wait until the sampling index holds every segment ingested so far (it trails by a few ms)."""
@@ -403,19 +413,37 @@ class ReplayStore:
                 self._idle.set()
 
     def _next_batch(self) -> tuple[list[_OpenEpisode], bool]:
-        """The next closed episode, plus those already queued behind it (up to ``commit_batch``):
-        a writer that fell behind catches up with one dataset open/finalize per batch."""
+        """The next closed episode plus those queued behind it or arriving within ``commit_linger_s``
+        (up to ``commit_batch``): one dataset open/finalize per batch, whether the writer fell
+        behind or episodes trickle in. A ``flush`` ends the wait at once."""
         batch: list[_OpenEpisode] = []
         job = self._jobs.get()
+        linger_until = time.monotonic() + self.config.commit_linger_s
         while job is not None:
             batch.append(job)
             if len(batch) >= self.config.commit_batch:
                 return batch, False
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
+            job = self._next_job_before(linger_until)
+            if job is _NO_JOB:
                 return batch, False
         return batch, True
+
+    def _next_job_before(self, deadline: float):
+        """The next queued job, waiting until ``deadline`` unless someone is flushing; ``_NO_JOB`` if none."""
+        while True:
+            try:
+                return self._jobs.get_nowait()
+            except queue.Empty:
+                pass
+            remaining = deadline - time.monotonic()
+            with self._lock:
+                draining = self._draining > 0
+            if remaining <= 0 or draining:
+                return _NO_JOB
+            try:
+                return self._jobs.get(timeout=min(remaining, LINGER_POLL_S))
+            except queue.Empty:
+                continue
 
     def _commit(self, episode: _OpenEpisode) -> None:
         self._commit_batch([episode])

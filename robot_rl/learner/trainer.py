@@ -6,6 +6,9 @@ whatever the index holds at that moment. Everything that decides the next update
 (weights, optimiser, step, algorithm and sampling RNG, and the index content, which
 is rebuilt from disk in a canonical order) is saved by ``checkpoint``, so
 ``resume`` continues exactly where an uninterrupted run would be.
+
+With ``ema_decay`` the robots get, and checkpoints hold as their model, the moving average
+of the weights (``deployed``); the training weights travel in the checkpoint's state.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from policies.flow_vla.training import auto_device
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.algorithms import make_algorithm
+from robot_rl.learner.averaging import WeightAverage
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex
 from robot_rl.learner.metrics import LearningLogger
 from robot_rl.learner.publisher import PublishFn, PublishSchedule, snapshot
 
 log = logging.getLogger(__name__)
+
+TRAINING_WEIGHTS = "training_policy"  # checkpoint state entry of the training weights when the model is their average
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,6 +60,7 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.policy = policy.to(self.device).train()
         self.algorithm = make_algorithm(self.policy, config, self.device)
+        self.average = WeightAverage(self.policy, config.ema_decay) if config.ema_decay is not None else None
         self.rng = np.random.default_rng(config.seed)
         self.step = 0
         self.version = 0  # the initial weights are version 0
@@ -70,6 +77,11 @@ class Trainer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_log_s = 0.0
+
+    @property
+    def deployed(self) -> FlowVLA:
+        """The weights robots get and checkpoints hold: the moving average, else the training weights."""
+        return self.average.module if self.average is not None else self.policy
 
     # ------------------------------------------------------------ one update
 
@@ -93,6 +105,8 @@ class Trainer:
     def _apply_locked(self, batch: dict) -> dict[str, float]:
         """One update on ``batch``, then publish / checkpoint on schedule (the data-parallel trainer reuses it)."""
         metrics = self.algorithm.update(batch)
+        if self.average is not None:
+            self.average.update(self.policy)
         self.step += 1
         self.last_metrics = metrics
         if self.logger is not None:
@@ -107,7 +121,8 @@ class Trainer:
         """Publish the current weights under the current version (e.g. at service start)."""
         with self._lock:
             if self._publish is not None:
-                self._publish(snapshot(self.policy, self.version, self.policy.config_hash(), self.config.transfer_dtype))
+                self._publish(snapshot(self.deployed, self.version, self.policy.config_hash(),
+                                       self.config.transfer_dtype))
                 self._schedule.published()
 
     def _publish_locked(self) -> None:
@@ -115,7 +130,7 @@ class Trainer:
         if self._publish is None:
             return
         self.version += 1
-        self._publish(snapshot(self.policy, self.version, self.policy.config_hash(), self.config.transfer_dtype))
+        self._publish(snapshot(self.deployed, self.version, self.policy.config_hash(), self.config.transfer_dtype))
         self.algorithm.set_policy_version(self.version)  # staleness is measured against the newest weights
         log.info("published weights v%d at update %d", self.version, self.step)
 
@@ -166,6 +181,9 @@ class Trainer:
             return self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> Path:
+        extra = {n: m.state_dict() for n, m in self.algorithm.extra_modules().items()}
+        if self.average is not None:
+            extra[TRAINING_WEIGHTS] = self.policy.state_dict()
         state = ckpt.TrainerState(
             step=self.step,
             version=self.version,
@@ -173,12 +191,12 @@ class Trainer:
             torch_rng=torch.get_rng_state(),
             algorithm_rng=self.algorithm.rng_state(),
             numpy_rng=self.rng.bit_generator.state,
-            extra_modules={n: m.state_dict() for n, m in self.algorithm.extra_modules().items()},
+            extra_modules=extra,
             cuda_rng=list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
             index_manifest=self.index.manifest(),
             config_hash=self.policy.config_hash(),
         )
-        path = ckpt.write_checkpoint(self.config.checkpoint_dir, self.policy, state, self.config.keep_checkpoints)
+        path = ckpt.write_checkpoint(self.config.checkpoint_dir, self.deployed, state, self.config.keep_checkpoints)
         if self._on_checkpoint is not None:
             self._on_checkpoint(path)
         return path
@@ -197,7 +215,10 @@ class Trainer:
             raise ValueError(f"checkpoint {path} was trained with policy config {state.config_hash[:12]}, this "
                              f"learner runs {self.policy.config_hash()[:12]}; use the same policy config to resume")
         with self._lock:
-            self.policy.load_state_dict(weights)
+            # The model is the average when one was kept; the training weights then travel in the state.
+            self.policy.load_state_dict(state.extra_modules.get(TRAINING_WEIGHTS, weights))
+            if self.average is not None:
+                self.average.module.load_state_dict(weights)
             for name, optimizer in self.algorithm.optimizers().items():
                 optimizer.load_state_dict(state.optimizers[name])
             for name, module in self.algorithm.extra_modules().items():
