@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,10 @@ from robot_rl.data.features import EXTRA_COLUMNS, dataset_features
 from robot_rl.data.repair import repair_interrupted_write
 
 log = logging.getLogger(__name__)
+# LeRobot's writer runs a `datasets` map per episode, each with a progress bar of its own: in
+# `robot-rl run` they buried the live line. `datasets` reads this when it is first imported.
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+warnings.filterwarnings("ignore", message="Cannot enable progress bars")  # lerobot asks for them per episode
 
 
 class RecordingError(ValueError):

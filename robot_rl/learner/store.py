@@ -428,17 +428,16 @@ class ReplayStore:
                 return batch, False
         return batch, True
 
-    def _next_job_before(self, deadline: float):
-        """The next queued job, waiting until ``deadline`` unless someone is flushing; ``_NO_JOB`` if none."""
+    def _next_job_before(self, deadline: float) -> _OpenEpisode | None | object:
+        """The next queued job (None: stop), waiting until ``deadline`` unless someone is flushing;
+        ``_NO_JOB`` if none came."""
         while True:
             try:
                 return self._jobs.get_nowait()
             except queue.Empty:
                 pass
             remaining = deadline - time.monotonic()
-            with self._lock:
-                draining = self._draining > 0
-            if remaining <= 0 or draining:
+            if remaining <= 0 or self._draining > 0:  # an int read: no lock (ingest holds it while it fsyncs)
                 return _NO_JOB
             try:
                 return self._jobs.get(timeout=min(remaining, LINGER_POLL_S))
