@@ -22,6 +22,21 @@ def segments(robot: str, episode: int, steps, size: int = 4):
             for seq, c in enumerate(chunks)]
 
 
+def count_finalizes(monkeypatch) -> list[bool]:
+    """Every EpisodeRecorder.close from now on appends whether it had a dataset to finalize."""
+    from robot_rl.data.recorder import EpisodeRecorder
+
+    finalizes: list[bool] = []
+    finalize = EpisodeRecorder.close
+
+    def counted(self):
+        finalizes.append(self._dataset is not None)
+        finalize(self)
+
+    monkeypatch.setattr(EpisodeRecorder, "close", counted)
+    return finalizes
+
+
 def test_crash_between_dataset_write_and_commit_stores_the_episode_once(tmp_path, monkeypatch):
     store = ReplayStore(store_config(tmp_path))
     segs = segments("r0", 1, make_steps(10, robot=0, episode=1))
@@ -127,18 +142,10 @@ def test_queued_episodes_share_one_finalize_and_keep_their_order(tmp_path, monke
     import threading
 
     import robot_rl.learner.store as store_module
-    from robot_rl.data.recorder import EpisodeRecorder
 
     queued = threading.Event()
     monkeypatch.setattr(store_module, "lower_own_priority", lambda nice: queued.wait())
-    finalizes = []
-    finalize = EpisodeRecorder.close
-
-    def counted(self):
-        finalizes.append(self._dataset is not None)
-        finalize(self)
-
-    monkeypatch.setattr(EpisodeRecorder, "close", counted)
+    finalizes = count_finalizes(monkeypatch)
     store = ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=2))
     try:
         for episode in (1, 2, 3):
@@ -192,17 +199,9 @@ def test_episodes_trickling_in_share_a_finalize_and_flush_does_not_wait_out_the_
     """A writer that keeps up used to finalize and re-open the dataset for every episode (the
     re-open alone held the GIL for half the writer's time). Now it waits up to commit_linger_s
     for more, and a flush ends that wait: with a 60 s linger, flush(10) must still finish."""
-    from robot_rl.data.recorder import EpisodeRecorder
     from tests.learner_helpers import wait_for
 
-    finalizes = []
-    finalize = EpisodeRecorder.close
-
-    def counted(self):
-        finalizes.append(self._dataset is not None)
-        finalize(self)
-
-    monkeypatch.setattr(EpisodeRecorder, "close", counted)
+    finalizes = count_finalizes(monkeypatch)
     with ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=8, commit_linger_s=60.0)) as store:
         for s in segments("r0", 1, make_steps(5, robot=0, episode=1)):
             store.ingest(s)
