@@ -57,7 +57,10 @@ RL_FIELDS = ("chunk_reward", "chunk_discount", "transition_valid", "next.state")
 
 @dataclass
 class RLConfig:
-    num_candidates: int = 4  # N chunks sampled from the flow policy per state
+    # N chunks sampled from the flow policy per state. 2 rather than 4 buys 1.4x the updates on a
+    # CPU learner; with 4 and distill_weight 1.0 rl scored below no learning held-out, with 2 and
+    # 0.25 above it (one run each, the two changes not separated: BENCHMARKS.md "learning").
+    num_candidates: int = 2
     # Euler steps per candidate (null: the policy's own). Sampling 2 x N x B chunks is most of
     # an update's cost on a CPU learner: 10 steps and N = 8 made it 14x slower than rwr.
     candidate_integration_steps: int | None = 5
@@ -68,7 +71,9 @@ class RLConfig:
     critic_depth: int = 2
     tau: float = 0.005  # Polyak rate of the target critics
     bc_weight: float = 1.0  # flow-matching loss on the recorded chunk: the anchor to the data
-    distill_weight: float = 1.0  # flow-matching loss on the best-of-N chunk: the improvement
+    # Flow-matching loss on the best-of-N chunk: the improvement. A quarter of the anchor's: the
+    # critic that picks it is minutes old.
+    distill_weight: float = 0.25
     warmup_updates: int = 50  # critic-only updates before its choices are distilled
     # The anchor imitates only what worked: failed online attempts are rejected (the critic
     # and the best-of-N distillation still see every state).
