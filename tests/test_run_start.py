@@ -94,7 +94,7 @@ def test_a_thread_can_lower_its_own_priority_without_touching_the_caller():
 @pytest.mark.parametrize("override, expected", [([], 1), (["run.torch_threads=null"], None)])
 def test_local_runs_cap_torch_threads_unless_told_not_to(override, expected, monkeypatch):
     """Robots and learner share one process and the machine's cores: the default run caps PyTorch's
-    intra-op threads (1.9x the updates per second on 2 cores, BENCHMARKS.md); null leaves them alone."""
+    intra-op threads (2.8 -> 4.3 updates/s on 2 cores, BENCHMARKS.md "store"); null leaves them alone."""
     import torch
 
     before = torch.get_num_threads()
@@ -113,3 +113,11 @@ def test_the_synchronous_loop_trains_with_a_thread_per_core(monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
     run_command.share_cpu_with_robots(load_config([]), overlapping=False)
     assert calls == [len(os.sched_getaffinity(0))]
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two"])
+def test_a_bad_torch_thread_count_is_a_clear_error(bad):
+    from robot_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="run.torch_threads"):
+        run_command.share_cpu_with_robots(load_config([f"run.torch_threads={bad}"]))

@@ -642,6 +642,7 @@ def _or_dash(value: Any) -> str:
 
 
 def run_from_cli(quick: bool, overrides: list[str], json_path: Path | None = None) -> dict:
+    from robot_rl.commands.run import torch_threads
     from robot_rl.config import load_config
 
     bench, rest = parse_overrides(overrides, quick)
@@ -652,6 +653,7 @@ def run_from_cli(quick: bool, overrides: list[str], json_path: Path | None = Non
             configs[algorithm] = load_config([*rest, f"learner={algorithm}"])
         return configs[algorithm]
 
+    torch_threads(cfg_for("rwr"))  # a bad value fails now, not after a BC start and demonstrations were made
     out_dir = Path(cfg_for("rwr").output_dir) / "bench_learning" / time.strftime("%Y%m%d-%H%M%S")
     report = run_learning_bench(cfg_for, bench, out_dir)
     png = (json_path or out_dir / "learning.json").with_suffix(".png")

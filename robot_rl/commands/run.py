@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from robot_rl.config import load_config, to_dataclass
+from robot_rl.config import ConfigError, load_config, to_dataclass
 from robot_rl.learning_curve import LearningCurve
 
 if TYPE_CHECKING:
@@ -147,9 +147,17 @@ def share_cpu_with_robots(cfg: DictConfig, *, overlapping: bool = True) -> None:
 
     import torch
 
-    threads = cfg.run.get("torch_threads") if overlapping else len(os.sched_getaffinity(0))
+    threads = torch_threads(cfg) if overlapping else len(os.sched_getaffinity(0))
     if threads is not None:
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(threads)
+
+
+def torch_threads(cfg: DictConfig) -> int | None:
+    """``run.torch_threads``, checked (call it early: a run may train a BC start for minutes first)."""
+    threads = cfg.run.get("torch_threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ConfigError(f"run.torch_threads must be a whole number >= 1 or null (PyTorch's default), got {threads!r}")
+    return threads
 
 
 def run_main_job(cfg: DictConfig) -> dict:
@@ -160,6 +168,7 @@ def run_main_job(cfg: DictConfig) -> dict:
     from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local
 
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
+    torch_threads(cfg)  # a bad value fails now, not after a BC start was trained
     checkpoint = ensure_bc_checkpoint(cfg)
     share_cpu_with_robots(cfg)
     policy = FlowVLA.from_pretrained(checkpoint, device="cpu")

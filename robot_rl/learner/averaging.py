@@ -39,8 +39,3 @@ class WeightAverage:
         torch._foreach_lerp_(averaged, training, 1.0 - self.decay)
         for mine, theirs in zip(self.module.buffers(), policy.buffers(), strict=True):
             mine.copy_(theirs)
-
-    @torch.no_grad()
-    def reset_to(self, policy: nn.Module) -> None:
-        """Start the average again at ``policy``'s weights (e.g. after loading them by hand)."""
-        self.module.load_state_dict(policy.state_dict())

@@ -44,9 +44,9 @@ class StoreConfig:
     # finalize, so a crash loses none of them. 1 = finalize after every episode.
     commit_batch: int = 8
     # A writer that is keeping up waits this long after an episode for more to join its batch
-    # (flush and close do not wait): finalize-and-reopen per episode, which is what it did when
-    # episodes trickled in one at a time, held the GIL the trainer shares for ~half its time
-    # (BENCHMARKS.md "store"). 0 = write whatever is queued at once.
+    # (flush and close do not wait). Finalizing and re-opening the dataset for every episode, as
+    # it did when episodes trickled in one at a time, was ~half of the writer's hold on the GIL
+    # the trainer shares (BENCHMARKS.md "store"). 0 = write whatever is queued at once.
     commit_linger_s: float = 30.0
 
     def __post_init__(self) -> None:
