@@ -46,7 +46,7 @@ def tiny_policy(seed: int = 0) -> FlowVLA:
 
 def store_config(root: Path, **overrides) -> StoreConfig:
     base = dict(root=str(root), joint_names=JOINTS, cameras=CAMERAS, image_height=IMG, image_width=IMG,
-                background_commit=False)
+                background_commit=False, writer="thread")  # in-process: tests patch the recorder
     return StoreConfig(**{**base, **overrides})
 
 

@@ -1,4 +1,4 @@
-"""`robot-rl bench store`: how fast the learner's dataset writer catches up, per ``commit_batch``.
+"""`robot-rl bench store`: how fast the learner's dataset writer catches up, and what it leaves the trainer.
 
 Why it matters: on a shared CPU the writer falls behind the robots (it lagged 7-15 minutes
 in the 10-minute learning arms before ``commit_batch``), and every second it spends is taken from the trainer. The
@@ -12,6 +12,12 @@ edge would stream them, as fast as the store takes them, so they queue for the w
 way they do behind a lagging writer; the clock runs from the first ingest until every
 episode is in the finalized dataset (``flush``). Each setting writes a fresh dataset, the
 settings run one after the other in one process (compare the ratio, not absolute numbers).
+
+Settings: ``store.commit_batch`` (queued episodes per open/finalize) and ``store.writer`` (in
+the learner's process or its own). Beside the writer a probe thread does pure-Python work, as
+the trainer's Python side does; its speed during the writing, over its speed alone just before,
+is the share of a Python thread the writer leaves (the GIL is the learner process's, not the
+machine's: in ``robot-rl run`` the trainer and the robots' loops share it).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,26 +43,68 @@ warnings.filterwarnings("ignore", message="Cannot enable progress bars")  # lero
 class StoreBenchConfig:
     episodes: int = 16
     batches: tuple[int, ...] = (1, 8)  # store.commit_batch settings, side by side
+    writers: tuple[str, ...] = ("thread", "process")  # store.writer settings, each with every batch
     episode_steps: int = EPISODE_STEPS
 
     def __post_init__(self) -> None:
         self.batches = tuple(int(b) for b in self.batches)
+        self.writers = tuple(self.writers)
         if self.episodes < 1 or not self.batches or min(self.batches) < 1 or self.episode_steps < 1:
             raise ValueError(f"bench store: episodes, batches and episode_steps must be >= 1, got {self}")
+        if not self.writers or any(w not in ("thread", "process") for w in self.writers):
+            raise ValueError(f"bench store: writers must be thread and/or process, got {self.writers}")
 
     @staticmethod
     def quick() -> StoreBenchConfig:
         return StoreBenchConfig(episodes=4, batches=(1, 4), episode_steps=30)
 
 
-def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path) -> dict[str, float]:
-    """Wall seconds until ``cfg.episodes`` queued episodes are in the finalized dataset."""
+class PythonThreadProbe:
+    """A thread doing small pure-Python work units; its rate shows how much of the GIL is left."""
+
+    UNIT = 20_000  # additions per unit: ~1 ms, short enough to be scheduled between the writer's slices
+
+    def __init__(self) -> None:
+        self._units = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-probe", daemon=True)
+        self._started = 0.0
+        self._rate = 0.0
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            sum(range(self.UNIT))
+            self._units += 1
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        self._thread.start()
+
+    def stop(self) -> float:
+        """Units per second from ``start`` to the first ``stop``."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self._rate = self._units / max(time.monotonic() - self._started, 1e-9)
+        return self._rate
+
+    @classmethod
+    def rate_alone(cls, seconds: float = 2.0) -> float:
+        probe = cls()
+        probe.start()
+        time.sleep(seconds)
+        return probe.stop()
+
+
+def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = "thread") -> dict[str, Any]:
+    """Wall seconds until ``cfg.episodes`` queued episodes are in the finalized dataset, and the
+    speed a Python thread kept meanwhile (over its speed alone)."""
     from bridges.zmq.segments import ImageEncoding, encode_segment
     from robot_rl.learner.config import StoreConfig
     from robot_rl.learner.store import ReplayStore
 
     config = StoreConfig(root=str(root), cameras=CAMERAS, image_height=IMAGE, image_width=IMAGE,
-                         background_commit=True, commit_batch=batch)
+                         background_commit=True, commit_batch=batch, writer=writer)
     segments = []
     for episode in range(cfg.episodes):
         steps = synthetic_steps(cfg.episode_steps, episode, seed=episode)
@@ -64,7 +113,10 @@ def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path) -> dict[str, f
                                     image_encoding=ImageEncoding("jpeg"))
                      for seq, chunk in enumerate(chunks)]
     store = ReplayStore(config)
+    alone = PythonThreadProbe.rate_alone()
+    probe = PythonThreadProbe()
     try:
+        probe.start()
         started = time.monotonic()
         for segment in segments:
             store.ingest(segment)
@@ -72,21 +124,25 @@ def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path) -> dict[str, f
         if not store.flush(timeout_s=3600):
             raise RuntimeError(f"bench store: the writer did not finish {cfg.episodes} episodes within an hour")
         total = time.monotonic() - started
+        beside = probe.stop()
         stored = store.stats()["episodes_stored"]
     finally:
+        probe.stop()
         store.close()
     if stored != cfg.episodes:
         raise RuntimeError(f"bench store: {stored} of {cfg.episodes} episodes stored")
-    return {"commit_batch": batch, "episodes": cfg.episodes, "ingest_s": round(ingested, 2),
-            "total_s": round(total, 2), "s_per_episode": round(total / cfg.episodes, 3)}
+    return {"writer": writer, "commit_batch": batch, "episodes": cfg.episodes, "ingest_s": round(ingested, 2),
+            "total_s": round(total, 2), "s_per_episode": round(total / cfg.episodes, 3),
+            "python_thread_speed": round(beside / alone, 3)}
 
 
 def run_store_bench(cfg: StoreBenchConfig, progress: Any = print) -> dict[str, Any]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
-        for batch in cfg.batches:
-            progress(f"commit_batch {batch}: {cfg.episodes} episodes of {cfg.episode_steps} steps")
-            rows.append(writer_seconds(batch, cfg, Path(tmp) / f"batch-{batch}"))
+        for writer in cfg.writers:
+            for batch in cfg.batches:
+                progress(f"writer {writer}, commit_batch {batch}: {cfg.episodes} episodes of {cfg.episode_steps} steps")
+                rows.append(writer_seconds(batch, cfg, Path(tmp) / f"{writer}-batch-{batch}", writer))
     base = rows[0]["s_per_episode"]
     for row in rows:
         row["speedup_vs_first"] = round(base / row["s_per_episode"], 2) if row["s_per_episode"] else None
@@ -99,22 +155,28 @@ def print_table(report: dict[str, Any]) -> None:
 
     table = Table(title=f"dataset writer: {report['rows'][0]['episodes']} queued episodes of "
                         f"{report['episode_steps']} steps, cameras {report['cameras']} at {report['image']} px")
-    for col in ("commit_batch", "ingest s", "until all finalized s", "s / episode", "speed-up"):
+    for col in ("writer", "commit_batch", "ingest s", "until all finalized s", "s / episode", "speed-up",
+                "Python thread's speed beside it"):
         table.add_column(col, justify="right")
     for row in report["rows"]:
-        table.add_row(str(row["commit_batch"]), f"{row['ingest_s']:.1f}", f"{row['total_s']:.1f}",
-                      f"{row['s_per_episode']:.2f}", f"{row['speedup_vs_first']:.2f}x")
+        table.add_row(row["writer"], str(row["commit_batch"]), f"{row['ingest_s']:.1f}", f"{row['total_s']:.1f}",
+                      f"{row['s_per_episode']:.2f}", f"{row['speedup_vs_first']:.2f}x",
+                      f"{row['python_thread_speed']:.0%}")
     Console().print(table)
 
 
 def parse_overrides(overrides: list[str], cfg: StoreBenchConfig) -> StoreBenchConfig:
-    values: dict[str, Any] = {"episodes": cfg.episodes, "batches": cfg.batches, "episode_steps": cfg.episode_steps}
+    values: dict[str, Any] = {"episodes": cfg.episodes, "batches": cfg.batches, "writers": cfg.writers,
+                              "episode_steps": cfg.episode_steps}
     for item in overrides:
         key, sep, value = item.partition("=")
         name = key.removeprefix("bench.")
         if not sep or name not in values:
             raise SystemExit(f"bench store: unknown override {item!r}; use bench.episodes=N, "
-                             "bench.batches=[1,8], bench.episode_steps=N")
+                             "bench.batches=[1,8], bench.writers=[thread,process], bench.episode_steps=N")
+        if name == "writers":
+            values[name] = tuple(v.strip() for v in value.strip("[]").split(","))
+            continue
         try:
             values[name] = tuple(int(v) for v in value.strip("[]").split(",")) if name == "batches" else int(value)
         except ValueError:

@@ -18,7 +18,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "render frames/s per camera (fast vs full meshes), physics steps/s, scripted-expert success"),
     "async": ("async_control", "sync vs async_naive vs async_rollforward at simulated inference latencies"),
     "transport": ("transport", "ingest steps/s and weight hot-swap latency: ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
-    "store": ("store", "the learner's dataset writer: seconds per stored episode, store.commit_batch 1 vs 8"),
+    "store": ("store", "the learner's dataset writer: seconds per stored episode and the GIL it leaves, store.commit_batch 1 vs 8, in-process vs own process"),
     "learning": ("learning", "none vs rwr vs awr vs rl, with/without interventions, async learner vs sync loop"),
 }
 PLANNED: dict[str, int] = {}

@@ -48,10 +48,16 @@ class StoreConfig:
     # it did when episodes trickled in one at a time, was ~half of the writer's hold on the GIL
     # the trainer shares (BENCHMARKS.md "store"). 0 = write whatever is queued at once.
     commit_linger_s: float = 30.0
+    # Where LeRobot's writer runs: "process" (its own, so it never holds the GIL the trainer and
+    # the robots share: 4.8 instead of 4.0 updates/s in a 3-minute `robot-rl run`, 5.4 with no
+    # writing at all; BENCHMARKS.md "store") or "thread" (in the learner's process: tools, tests).
+    writer: str = "process"
 
     def __post_init__(self) -> None:
         self.joint_names = tuple(self.joint_names)
         self.cameras = tuple(self.cameras)
+        if self.writer not in ("thread", "process"):
+            raise ValueError(f"StoreConfig: writer must be 'thread' or 'process', got {self.writer!r}")
         if self.commit_batch < 1:
             raise ValueError(f"StoreConfig: commit_batch must be >= 1, got {self.commit_batch}")
         if self.commit_linger_s < 0:

@@ -14,7 +14,9 @@ Path of a segment (edge -> learner):
 3. When the episode is finished (``episode_done`` and no seq missing), or is cut short
    (the robot started another episode, or went silent for ``episode_timeout_s``), it is
    *committed*: written to the LeRobotDataset v3 by ``EpisodeRecorder`` between an intent
-   and a commit line of the ``Ledger``, then its staged records are released. Episodes that
+   and a commit line of the ``Ledger``, then its staged records are released. The recorder
+   runs in a process of its own by default (``store_writer``, ``StoreConfig.writer``), which
+   takes the staged frames as they are: LeRobot's writing never holds the trainer's GIL. Episodes that
    queued up behind a busy writer, or that arrive within ``commit_linger_s`` of each other,
    are saved together and finalized once (``commit_batch``); their commit lines and releases
    follow that finalize.
@@ -47,8 +49,7 @@ from bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_
 from bridges.zmq.segments import decode_segment
 from bridges.zmq.spool import Spool
 from robot_rl.core.priority import lower_own_priority
-from robot_rl.core.types import Episode, Step
-from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.core.types import Step
 from robot_rl.learner.config import StoreConfig
 from robot_rl.learner.index import (
     DEMO_ROBOT,
@@ -58,6 +59,7 @@ from robot_rl.learner.index import (
 )
 from robot_rl.learner.ledger import CommitRecord, Ledger
 from robot_rl.learner.metrics import OutcomeTracker, outcome_from_columns
+from robot_rl.learner.store_writer import RecorderSpec, make_writer
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,10 @@ class ReplayStore:
         root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         self.dataset_root = root / "dataset"
-        self.recorder = EpisodeRecorder(self.dataset_root, config.fps, config.joint_names, config.camera_shapes,
-                                        repo_id=config.repo_id)
+        # In its own process by default (config.writer): LeRobot's writer would hold the GIL the trainer needs.
+        self.writer = make_writer(config.writer, RecorderSpec(str(self.dataset_root), config.fps, config.joint_names,
+                                                              config.camera_shapes, config.repo_id),
+                                  nice=config.commit_nice)
         self.index = SamplingIndex(config.cameras)
         self.outcomes = OutcomeTracker()
         self.counters: Counter[str] = Counter()
@@ -270,6 +274,7 @@ class ReplayStore:
             self._index_jobs.put(None)
             self._indexer.join()
             self._indexer = None
+        self.writer.close()
         with self._lock:
             self._ledger.close()
             self._staging.close()
@@ -287,7 +292,7 @@ class ReplayStore:
         counts = self.index.counts()
         with self._lock:
             return {
-                "episodes_stored": self.recorder.num_episodes,
+                "episodes_stored": self.writer.num_episodes,
                 "episodes_open": len(self._open),
                 "segments_staged": len(self._staging),
                 "segments_ingested": self.counters["segments"],
@@ -365,7 +370,7 @@ class ReplayStore:
         # Cut short (no done step) or complete, nothing more arrives: its returns are final now.
         self._index_op("finish", (episode.robot_id, episode.episode_id, episode.fragment))
         if self._committer is None:
-            self._commit(episode)
+            self._commit([episode])
         else:
             self._idle.clear()
             self._jobs.put(episode)
@@ -400,12 +405,8 @@ class ReplayStore:
         lower_own_priority(self.config.commit_nice)
         while True:
             batch, stop = self._next_batch()
-            try:
-                if batch:
-                    self._commit_batch(batch)
-            except Exception:
-                # Disk trouble at the finalize: the batch stays staged and is committed on the next start.
-                log.exception("could not store %d episode(s); they stay staged", len(batch))
+            if batch:
+                self._commit(batch)
             if stop:
                 self._idle.set()
                 return
@@ -444,8 +445,13 @@ class ReplayStore:
             except queue.Empty:
                 continue
 
-    def _commit(self, episode: _OpenEpisode) -> None:
-        self._commit_batch([episode])
+    def _commit(self, batch: Sequence[_OpenEpisode]) -> None:
+        try:
+            self._commit_batch(batch)
+        except Exception:
+            # Disk trouble at the finalize, or the writer process gone: the batch stays staged and is
+            # committed on the next start (the segments were acknowledged once staged).
+            log.exception("could not store %d episode(s); they stay staged", len(batch))
 
     def _commit_batch(self, episodes: Sequence[_OpenEpisode]) -> None:
         """Write the episodes, finalize the dataset once, then commit them and release their staging.
@@ -454,7 +460,7 @@ class ReplayStore:
         rolls a crash back to the last finalize), so they stay staged until then.
         """
         saved = [written for episode in episodes if (written := self._write_unfinalized(episode)) is not None]
-        self.recorder.close()  # raises on disk trouble: then nothing of the batch is released
+        self.writer.finalize()  # raises on disk trouble: then nothing of the batch is released
         for episode, record, keys, outcome in saved:
             self._release(episode, record, keys, outcome)
 
@@ -463,32 +469,28 @@ class ReplayStore:
         """Save one episode without finalizing; None if it could not be written (it stays staged)."""
         keys = [_staging_key(episode.robot_id, episode.episode_id, s) for s in sorted(episode.seqs)]
         try:
-            steps = self._staged_steps(keys)
+            staged = self._staged_frames(keys)
         except Exception:  # noqa: BLE001 - a staging log we cannot read: leave it for the next start
             log.exception("episode %d of robot %s: staged segments unreadable; it stays staged",
                           episode.episode_id, episode.robot_id)
             return None
+        has_steps = sum(episode.seqs.values()) > 0
         record = CommitRecord(episode.robot_id, episode.episode_id, episode.fragment,
-                              self.recorder.num_episodes if steps else -1, tuple(sorted(episode.seqs)))
-        if not steps:
+                              self.writer.num_episodes if has_steps else -1, tuple(sorted(episode.seqs)))
+        if not has_steps:
             return episode, record, keys, None
         with self._lock:
             self._ledger.write_intent(record)
         try:
             # On failure the recorder finalizes what the batch saved before this episode.
-            self.recorder.write_episode(Episode(episode.robot_id, episode.episode_id, steps[0].instruction,
-                                                steps=steps, success=any(s.success for s in steps)),
-                                        finalize=False)
+            written = self.writer.write(episode.robot_id, episode.episode_id, staged)
         except Exception as exc:  # noqa: BLE001 - RecordingError is a bug (validated at ingest), else disk trouble
             log.error("episode %d of robot %s could not be written (%s); it stays staged",
                       episode.episode_id, episode.robot_id, exc)
             with self._lock:
                 self._ledger.write_abort(record)
             return None
-        return episode, record, keys, {
-            "success": np.array([s.success for s in steps]),
-            "is_intervention": np.array([s.is_intervention for s in steps]),
-            "policy_version": np.array([s.policy_version for s in steps])}
+        return episode, record, keys, written.outcome
 
     def _release(self, episode: _OpenEpisode, record: CommitRecord, keys: Sequence[str],
                  outcome: dict[str, np.ndarray] | None) -> None:
@@ -507,15 +509,16 @@ class ReplayStore:
         self.outcomes.add(outcome_from_columns(robot_id, episode_id, columns["success"], columns["is_intervention"],
                                                columns["policy_version"]))
 
-    def _staged_steps(self, keys: Sequence[str]) -> list[Step]:
-        steps: list[Step] = []
+    def _staged_frames(self, keys: Sequence[str]) -> list[list[bytes]]:
+        """The segments as they arrived; the writer decodes them (in its own process, by default)."""
+        staged = []
         for key in keys:
             with self._lock:
                 frames = self._staging.get(key)
             if frames is None:
                 raise RuntimeError(f"staged segment {key} is missing from the staging log")
-            steps.extend(decode_segment(decode_message(frames)))  # type: ignore[arg-type]
-        return steps
+            staged.append(frames)
+        return staged
 
     # ------------------------------------------------------------ internals: restart
 
@@ -527,7 +530,7 @@ class ReplayStore:
         self._load_demonstrations()
         self._load_staging()
         log.info("replay store %s: %d episodes stored, %d open, streams %s", self.config.root,
-                 self.recorder.num_episodes, len(self._open), self.index.counts())
+                 self.writer.num_episodes, len(self._open), self.index.counts())
 
     def _remember_commit(self, record: CommitRecord) -> None:
         key = (record.robot_id, record.episode_id)
@@ -537,7 +540,7 @@ class ReplayStore:
     def _resolve_intents(self) -> None:
         """A crash between dataset write and commit line: the dataset says which happened."""
         for record in list(self._ledger.pending_intents):
-            if self.recorder.num_episodes > record.index:
+            if self.writer.num_episodes > record.index:
                 log.info("episode %d of robot %s was written before a crash; completing its commit",
                          record.episode_id, record.robot_id)
                 self._ledger.write_commit(record)
@@ -546,7 +549,7 @@ class ReplayStore:
                     self._staging.ack(_staging_key(record.robot_id, record.episode_id, seq))
 
     def _load_dataset_into_index(self) -> None:
-        if self.recorder.num_episodes == 0:
+        if self.writer.num_episodes == 0:
             return
         from robot_rl.data.reader import load_episode_arrays
 

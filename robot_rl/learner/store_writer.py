@@ -1,0 +1,258 @@
+"""The replay store's dataset writer: in the learner's process, or in a process of its own.
+
+Why a process of its own: in ``robot-rl run`` the trainer, the robots and the transport share
+one Python process and so one GIL, and LeRobot's writer is Python-heavy (decode the staged
+JPEGs, write PNGs, embed them into parquet, image statistics, ``resume`` and ``finalize``). In
+3-minute runs of the same command the trainer made 4.0 updates/s with the writer in its
+thread, 4.8 with it in its own process, and 5.4 with no writing until the end (BENCHMARKS.md
+"store"). In its own process the writer still costs CPU, but not the GIL the trainer needs.
+
+Both writers take an episode as its staged segments, the very frames that came over the wire
+(``bridges.zmq``), decode them with the wire's own validating codec, and report the dataset
+index and the outcome columns the store tracks. Between the processes only bytes travel:
+msgpack messages over a pipe, never pickled objects.
+
+A writer process that dies is not restarted in the same run: what it may have left torn is
+rolled back by the next start (``repair_interrupted_write``), and until then episodes stay
+staged (still trained on, never lost) rather than risk two writers' idea of the dataset's
+episode count disagreeing.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from bridges.zmq.protocol import decode_message
+from bridges.zmq.segments import decode_segment
+from robot_rl.core.priority import lower_own_priority
+from robot_rl.core.types import Episode
+from robot_rl.data.recorder import EpisodeRecorder
+
+log = logging.getLogger(__name__)
+
+WRITERS = ("thread", "process")
+START_TIMEOUT_S = 120.0  # a cold child imports numpy, the wire codec and, at its first write, LeRobot
+POLL_S = 1.0  # how often a waiting parent checks that the child is still alive
+OUTCOME_COLUMNS = ("success", "is_intervention", "policy_version")
+
+
+class EpisodeWriteError(RuntimeError):
+    """An episode or a finalize the writer could not complete; the episodes stay staged."""
+
+
+@dataclass(frozen=True)
+class WrittenEpisode:
+    """Where an episode went in the dataset and what the store's outcome tracker needs of it."""
+
+    index: int
+    outcome: dict[str, np.ndarray]  # OUTCOME_COLUMNS, one value per step
+
+
+@dataclass(frozen=True)
+class RecorderSpec:
+    """What a writer needs to open the store's dataset (plain values: it crosses to the child)."""
+
+    root: str
+    fps: int
+    joint_names: tuple[str, ...]
+    cameras: dict[str, tuple[int, int]]
+    repo_id: str
+
+    def open(self) -> EpisodeRecorder:
+        return EpisodeRecorder(Path(self.root), self.fps, self.joint_names, self.cameras, repo_id=self.repo_id)
+
+
+def write_staged(recorder: EpisodeRecorder, robot_id: str, episode_id: int,
+                 segments: Sequence[Sequence[bytes]]) -> WrittenEpisode:
+    """Decode one episode's staged segments and save it into ``recorder`` without finalizing."""
+    steps = [step for frames in segments for step in decode_segment(decode_message(frames))]  # type: ignore[arg-type]
+    if not steps:
+        raise EpisodeWriteError(f"episode {episode_id} of robot {robot_id} has no steps to write")
+    episode = Episode(robot_id, episode_id, steps[0].instruction, steps=steps, success=any(s.success for s in steps))
+    index = recorder.write_episode(episode, finalize=False)
+    return WrittenEpisode(index, {
+        "success": np.array([s.success for s in steps]),
+        "is_intervention": np.array([s.is_intervention for s in steps]),
+        "policy_version": np.array([s.policy_version for s in steps])})
+
+
+class ThreadEpisodeWriter:
+    """Writes in the calling thread (tools, tests, and a learner that has the CPU to itself)."""
+
+    def __init__(self, spec: RecorderSpec, nice: int = 0) -> None:
+        self.recorder = spec.open()
+
+    @property
+    def num_episodes(self) -> int:
+        return self.recorder.num_episodes
+
+    def write(self, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]]) -> WrittenEpisode:
+        return write_staged(self.recorder, robot_id, episode_id, segments)
+
+    def finalize(self) -> None:
+        self.recorder.close()
+
+    def close(self) -> None:
+        self.recorder.close()
+
+
+class ProcessEpisodeWriter:
+    """Writes in a child process (started at the first write) so that it never holds the learner's GIL.
+
+    The parent opens the dataset first (layout check, roll-back of a torn write, episode count):
+    the store reads the dataset at start-up before any episode is written.
+    """
+
+    def __init__(self, spec: RecorderSpec, nice: int = 0) -> None:
+        self.spec = spec
+        self.nice = nice
+        self._num_episodes = spec.open().num_episodes
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn = None
+        self._dead: str | None = None  # why the child is gone, once it is
+        self._lock = threading.Lock()  # one request at a time on the pipe
+
+    @property
+    def num_episodes(self) -> int:
+        return self._num_episodes
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def write(self, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]]) -> WrittenEpisode:
+        reply = self._request({"op": "write", "robot_id": robot_id, "episode_id": int(episode_id),
+                               "segments": [[bytes(f) for f in frames] for frames in segments]})
+        return WrittenEpisode(int(reply["index"]), {
+            name: np.asarray(reply["outcome"][name]) for name in OUTCOME_COLUMNS})
+
+    def finalize(self) -> None:
+        self._request({"op": "finalize"})
+
+    def close(self) -> None:
+        """Finalize and stop the child; waits for it (it may be finishing a batch)."""
+        with self._lock:
+            if self._process is None:
+                return
+            process, conn = self._process, self._conn
+            self._process = self._conn = None
+        try:
+            if self._dead is None:
+                conn.send_bytes(msgpack.packb({"op": "stop"}))
+                self._dead = "stopped"
+                if not self._wait_reply(conn, process).get("ok"):
+                    log.error("the dataset writer process could not finalize at stop; the batch stays staged")
+        except EpisodeWriteError as exc:
+            log.error("%s", exc)
+        finally:
+            conn.close()
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+    # -- internals -----------------------------------------------------------------
+
+    def _request(self, message: dict) -> dict:
+        with self._lock:
+            process, conn = self._ensure_started()
+            try:
+                conn.send_bytes(msgpack.packb(message, use_bin_type=True))
+            except (BrokenPipeError, OSError) as exc:
+                raise self._died(process, f"the pipe broke ({exc})") from exc
+            reply = self._wait_reply(conn, process)
+        self._num_episodes = int(reply.get("num_episodes", self._num_episodes))
+        if not reply["ok"]:
+            raise EpisodeWriteError(reply["error"])
+        return reply
+
+    def _ensure_started(self):
+        if self._dead is not None:
+            raise EpisodeWriteError(f"the dataset writer process is gone ({self._dead}); episodes stay staged "
+                                    "and are written at the next start")
+        if self._process is None:
+            context = multiprocessing.get_context("spawn")  # never fork a process full of threads
+            parent_conn, child_conn = context.Pipe()
+            spec = (self.spec.root, self.spec.fps, tuple(self.spec.joint_names),
+                    {cam: tuple(shape) for cam, shape in self.spec.cameras.items()}, self.spec.repo_id)
+            process = context.Process(target=_serve, args=(child_conn, spec, self.nice),
+                                      name="store-writer", daemon=True)
+            process.start()
+            child_conn.close()  # the parent keeps one end only, so a dead child reads as EOF
+            self._process, self._conn = process, parent_conn
+            ready = self._wait_reply(parent_conn, process, timeout_s=START_TIMEOUT_S)
+            if not ready["ok"]:
+                raise self._died(process, f"it could not open the dataset: {ready['error']}")
+            log.info("dataset writer process %d started for %s", process.pid, self.spec.root)
+        return self._process, self._conn
+
+    def _wait_reply(self, conn, process, timeout_s: float | None = None) -> dict:
+        waited = 0.0
+        while True:
+            try:
+                if conn.poll(POLL_S):
+                    return msgpack.unpackb(conn.recv_bytes(), raw=False)
+            except (EOFError, OSError) as exc:
+                raise self._died(process, f"its pipe closed ({type(exc).__name__})") from exc
+            if not process.is_alive():
+                raise self._died(process, f"it exited with code {process.exitcode}")
+            waited += POLL_S
+            if timeout_s is not None and waited >= timeout_s:
+                raise self._died(process, f"no answer within {timeout_s:.0f} s")
+
+    def _died(self, process, why: str) -> EpisodeWriteError:
+        self._dead = why
+        if process.is_alive():
+            process.kill()
+        log.error("the dataset writer process %s: %s; episodes stay staged until the next start", process.pid, why)
+        return EpisodeWriteError(f"the dataset writer process is gone ({why}); episodes stay staged")
+
+
+def make_writer(kind: str, spec: RecorderSpec, nice: int = 0) -> ThreadEpisodeWriter | ProcessEpisodeWriter:
+    if kind not in WRITERS:
+        raise ValueError(f"store writer must be one of {WRITERS}, got {kind!r}")
+    return (ProcessEpisodeWriter if kind == "process" else ThreadEpisodeWriter)(spec, nice)
+
+
+def _serve(conn, spec: tuple, nice: int) -> None:
+    """The child: one request at a time, each answered with ``ok`` and the dataset's episode count."""
+    logging.basicConfig(level=logging.WARNING, format="store-writer %(levelname)s %(name)s: %(message)s")
+    lower_own_priority(nice)
+    root, fps, joint_names, cameras, repo_id = spec
+    try:
+        recorder = RecorderSpec(root, fps, tuple(joint_names), cameras, repo_id).open()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send_bytes(msgpack.packb({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+        return
+    conn.send_bytes(msgpack.packb({"ok": True, "num_episodes": recorder.num_episodes}))
+    while True:
+        try:
+            request = msgpack.unpackb(conn.recv_bytes(), raw=False)
+        except EOFError:  # the learner is gone: keep what was saved
+            recorder.close()
+            return
+        op = request.get("op")
+        try:
+            if op == "write":
+                written = write_staged(recorder, request["robot_id"], request["episode_id"], request["segments"])
+                reply = {"ok": True, "index": written.index,
+                         "outcome": {name: written.outcome[name].tolist() for name in OUTCOME_COLUMNS}}
+            elif op in ("finalize", "stop"):
+                recorder.close()
+                reply = {"ok": True}
+            else:
+                reply = {"ok": False, "error": f"unknown request {op!r}"}
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent as an error
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        reply["num_episodes"] = recorder.num_episodes
+        conn.send_bytes(msgpack.packb(reply, use_bin_type=True))
+        if op == "stop":
+            return

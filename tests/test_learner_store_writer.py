@@ -1,0 +1,65 @@
+"""The store's dataset writer in its own process: same dataset as in-process, errors come back, a dead one loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+from bridges.zmq.protocol import encode_message
+from robot_rl.learner.store import ReplayStore
+from robot_rl.learner.store_writer import EpisodeWriteError, ProcessEpisodeWriter, RecorderSpec
+from tests.learner_helpers import CAMERAS, IMG, JOINTS, make_steps, store_config, stored_triples
+from tests.test_learner_store import segments
+
+
+def ingest_episodes(store: ReplayStore, episodes, steps: int = 6) -> None:
+    for episode in episodes:
+        for segment in segments("r0", episode, make_steps(steps, robot=0, episode=episode)):
+            store.ingest(segment)
+
+
+def test_the_writer_process_stores_what_the_thread_writer_stores(tmp_path):
+    for kind in ("thread", "process"):
+        with ReplayStore(store_config(tmp_path / kind, writer=kind)) as store:
+            ingest_episodes(store, (1, 2))
+            assert store.stats()["episodes_stored"] == 2 and store.stats()["segments_staged"] == 0
+            if kind == "process":
+                assert store.writer.pid not in (None, os.getpid())
+            outcomes = sorted((o.episode_id, o.steps) for o in store.outcomes.outcomes())
+        assert outcomes == [(1, 6), (2, 6)]
+    assert stored_triples(tmp_path / "process") == stored_triples(tmp_path / "thread")
+    assert sorted(stored_triples(tmp_path / "process")) == [(0, e, t) for e in (1, 2) for t in range(6)]
+
+
+def test_an_episode_the_child_cannot_decode_is_an_error_and_the_child_goes_on(tmp_path):
+    spec = RecorderSpec(str(tmp_path / "dataset"), 30, JOINTS, {cam: (IMG, IMG) for cam in CAMERAS},
+                        "local/robot_rl_replay")
+    writer = ProcessEpisodeWriter(spec)
+    try:
+        with pytest.raises(EpisodeWriteError, match="ProtocolError"):
+            writer.write("r0", 1, [[b"not a segment"]])
+        good = [[bytes(f) for f in encode_message(s)] for s in segments("r0", 2, make_steps(5, robot=0, episode=2))]
+        written = writer.write("r0", 2, good)
+        writer.finalize()
+        assert written.index == 0 and writer.num_episodes == 1
+        assert written.outcome["success"].shape == (5,)
+    finally:
+        writer.close()
+    assert sorted(stored_triples(tmp_path)) == [(0, 2, t) for t in range(5)]
+
+
+def test_a_killed_writer_process_leaves_the_episodes_staged_for_the_next_start(tmp_path):
+    with ReplayStore(store_config(tmp_path, writer="process")) as store:
+        ingest_episodes(store, (1,))
+        os.kill(store.writer.pid, signal.SIGKILL)
+        ingest_episodes(store, (2, 3))  # written inline: each write finds the writer gone
+        stats = store.stats()
+        assert stats["episodes_stored"] == 1 and stats["segments_staged"] == 4
+        assert store.index.counts()["online"] == 18  # still trained on
+    with ReplayStore(store_config(tmp_path, writer="process")) as reopened:
+        assert reopened.stats()["episodes_stored"] == 3 and reopened.stats()["segments_staged"] == 0
+    assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in (1, 2, 3) for t in range(6)]
