@@ -16,7 +16,7 @@ def test_each_setting_stores_every_queued_episode_and_reports_ratios():
         ("thread", 1), ("thread", 3), ("process", 1), ("process", 3)]
     for row in report["rows"]:
         assert row["episodes"] == 3 and row["total_s"] >= row["ingest_s"] > 0
-        assert 0 < row["python_thread_speed"] < 2
+        assert 0 < row["trainer_speed"] < 2
     assert report["rows"][0]["speedup_vs_first"] == 1.0
 
 

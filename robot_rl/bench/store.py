@@ -14,10 +14,10 @@ episode is in the finalized dataset (``flush``). Each setting writes a fresh dat
 settings run one after the other in one process (compare the ratio, not absolute numbers).
 
 Settings: ``store.commit_batch`` (queued episodes per open/finalize) and ``store.writer`` (in
-the learner's process or its own). Beside the writer a probe thread does pure-Python work, as
-the trainer's Python side does; its speed during the writing, over its speed alone just before,
-is the share of a Python thread the writer leaves (the GIL is the learner process's, not the
-machine's: in ``robot-rl run`` the trainer and the robots' loops share it).
+the learner's process or its own). Beside the writer a probe thread trains a small MLP with one
+PyTorch thread, as the learner's trainer does in ``robot-rl run``; its speed during the
+writing, over its speed alone just before, is the share of a trainer the writer leaves (the
+writer in the learner's process also takes the trainer's GIL, in its own process only CPU).
 """
 
 from __future__ import annotations
@@ -59,13 +59,20 @@ class StoreBenchConfig:
         return StoreBenchConfig(episodes=4, batches=(1, 4), episode_steps=30)
 
 
-class PythonThreadProbe:
-    """A thread doing small pure-Python work units; its rate shows how much of the GIL is left."""
-
-    UNIT = 20_000  # additions per unit: ~1 ms, short enough to be scheduled between the writer's slices
+class TrainerProbe:
+    """A thread doing small training steps (a 3-layer MLP, forward, backward, AdamW): like the
+    trainer, it computes outside the GIL and needs it between ops, so its rate shows how much of
+    a trainer's speed the writer leaves."""
 
     def __init__(self) -> None:
-        self._units = 0
+        import torch
+
+        torch.manual_seed(0)
+        self._model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                          torch.nn.ReLU(), torch.nn.Linear(256, 256))
+        self._optimizer = torch.optim.AdamW(self._model.parameters(), lr=1e-4)
+        self._batch = torch.randn(64, 256)
+        self._steps = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-probe", daemon=True)
         self._started = 0.0
@@ -73,23 +80,25 @@ class PythonThreadProbe:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            sum(range(self.UNIT))
-            self._units += 1
+            self._model(self._batch).square().mean().backward()
+            self._optimizer.step()
+            self._optimizer.zero_grad()
+            self._steps += 1
 
     def start(self) -> None:
         self._started = time.monotonic()
         self._thread.start()
 
     def stop(self) -> float:
-        """Units per second from ``start`` to the first ``stop``."""
+        """Steps per second from ``start`` to the first ``stop``."""
         if not self._stop.is_set():
             self._stop.set()
             self._thread.join()
-            self._rate = self._units / max(time.monotonic() - self._started, 1e-9)
+            self._rate = self._steps / max(time.monotonic() - self._started, 1e-9)
         return self._rate
 
     @classmethod
-    def rate_alone(cls, seconds: float = 2.0) -> float:
+    def rate_alone(cls, seconds: float = 3.0) -> float:
         probe = cls()
         probe.start()
         time.sleep(seconds)
@@ -98,7 +107,7 @@ class PythonThreadProbe:
 
 def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = "thread") -> dict[str, Any]:
     """Wall seconds until ``cfg.episodes`` queued episodes are in the finalized dataset, and the
-    speed a Python thread kept meanwhile (over its speed alone)."""
+    speed a training thread kept meanwhile (over its speed alone)."""
     from bridges.zmq.segments import ImageEncoding, encode_segment
     from robot_rl.learner.config import StoreConfig
     from robot_rl.learner.store import ReplayStore
@@ -113,8 +122,8 @@ def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = 
                                     image_encoding=ImageEncoding("jpeg"))
                      for seq, chunk in enumerate(chunks)]
     store = ReplayStore(config)
-    alone = PythonThreadProbe.rate_alone()
-    probe = PythonThreadProbe()
+    alone = TrainerProbe.rate_alone()
+    probe = TrainerProbe()
     try:
         probe.start()
         started = time.monotonic()
@@ -133,16 +142,24 @@ def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = 
         raise RuntimeError(f"bench store: {stored} of {cfg.episodes} episodes stored")
     return {"writer": writer, "commit_batch": batch, "episodes": cfg.episodes, "ingest_s": round(ingested, 2),
             "total_s": round(total, 2), "s_per_episode": round(total / cfg.episodes, 3),
-            "python_thread_speed": round(beside / alone, 3)}
+            "trainer_speed": round(beside / alone, 3)}
 
 
 def run_store_bench(cfg: StoreBenchConfig, progress: Any = print) -> dict[str, Any]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the learner's setting in `robot-rl run` (run.torch_threads)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
-        for writer in cfg.writers:
-            for batch in cfg.batches:
-                progress(f"writer {writer}, commit_batch {batch}: {cfg.episodes} episodes of {cfg.episode_steps} steps")
-                rows.append(writer_seconds(batch, cfg, Path(tmp) / f"{writer}-batch-{batch}", writer))
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
+            for writer in cfg.writers:
+                for batch in cfg.batches:
+                    progress(f"writer {writer}, commit_batch {batch}: {cfg.episodes} episodes of "
+                             f"{cfg.episode_steps} steps")
+                    rows.append(writer_seconds(batch, cfg, Path(tmp) / f"{writer}-batch-{batch}", writer))
+    finally:
+        torch.set_num_threads(threads)
     base = rows[0]["s_per_episode"]
     for row in rows:
         row["speedup_vs_first"] = round(base / row["s_per_episode"], 2) if row["s_per_episode"] else None
@@ -156,12 +173,12 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title=f"dataset writer: {report['rows'][0]['episodes']} queued episodes of "
                         f"{report['episode_steps']} steps, cameras {report['cameras']} at {report['image']} px")
     for col in ("writer", "commit_batch", "ingest s", "until all finalized s", "s / episode", "speed-up",
-                "Python thread's speed beside it"):
+                "a trainer's speed beside it"):
         table.add_column(col, justify="right")
     for row in report["rows"]:
         table.add_row(row["writer"], str(row["commit_batch"]), f"{row['ingest_s']:.1f}", f"{row['total_s']:.1f}",
                       f"{row['s_per_episode']:.2f}", f"{row['speedup_vs_first']:.2f}x",
-                      f"{row['python_thread_speed']:.0%}")
+                      f"{row['trainer_speed']:.0%}")
     Console().print(table)
 
 

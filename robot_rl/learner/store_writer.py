@@ -88,7 +88,7 @@ class ThreadEpisodeWriter:
     """Writes in the calling thread (tools, tests, and a learner that has the CPU to itself)."""
 
     def __init__(self, spec: RecorderSpec, nice: int = 0) -> None:
-        self.recorder = spec.open()
+        self.recorder = spec.open()  # nice: the store's writer thread lowers its own priority
 
     @property
     def num_episodes(self) -> int:
