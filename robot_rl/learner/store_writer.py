@@ -236,8 +236,9 @@ def _serve(conn, spec: tuple, nice: int) -> None:
     while True:
         try:
             request = msgpack.unpackb(conn.recv_bytes(), raw=False)
-        except EOFError:  # the learner is gone: keep what was saved
-            recorder.close()
+        except EOFError:
+            # The learner died. No finalize: a restarted learner may already be opening the dataset;
+            # it rolls back to the last finalize and writes the unfinalized episodes from staging.
             return
         op = request.get("op")
         try:
@@ -253,6 +254,9 @@ def _serve(conn, spec: tuple, nice: int) -> None:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent as an error
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         reply["num_episodes"] = recorder.num_episodes
-        conn.send_bytes(msgpack.packb(reply, use_bin_type=True))
+        try:
+            conn.send_bytes(msgpack.packb(reply, use_bin_type=True))
+        except OSError:  # the learner died while this request ran (BrokenPipeError): as above
+            return
         if op == "stop":
             return
