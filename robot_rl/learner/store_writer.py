@@ -58,7 +58,8 @@ class WrittenEpisode:
 
 @dataclass(frozen=True)
 class RecorderSpec:
-    """What a writer needs to open the store's dataset (plain values: it crosses to the child)."""
+    """What a writer needs to open the store's dataset: plain local settings, the only thing
+    ``spawn`` pickles on its way to the child (episodes travel as msgpack)."""
 
     root: str
     fps: int
@@ -181,9 +182,7 @@ class ProcessEpisodeWriter:
         if self._process is None:
             context = multiprocessing.get_context("spawn")  # never fork a process full of threads
             parent_conn, child_conn = context.Pipe()
-            spec = (self.spec.root, self.spec.fps, tuple(self.spec.joint_names),
-                    {cam: tuple(shape) for cam, shape in self.spec.cameras.items()}, self.spec.repo_id)
-            process = context.Process(target=_serve, args=(child_conn, spec, self.nice),
+            process = context.Process(target=_serve, args=(child_conn, self.spec, self.nice),
                                       name="store-writer", daemon=True)
             process.start()
             child_conn.close()  # the parent keeps one end only, so a dead child reads as EOF
@@ -222,13 +221,12 @@ def make_writer(kind: str, spec: RecorderSpec, nice: int = 0) -> ThreadEpisodeWr
     return (ProcessEpisodeWriter if kind == "process" else ThreadEpisodeWriter)(spec, nice)
 
 
-def _serve(conn, spec: tuple, nice: int) -> None:
+def _serve(conn, spec: RecorderSpec, nice: int) -> None:
     """The child: one request at a time, each answered with ``ok`` and the dataset's episode count."""
     logging.basicConfig(level=logging.WARNING, format="store-writer %(levelname)s %(name)s: %(message)s")
     lower_own_priority(nice)
-    root, fps, joint_names, cameras, repo_id = spec
     try:
-        recorder = RecorderSpec(root, fps, tuple(joint_names), cameras, repo_id).open()
+        recorder = spec.open()
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send_bytes(msgpack.packb({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
         return
