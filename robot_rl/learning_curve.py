@@ -19,7 +19,7 @@ import numpy as np
 class EpisodeRecord:
     index: int  # order of completion over all robots
     robot_id: str
-    wall_s: float  # since the run started
+    wall_s: float  # since the robots started (``LearningCurve.start_clock``)
     policy_version: int
     success: bool
     intervened: bool  # the operator took over at least once
@@ -38,6 +38,11 @@ class LearningCurve:
         self._records: list[EpisodeRecord] = []
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
+
+    def start_clock(self) -> None:
+        """Count ``wall_s`` from now: the robots' start, after the learner's and robots' start-up."""
+        with self._lock:
+            self._t0 = time.monotonic()
 
     def add(self, robot_id: str, episode, policy_version: int) -> EpisodeRecord:
         steps = max(episode.num_steps, 1)

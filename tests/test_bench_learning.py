@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,7 +108,7 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
     """The child loads the real sentence encoder (offline), so the weights get real embeddings."""
     from omegaconf import OmegaConf
 
-    from robot_rl.bench.heldout import heldout_eval
+    from robot_rl.bench.heldout import heldout_eval, heldout_eval_all
     from policies.flow_vla import FlowVLA
     from tests.learner_helpers import tiny_policy_config
 
@@ -121,6 +122,10 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
     heldout = heldout_eval(tmp_path / "weights", cfg, 1, "child")
     assert heldout == {"success": 0.0, "ci95": heldout["ci95"], "episodes": 1, "weights": str(tmp_path / "weights")}
     assert heldout_eval(tmp_path / "missing", cfg, 1, "child") is None  # logged, not raised
+    # Several weights in one child: a missing one costs only its own score.
+    FlowVLA(config).save_pretrained(tmp_path / "later")
+    scores = heldout_eval_all([tmp_path / "weights", tmp_path / "missing", tmp_path / "later"], cfg, 1, "child")
+    assert [s and s["weights"] for s in scores] == [str(tmp_path / "weights"), None, str(tmp_path / "later")]
 
 
 def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypatch):
@@ -162,6 +167,63 @@ def test_plot_and_table(tmp_path, capsys):
     assert "rwr_no_intervention" in out and "sync vs async" in out
 
 
+def timeline(successes: list[float | None], every_s: float = 120.0) -> list[dict]:
+    return [{"wall_s": every_s * (i + 1), "updates": 100 * (i + 1), "version": i + 1, "episodes": 20 * (i + 1),
+             "weights": f"/w/t{i}", "success": s, "ci95": None if s is None else [s - 0.1, s + 0.1]}
+            for i, s in enumerate(successes)]
+
+
+def test_sync_vs_async_off_the_heldout_timeline_of_saved_weights(tmp_path, capsys):
+    """The live window says async reached 80 % first; the saved weights say when each really did."""
+    config = LearningBenchConfig(window=2, arms=("rwr", "rwr_sync"), heldout_every_s=120.0)
+    report = build_report([
+        ArmResult("rwr", records("AAAA"), heldout_timeline=timeline([0.7, None, 0.85, 0.9])),
+        ArmResult("rwr_sync", records("FFAA"), heldout_timeline=timeline([0.6, 0.7, 0.75, 0.8, 0.8])),
+    ], config)
+    sva = report["sync_vs_async"]
+    assert sva["heldout_wall_s_to_80_async"] == 360.0  # the unscored copy at 240 s is skipped, not read as 0
+    assert sva["heldout_wall_s_to_80_sync"] == 480.0
+    assert sva["heldout_async_over_sync_wall_s_to_80"] == pytest.approx(0.75)
+    assert report["arms"]["rwr"]["heldout_timeline"][2]["updates"] == 300
+    json.dumps(report, allow_nan=False)
+    png = learning.plot_arms(report, tmp_path / "learning.png")
+    from PIL import Image
+
+    assert Image.open(png).size[0] > Image.open(learning.plot_arms(build_report(
+        [ArmResult("rwr", records("AAAA"))], config), tmp_path / "three.png")).size[0]  # a fourth panel
+    learning.print_table(report)
+    out = capsys.readouterr().out
+    assert "held-out over robot time, rwr: 2 min 70% (100 upd), 6 min 85% (300 upd)" in out
+    assert "async/sync 0.75" in out
+
+
+def test_weights_timeline_saves_the_trainer_weights_at_robot_times(tmp_path):
+    from robot_rl.bench.timeline import WeightsTimeline
+
+    class Trainer:
+        step = 0
+
+        def save_deployed(self, directory):
+            directory.mkdir(parents=True)
+            (directory / "model.safetensors").write_bytes(b"w")
+            return self.step, self.step // 50
+
+    now = [1000.0]
+    trainer = Trainer()
+    line = WeightsTimeline(trainer, tmp_path / "timeline", 120.0, episodes=lambda: 7, clock=lambda: now[0])
+    line._t0 = now[0]  # as ``start`` sets it, without the thread
+    now[0] += 120.0
+    trainer.step = 150
+    first = line.take()
+    now[0] += 121.4
+    second = line.take()
+    assert (first.wall_s, first.updates, first.version, first.episodes) == (120.0, 150, 3, 7)
+    assert Path(first.weights).name == "t00120s" and Path(second.weights).name == "t00241s"
+    assert [s.wall_s for s in line.snapshots] == [120.0, 241.4]
+    with pytest.raises(ValueError, match="every_s"):
+        WeightsTimeline(trainer, tmp_path, 0.0, episodes=lambda: 0)
+
+
 # ---------------------------------------------------------------- settings
 
 
@@ -186,6 +248,8 @@ def test_quick_changes_defaults_but_explicit_settings_win():
     (["bench.minutes_per_arm=-1"], "minutes_per_arm"),
     (["learner=awr"], "arms choose"),
     (["bench.eval_episodes=-1"], "eval_episodes"),
+    (["bench.heldout_every_s=-5"], "heldout_every_s"),
+    (["bench.timeline_episodes=2.5"], "timeline_episodes"),
 ])
 def test_bad_settings_are_refused_with_what_to_change(bad, match):
     with pytest.raises(ConfigError, match=match):

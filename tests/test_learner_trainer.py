@@ -181,3 +181,19 @@ def test_with_ema_robots_and_checkpoints_get_the_average_and_training_goes_on_th
 def test_ema_decay_outside_0_1_is_refused(tmp_path):
     with pytest.raises(ValueError, match="ema_decay"):
         trainer_config(tmp_path, ema_decay=1.0)
+
+
+def test_save_deployed_writes_the_weights_robots_would_get_now(tmp_path):
+    from policies.flow_vla import FlowVLA
+    from tests.learner_helpers import TEXT
+
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt", ema_decay=0.9))
+    for _ in range(2):
+        trainer.update_once()
+    assert trainer.save_deployed(tmp_path / "now") == (2, 0)
+    saved = FlowVLA.from_pretrained(tmp_path / "now", device="cpu", text_encoder=TEXT).state_dict()
+    deployed, training = params(trainer.deployed), params(trainer.policy)
+    assert all(torch.equal(saved[k], deployed[k]) for k in deployed)
+    assert any(not torch.equal(saved[k], training[k]) for k in training)  # the average, not the iterate
+    # A loadable policy directory and nothing else: no optimiser or resume state.
+    assert sorted(p.name for p in (tmp_path / "now").iterdir()) == ["config.json", "model.safetensors"]

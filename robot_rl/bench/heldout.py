@@ -1,4 +1,4 @@
-"""Held-out evaluation of one set of weights, in a fresh process (``python -m robot_rl.bench.heldout``).
+"""Held-out evaluation of sets of weights, in a fresh process (``python -m robot_rl.bench.heldout``).
 
 ``bench learning`` scores each arm's final weights alone (no operator) on scenes no arm
 trained on. It does so in a child process: the bench's own process has by then run two
@@ -48,37 +48,58 @@ def evaluate_weights(weights: Path, cfg: Any, episodes: int, desc: str) -> dict[
 def heldout_eval(weights: Path, cfg: Any, episodes: int, desc: str, timeout_s: float = 1800.0) -> dict | None:
     """``evaluate_weights`` in a child process; None when ``episodes`` is 0 or the child fails
     (logged: a failed evaluation must not cost the arms' results)."""
-    if episodes <= 0:
-        return None
+    return heldout_eval_all([weights], cfg, episodes, desc, timeout_s)[0]
+
+
+def heldout_eval_all(weights: list[Path], cfg: Any, episodes: int, desc: str,
+                     timeout_s: float = 1800.0) -> list[dict | None]:
+    """``heldout_eval`` of several weights, one after the other in one child (one start-up);
+    None for each one not scored (``episodes`` 0, a failed child, a missing result)."""
+    if episodes <= 0 or not weights:
+        return [None] * len(weights)
     from omegaconf import OmegaConf
 
     with tempfile.TemporaryDirectory(prefix="heldout-") as tmp:
         config_path = Path(tmp) / "config.yaml"
         OmegaConf.save(cfg, config_path, resolve=True)
-        command = [sys.executable, "-m", "robot_rl.bench.heldout", str(config_path), str(weights), str(episodes), desc]
+        command = [sys.executable, "-m", "robot_rl.bench.heldout", str(config_path), str(episodes), desc,
+                   *map(str, weights)]
         try:
-            done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=timeout_s, check=False)
+            done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=timeout_s * len(weights),
+                                  check=False)
         except subprocess.TimeoutExpired:
-            log.error("held-out evaluation of %s did not finish within %.0f s", weights, timeout_s)
-            return None
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        log.error("held-out evaluation of %s failed (exit code %d); see its output above", weights, done.returncode)
-        return None
-    try:
-        return json.loads(lines[-1])
-    except ValueError:
-        log.error("held-out evaluation of %s ended without its JSON result (last line: %r)", weights, lines[-1][:200])
-        return None
+            log.error("held-out evaluation of %s did not finish within %.0f s each", weights, timeout_s)
+            return [None] * len(weights)
+    results: dict[str, dict] = {}
+    for line in done.stdout.strip().splitlines():
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue  # progress or library output; results are whole JSON lines
+        if isinstance(result, dict) and "weights" in result:
+            results[result["weights"]] = result
+    if done.returncode != 0:
+        log.error("held-out evaluation: %d of %d weights scored (exit code %d); see its output above",
+                  len(results), len(weights), done.returncode)
+    return [results.get(str(w)) for w in weights]
 
 
 def main(argv: list[str]) -> int:
+    """``CONFIG EPISODES DESC WEIGHTS...``: one JSON line per weights, printed as each is scored."""
     from omegaconf import OmegaConf
 
-    config_path, weights, episodes, desc = argv
+    config_path, episodes, desc, *weights = argv
     cfg = OmegaConf.load(config_path)
-    print(json.dumps(evaluate_weights(Path(weights), cfg, int(episodes), desc)), flush=True)
-    return 0
+    failed = 0
+    for w in weights:
+        try:
+            result = evaluate_weights(Path(w), cfg, int(episodes), f"{desc} {Path(w).name}")
+        except Exception:  # noqa: BLE001 - one unreadable checkpoint must not cost the others' scores
+            log.exception("held-out evaluation of %s failed", w)
+            failed += 1
+            continue
+        print(json.dumps(result), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

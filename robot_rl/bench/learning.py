@@ -36,6 +36,10 @@ name                        default  --quick    meaning
 ``sync_updates``            50       20         sync arm: updates per train phase
 ``eval_episodes``           40       4          held-out evaluation of each arm's final
                                                 weights (0 = off)
+``heldout_every_s``         0        0          save each training arm's weights this often
+                                                (robot time) and score every copy held-out
+                                                afterwards (0 = off; ``robot_rl.bench.timeline``)
+``timeline_episodes``       40       4          held-out scenes per saved copy
 ==========================  =======  =========  =========================================
 
 Held-out evaluation: after each arm, its final weights (the start for ``none``) run
@@ -45,6 +49,9 @@ flow-noise stream per scene for every arm, in virtual time, in a fresh process
 (``robot_rl.bench.heldout`` says why). A rolling window of 20
 live episodes cannot tell 25 % from 40 %; this paired comparison on 40 fixed scenes can
 tell larger gaps, and it measures the weights alone, not the weights plus a watching operator.
+With ``heldout_every_s`` every training arm also gets a held-out curve over robot time (the
+first ``timeline_episodes`` of those scenes), and ``sync_vs_async`` reads each side's time to
+80 % off it (``heldout_wall_s_to_80_*``) as well as off the live window.
 
 Any other override goes to the composed config as usual (e.g. ``output_dir=/tmp/x``,
 ``run.max_steps=150``, ``learner.trainer.batch_size=16``); ``learner=...`` is refused
@@ -70,7 +77,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from robot_rl.bench.heldout import heldout_eval
+from robot_rl.bench.heldout import heldout_eval, heldout_eval_all
+from robot_rl.bench.timeline import WeightsTimeline, first_heldout_reaching
 from robot_rl.config import ConfigError
 from robot_rl.learning_curve import EpisodeRecord, LearningCurve
 
@@ -132,6 +140,8 @@ class LearningBenchConfig:
     sync_collect_episodes: int = 4
     sync_updates: int = 50
     eval_episodes: int = 40
+    heldout_every_s: float = 0.0
+    timeline_episodes: int = 40
 
     def __post_init__(self) -> None:
         self.arms = (self.arms,) if isinstance(self.arms, str) else tuple(self.arms)
@@ -146,11 +156,18 @@ class LearningBenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"bench.{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.eval_episodes, bool) or not isinstance(self.eval_episodes, int) or self.eval_episodes < 0:
-            raise ConfigError(f"bench.eval_episodes must be an integer >= 0, got {self.eval_episodes!r}")
+        for name in ("eval_episodes", "timeline_episodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"bench.{name} must be an integer >= 0, got {value!r}")
+        if isinstance(self.heldout_every_s, bool) or not isinstance(self.heldout_every_s, int | float) \
+                or self.heldout_every_s < 0:
+            raise ConfigError(f"bench.heldout_every_s must be a number of seconds >= 0, got {self.heldout_every_s!r}")
+        self.heldout_every_s = float(self.heldout_every_s)
 
 
-QUICK = {"minutes_per_arm": 1.0, "window": 5, "sync_collect_episodes": 2, "sync_updates": 20, "eval_episodes": 4}
+QUICK = {"minutes_per_arm": 1.0, "window": 5, "sync_collect_episodes": 2, "sync_updates": 20, "eval_episodes": 4,
+         "timeline_episodes": 4}
 
 
 def parse_overrides(overrides: Sequence[str], quick: bool = False) -> tuple[LearningBenchConfig, list[str]]:
@@ -230,6 +247,7 @@ class ArmResult:
     output_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the sync arm's rounds
     heldout: dict[str, Any] | None = None  # ``heldout_eval`` of the arm's final weights (None: not run)
+    heldout_timeline: list[dict[str, Any]] = field(default_factory=list)  # scored ``timeline.Snapshot``s
 
 
 def build_report(results: Sequence[ArmResult], config: LearningBenchConfig) -> dict:
@@ -253,12 +271,13 @@ def build_report(results: Sequence[ArmResult], config: LearningBenchConfig) -> d
             "wall_s_to_80": reached["wall_s"] if reached else None,
             "output_dir": r.output_dir,
             "heldout": r.heldout,
+            "heldout_timeline": r.heldout_timeline,
             **r.extra,
         }
     return {
         "curves": curves,
         "final": final,
-        "sync_vs_async": sync_vs_async(curves, config.window),
+        "sync_vs_async": sync_vs_async(curves, config.window, {r.name: r.heldout_timeline for r in results}),
         "arms": arms,
         "settings": dataclasses.asdict(config),
         "notes": (
@@ -270,28 +289,42 @@ def build_report(results: Sequence[ArmResult], config: LearningBenchConfig) -> d
             f"{config.minutes_per_arm:g} min of wall clock with robots in real time (robot time = wall time), "
             f"run one after the other on the same machine; learner and robots share its CPUs, so the async "
             f"trainer competes with the robots for compute (the sync loop's trainer does not; it runs one "
-            f"PyTorch intra-op thread per core, the async arms run.torch_threads). A rolling window this "
+            f"PyTorch intra-op thread per core, the async arms run.torch_threads; the async arms' robots run as "
+            f"run.robots says, the sync loop's on threads since its phases take turns). A rolling window this "
             f"short touches 80 % by chance at ~65-70 % true success: compare wall_s_to_80 with the none "
             f"arm's, and trust heldout_success for learning. sync_vs_async "
             f"compares '{ASYNC_ARM}' with '{SYNC_ARM}' (collect {config.sync_collect_episodes} episodes, then "
             f"{config.sync_updates} updates, per round). heldout_success: the arm's final weights alone (no "
-            f"operator) on {config.eval_episodes} scenes no arm trained on, same scenes and flow noise for every arm."
+            f"operator) on {config.eval_episodes} scenes no arm trained on, same scenes and flow noise for every arm. "
+            f"heldout_timeline (when bench.heldout_every_s > 0): the learner's weights saved every "
+            f"{config.heldout_every_s:g} s of robot time, each scored on the first {config.timeline_episodes} of "
+            f"those scenes; heldout_wall_s_to_80_*: the first saved copy at >= 80 % there."
         ),
     }
 
 
-def sync_vs_async(curves: dict[str, list[dict]], window: int) -> dict[str, Any]:
-    """Wall clock to 80 % for the async learner and the sync loop, and where each stood at the end."""
+def sync_vs_async(curves: dict[str, list[dict]], window: int,
+                  timelines: dict[str, list[dict]] | None = None) -> dict[str, Any]:
+    """Wall clock to 80 % for the async learner and the sync loop (off the live window and, where
+    the arms have one, off the held-out timeline), and where each stood at the end."""
     out: dict[str, Any] = {"async_arm": ASYNC_ARM, "sync_arm": SYNC_ARM}
+    timelines = timelines or {}
     for side, arm in (("async", ASYNC_ARM), ("sync", SYNC_ARM)):
         points = curves.get(arm, [])
         reached = first_reaching(points, window)
         out[f"wall_s_to_80_{side}"] = reached["wall_s"] if reached else None
         out[f"success_at_budget_{side}"] = final_success(points)
         out[f"episodes_{side}"] = len(points)
-    a, s = out["wall_s_to_80_async"], out["wall_s_to_80_sync"]
-    out["async_over_sync_wall_s_to_80"] = round(a / s, 3) if a is not None and s else None
+        heldout = first_heldout_reaching(timelines.get(arm, []), THRESHOLD)
+        out[f"heldout_wall_s_to_80_{side}"] = heldout["wall_s"] if heldout else None
+    out["async_over_sync_wall_s_to_80"] = _ratio(out["wall_s_to_80_async"], out["wall_s_to_80_sync"])
+    out["heldout_async_over_sync_wall_s_to_80"] = _ratio(out["heldout_wall_s_to_80_async"],
+                                                         out["heldout_wall_s_to_80_sync"])
     return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
 # ---------------------------------------------------------------- the synchronous loop
@@ -400,6 +433,8 @@ def run_sync(learner_config: LearnerConfig, policy: FlowVLA, run: LocalRunConfig
     trainer by hand between collect phases and publishes exactly once per round
     (``publish_every_updates`` = ``updates``), so every round's robots start on the
     newest weights (swapped in at their first chunk, as in the async learner).
+    The robots run on threads whatever ``run.robots`` says: the phases take turns, so the
+    trainer never shares the interpreter's lock with a robot that is acting.
     """
     from robot_rl.learner.local import _run_robot, collect_result
     from robot_rl.learner.service import LearnerService
@@ -493,7 +528,7 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
     sim_config = to_dataclass(cfg.robot, SimConfig)
     run = LocalRunConfig(num_robots=bench.num_robots, episodes_per_robot=10**9, max_steps=int(cfg.run.max_steps),
                          spool_dir=str(arm_dir / "spool"), edge=to_dataclass(cfg.edge, EdgeConfig),
-                         time_budget_s=bench.minutes_per_arm * 60.0)
+                         time_budget_s=bench.minutes_per_arm * 60.0, robots=str(cfg.run.robots))
     robots = make_sim_robot_factory(sim_config, task_families(cfg.run.families, TASK_FAMILIES),
                                     seed_base=int(cfg.seed) + 5_000_000)  # same scenes in every arm
     operators = operator_factory(sim_config.fps, arm.operator, float(cfg.demos.expert_speed))
@@ -502,11 +537,13 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
     curve = LearningCurve()
     progress = Progress(curve, total=None)  # type: ignore[arg-type]  # time-bounded: no known total
     progress.bar.set_description(name)
-    robots_started: list[float] = []
+    timeline: list[WeightsTimeline] = []
 
     def on_start(learner: LearnerService) -> None:
-        progress.attach(learner)
-        robots_started.append(time.monotonic())
+        progress.attach(learner)  # the curve's wall clock starts with the robots (not the start-up)
+        if bench.heldout_every_s > 0 and arm.train:
+            timeline.append(WeightsTimeline(learner.trainer, arm_dir / "timeline", bench.heldout_every_s,
+                                            lambda: len(curve.records)).start())
 
     try:
         if arm.sync:
@@ -518,15 +555,22 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
                                on_episode=progress.on_episode, on_start=on_start)
     finally:
         progress.close()
-    # Wall clock from the robots' start: the learner's start-up (demonstrations into the index) is not robot time.
-    startup_s = robots_started[0] - started if robots_started else 0.0
-    records = [dataclasses.replace(r, wall_s=max(r.wall_s - startup_s, 0.0)) for r in curve.records]
+        snapshots = timeline[0].stop() if timeline else []
+    records = curve.records
     extra = {"sync_rounds": result.weights_version} if arm.sync else {}
     arm_total_s = time.monotonic() - started
     final_weights = result.checkpoint if result.checkpoint is not None else checkpoint
     return ArmResult(name, records, updates=result.updates, weights_version=result.weights_version,
                      arm_total_s=arm_total_s, output_dir=str(arm_dir), extra=extra,
-                     heldout=heldout_eval(final_weights, cfg, bench.eval_episodes, f"held-out {name}"))
+                     heldout=heldout_eval(final_weights, cfg, bench.eval_episodes, f"held-out {name}"),
+                     heldout_timeline=score_timeline(snapshots, cfg, bench.timeline_episodes, name))
+
+
+def score_timeline(snapshots: Sequence[Any], cfg: DictConfig, episodes: int, name: str) -> list[dict[str, Any]]:
+    """Each saved copy of an arm's weights with its held-out success (None where not scored)."""
+    scores = heldout_eval_all([Path(s.weights) for s in snapshots], cfg, episodes, f"timeline {name}")
+    return [{**s.to_dict(), "success": r["success"] if r else None, "ci95": r["ci95"] if r else None}
+            for s, r in zip(snapshots, scores, strict=True)]
 
 
 def save_partial_report(report: dict, path: Path) -> None:
@@ -571,7 +615,9 @@ def plot_arms(report: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    timelines = {name: arm.get("heldout_timeline") or [] for name, arm in report.get("arms", {}).items()}
+    panels = 4 if any(timelines.values()) else 3
+    fig, axes = plt.subplots(1, panels, figsize=(5.3 * panels, 4.5))
     for name, points in report["curves"].items():
         if not points:
             continue
@@ -580,14 +626,22 @@ def plot_arms(report: dict, path: Path) -> Path:
         axes[0].plot(episodes, [p["success"] for p in points], style, label=name)
         axes[1].plot([p["wall_s"] / 60.0 for p in points], [p["success"] for p in points], style, label=name)
         axes[2].plot(episodes, [p["intervention_rate"] for p in points], style, label=name)
+        scored = [p for p in timelines.get(name, []) if p.get("success") is not None]
+        if panels == 4 and scored:
+            axes[3].plot([p["wall_s"] / 60.0 for p in scored], [p["success"] for p in scored], style, marker="o",
+                         label=name)
     window = report["settings"]["window"]
     titles = ("autonomous success vs episodes", "autonomous success vs wall clock", "intervention rate vs episodes")
-    for ax, title, xlabel in zip(axes, titles, ("episodes", "wall-clock minutes", "episodes"), strict=True):
+    xlabels = ["episodes", "wall-clock minutes", "episodes"]
+    if panels == 4:
+        titles += ("held-out success of the weights vs wall clock",)
+        xlabels.append("wall-clock minutes")
+    for ax, title, xlabel in zip(axes, titles, xlabels, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        if ax is not axes[2]:
+        if ax is not axes[2]:  # every success panel
             ax.axhline(THRESHOLD, color="grey", alpha=0.4, linewidth=0.8)
     axes[0].set_ylabel(f"rolling mean over {window} episodes")
     axes[0].legend(loc="best", fontsize=8)
@@ -624,6 +678,16 @@ def print_table(report: dict) -> None:
         f"{_or_dash(sva['wall_s_to_80_sync'])} vs {_or_dash(sva['wall_s_to_80_async'])}; success at the end of the "
         f"budget {_pct(sva['success_at_budget_sync'])} vs {_pct(sva['success_at_budget_async'])} "
         f"({sva['episodes_sync']} vs {sva['episodes_async']} episodes)")
+    for name, arm in report["arms"].items():
+        scored = [p for p in arm.get("heldout_timeline") or [] if p.get("success") is not None]
+        if scored:
+            console.print(f"held-out over robot time, {name}: " + ", ".join(
+                f"{p['wall_s'] / 60:.0f} min {p['success']:.0%} ({p['updates']} upd)" for p in scored))
+    if any(arm.get("heldout_timeline") for arm in report["arms"].values()):
+        console.print(f"held-out wall s to 80% (saved weights), sync vs async: "
+                      f"{_or_dash(sva.get('heldout_wall_s_to_80_sync'))} vs "
+                      f"{_or_dash(sva.get('heldout_wall_s_to_80_async'))} "
+                      f"(async/sync {_or_dash(sva.get('heldout_async_over_sync_wall_s_to_80'))})")
 
 
 def _heldout(result: dict | None) -> str:

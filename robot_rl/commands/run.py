@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,21 +64,29 @@ def ensure_bc_checkpoint(cfg: DictConfig) -> Path:
     return checkpoint
 
 
-def operator_factory(fps: int, enabled: bool, expert_speed: float = 1.0):
+@dataclass(frozen=True)
+class ScriptedOperatorFactory:
     """Each robot gets a scripted operator (seeded by its index) behind the real takeover path,
-    driving at the demonstrator's ``expert_speed`` (its corrections are training data too)."""
-    if not enabled:
-        return None
-    from hardware.teleop.blend import TakeoverBlender
-    from hardware.teleop.intervention import TeleopIntervention
-    from hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
-    from robot_rl.commands.sim_setup import demo_expert
+    driving at the demonstrator's ``expert_speed`` (its corrections are training data too).
+    Picklable, so a robot process builds its own operator."""
 
-    def make(index: int, robot):
-        operator = scripted_operator_for_sim(robot, ScriptedOperatorConfig(seed=index), demo_expert(robot, expert_speed))
-        return TeleopIntervention(operator, TakeoverBlender(fps))
+    fps: int
+    expert_speed: float = 1.0
 
-    return make
+    def __call__(self, index: int, robot):
+        from hardware.teleop.blend import TakeoverBlender
+        from hardware.teleop.intervention import TeleopIntervention
+        from hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
+        from robot_rl.commands.sim_setup import demo_expert
+
+        operator = scripted_operator_for_sim(robot, ScriptedOperatorConfig(seed=index),
+                                             demo_expert(robot, self.expert_speed))
+        return TeleopIntervention(operator, TakeoverBlender(self.fps))
+
+
+def operator_factory(fps: int, enabled: bool, expert_speed: float = 1.0) -> ScriptedOperatorFactory | None:
+    """The run's operators: ``ScriptedOperatorFactory`` when ``enabled``, else none."""
+    return ScriptedOperatorFactory(int(fps), float(expert_speed)) if enabled else None
 
 
 class Progress:
@@ -90,9 +99,14 @@ class Progress:
         self.robot_versions: dict[str, int] = {}
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
+        self._step0 = 0
 
     def attach(self, learner) -> None:
+        """Called as the robots start: the curve's clock and the updates/s count from here."""
         self.learner = learner
+        self.curve.start_clock()
+        self._t0 = time.monotonic()
+        self._step0 = learner.trainer.step
 
     def on_episode(self, robot_id: str, episode, version: int) -> None:
         self.curve.add(robot_id, episode, version)
@@ -101,7 +115,7 @@ class Progress:
             recent = self.curve.recent()
             updates = self.learner.trainer.step if self.learner else 0
             published = self.learner.trainer.version if self.learner else 0
-            rate = updates / max(time.monotonic() - self._t0, 1e-9)
+            rate = (updates - self._step0) / max(time.monotonic() - self._t0, 1e-9)
             versions = " ".join(f"{r}:v{v}" for r, v in sorted(self.robot_versions.items()))
             self.bar.set_postfix_str(
                 f"success {recent['success']:.0%} autonomous {recent['autonomous']:.0%} "
@@ -181,6 +195,7 @@ def run_main_job(cfg: DictConfig) -> dict:
         spool_dir=str(run_dir / "spool"),
         edge=to_dataclass(cfg.edge, EdgeConfig),
         time_budget_s=float(cfg.run.time_budget_min) * 60.0 if cfg.run.time_budget_min else None,
+        robots=str(cfg.run.robots),
     )
     families = task_families(cfg.run.families, TASK_FAMILIES)
     curve = LearningCurve()

@@ -1,8 +1,10 @@
-"""A learner and N simulated edge nodes in one process, on loopback: what ``robot-rl run`` starts.
+"""A learner and N simulated edge nodes on one machine, on loopback: what ``robot-rl run`` starts.
 
 Every robot runs the real edge runtime (``EdgeNode`` + ``EdgeStreamer``) against the
-real learner service over real sockets; only the process boundary is missing, so what
-works here works across machines.
+real learner service over real sockets, so what works here works across machines. The
+robots run on threads of this process (``robots: thread``, quick to start: tests) or each in
+a process of its own (``robots: process``, ``robot_rl.learner.robot_process``: the learner
+keeps its interpreter's lock to itself, as on a machine of its own).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from robot_rl.learner.service import LearnerService
 
 log = logging.getLogger(__name__)
 
+ROBOT_MODES = ("thread", "process")
+
 # (robot index) -> (robot, task or None, reset(episode) -> instruction)
 RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
 # (robot index, robot) -> an intervention hook with bind(node) and begin_episode(episode),
@@ -54,6 +58,13 @@ class LocalRunConfig:
     until_trained: bool = False
     # Robots start no new episode after this many seconds of wall time (None: no limit).
     time_budget_s: float | None = None
+    # "thread": robots on threads of the learner's process; "process": each in its own
+    # (robot_rl.learner.robot_process; its robot and operator factories must pickle).
+    robots: str = "thread"
+
+    def __post_init__(self) -> None:
+        if self.robots not in ROBOT_MODES:
+            raise ValueError(f"LocalRunConfig.robots must be one of {ROBOT_MODES}, got {self.robots!r}")
 
 
 @dataclass
@@ -69,29 +80,39 @@ class LocalRunResult:
     checkpoint: Path | None = None  # the learner's final checkpoint (None when it did not train)
 
 
-def make_sim_robot_factory(sim_config: Any = None, families: Sequence[str] | None = None,
-                           seed_base: int = 0) -> RobotFactory:
-    """Robots for ``run_local``: one MuJoCo SO-101 (hardware.sim) each.
+@dataclass(frozen=True)
+class SimRobotFactory:
+    """Robots for ``run_local``: one MuJoCo SO-101 (hardware.sim) each; picklable, so a robot
+    process can build its own.
 
     Robot ``i`` resets episode ``e`` with seed ``seed_base + 100_000 * i + e``, so robots never
     repeat each other's scenes and a run is reproducible scene by scene. ``families`` (None:
     the sim draws one per seed) rotate over the episodes.
     """
-    from hardware.sim import SimConfig, SimSO101
 
-    base = sim_config or SimConfig()
+    sim_config: Any = None  # hardware.sim.SimConfig; None: its defaults
+    families: tuple[str, ...] | None = None
+    seed_base: int = 0
 
-    def factory(index: int) -> tuple[Any, Any, Callable[[int], str]]:
-        sim = SimSO101(dataclasses.replace(base, seed=seed_base + 100_000 * index))
+    def __call__(self, index: int) -> tuple[Any, Any, Callable[[int], str]]:
+        from hardware.sim import SimConfig, SimSO101
+
+        seed = self.seed_base + 100_000 * index
+        sim = SimSO101(dataclasses.replace(self.sim_config or SimConfig(), seed=seed))
         sim.connect()
+        families = self.families
 
         def reset(episode: int) -> str:
             family = families[episode % len(families)] if families else None
-            return sim.reset(seed=seed_base + 100_000 * index + episode, family=family)
+            return sim.reset(seed=seed + episode, family=family)
 
         return sim, sim, reset
 
-    return factory
+
+def make_sim_robot_factory(sim_config: Any = None, families: Sequence[str] | None = None,
+                           seed_base: int = 0) -> SimRobotFactory:
+    """``SimRobotFactory`` for these settings (see there)."""
+    return SimRobotFactory(sim_config, tuple(families) if families else None, int(seed_base))
 
 
 def sim_robot_factory(index: int) -> tuple[Any, Any, Callable[[int], str]]:
@@ -111,48 +132,90 @@ def run_local(
     on_episode: EpisodeCallback | None = None,
     on_start: Callable[[LearnerService], None] | None = None,
 ) -> LocalRunResult:
-    """Start the learner, run every robot's episodes on its own thread, stop, and summarise.
+    """Start the learner, run every robot's episodes (``run.robots``: on threads or in processes),
+    stop, and summarise.
 
     ``operator_factory`` gives each robot a (simulated) operator who may take over;
     ``on_episode`` sees every finished episode (progress displays, learning curves);
-    ``on_start`` gets the running service (to watch its trainer and store).
+    ``on_start`` gets the running service just before the robots' first episodes (to watch its
+    trainer and store; robot processes have imported and built their robots by then).
     """
-    learner = LearnerService(learner_config, copy.deepcopy(policy), resume=resume, train=train).start()
-    if on_start is not None:
-        on_start(learner)
-    results: list[tuple[int, int, int]] = []
-    errors: list[BaseException] = []
-    versions: dict[str, int] = {}
-
     limit = learner_config.trainer.max_updates
     if run.until_trained and (not train or limit is None):
         raise ValueError("LocalRunConfig.until_trained needs training on and trainer.max_updates set")
-
-    started = time.monotonic()
+    learner = LearnerService(learner_config, copy.deepcopy(policy), resume=resume, train=train).start()
+    versions: dict[str, int] = {}
+    started = [time.monotonic()]  # reset when the robots start: the budget is robot time
 
     def trained() -> bool:
-        if run.time_budget_s is not None and time.monotonic() - started >= run.time_budget_s:
+        if run.time_budget_s is not None and time.monotonic() - started[0] >= run.time_budget_s:
             return True
         return run.until_trained and learner.trainer.step >= limit
 
+    def robots_starting() -> None:
+        started[0] = time.monotonic()
+        if on_start is not None:
+            on_start(learner)
+
+    try:
+        if run.robots == "process":
+            results, errors = _robots_in_processes(learner, policy, run, robot_factory, operator_factory,
+                                                   on_episode, versions, trained, robots_starting)
+        else:
+            robots_starting()
+            results, errors = _robots_on_threads(learner, policy, run, robot_factory, operator_factory,
+                                                 on_episode, versions, trained)
+        learner.store.flush(120)
+    finally:
+        learner.stop(checkpoint=train)
+    return collect_result(learner, results, errors, versions, trained=train)
+
+
+def _robots_on_threads(learner: LearnerService, policy: FlowVLA, run: LocalRunConfig, robot_factory: RobotFactory,
+                       operator_factory: OperatorFactory | None, on_episode: EpisodeCallback | None,
+                       versions: dict[str, int], stop: Callable[[], bool]
+                       ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
+    results: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+
     def robot_thread(index: int) -> None:
         try:
-            results.append(_run_robot(index, learner, policy, run, robot_factory, versions, trained,
+            results.append(_run_robot(index, learner, policy, run, robot_factory, versions, stop,
                                       operator_factory, on_episode))
         except BaseException as exc:  # reported after join
             log.exception("robot %d failed", index)
             errors.append(exc)
 
     threads = [threading.Thread(target=robot_thread, args=(i,), name=f"robot-{i}") for i in range(run.num_robots)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+def _robots_in_processes(learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
+                         robot_factory: RobotFactory, operator_factory: OperatorFactory | None,
+                         on_episode: EpisodeCallback | None, versions: dict[str, int],
+                         stop: Callable[[], bool], starting: Callable[[], None]
+                         ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
+    """Each robot in a child process (``robot_process``); all start their first episode together,
+    once every child has imported and built its robot (``starting`` is called then)."""
+    from robot_rl.learner.robot_process import RobotJob, RobotProcesses
+
+    start_dir = Path(run.spool_dir) / "start_policy"  # the weights every robot starts from
+    policy.save_pretrained(start_dir)
+    jobs = [RobotJob(i, robot_client(i, learner, policy, run), str(start_dir), run, robot_factory,
+                     operator_factory) for i in range(run.num_robots)]
+    robots = RobotProcesses(jobs, on_episode, versions)
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        learner.store.flush(120)
+        robots.start()
+        starting()
+        robots.go()
+        robots.run_until_done(stop)
     finally:
-        learner.stop(checkpoint=train)
-    return collect_result(learner, results, errors, versions, trained=train)
+        robots.close()
+    return robots.results, robots.errors
 
 
 def collect_result(learner: LearnerService, results: list[tuple[int, int, int]], errors: list[BaseException],
@@ -167,18 +230,33 @@ def collect_result(learner: LearnerService, results: list[tuple[int, int, int]],
         checkpoint=latest_checkpoint(learner.config.trainer.checkpoint_dir) if trained else None)
 
 
+def robot_client(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig) -> ClientConfig:
+    """Robot ``index``'s link to ``learner``: its id, the learner's endpoints, its own spool."""
+    robot_id = f"sim-{index}"
+    return ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
+                        pub_endpoint=learner.pub_endpoint, spool_dir=str(Path(run.spool_dir) / robot_id),
+                        config_hash=policy.config_hash(), policy_version=0)
+
+
 def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
                robot_factory: RobotFactory, versions: dict[str, int],
                stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
                on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
-    robot_id = f"sim-{index}"
-    client = ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
-                          pub_endpoint=learner.pub_endpoint, spool_dir=str(Path(run.spool_dir) / robot_id),
-                          config_hash=policy.config_hash(), policy_version=0)
+    return run_robot(index, robot_client(index, learner, policy, run), policy, run, robot_factory, versions, stop,
+                     operator_factory, on_episode)
+
+
+def run_robot(index: int, client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
+              robot_factory: RobotFactory, versions: dict[str, int],
+              stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
+              on_episode: EpisodeCallback | None = None,
+              on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
+    """Build robot ``index`` and its operator, then ``run_edge`` (on a thread or in a robot process)."""
     parts = robot_factory(index)
     operator = operator_factory(index, parts[0]) if operator_factory is not None else None
     try:
-        return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode)
+        return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode,
+                        on_ready=on_ready)
     finally:
         # On this thread, which made its GL context: left to the garbage collector at exit,
         # EGL prints EGL_NOT_INITIALIZED tracebacks after the results.
@@ -190,11 +268,13 @@ def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
              versions: dict[str, int] | None = None,
              stop: Callable[[], bool] | None = None,
              operator: Any = None,
-             on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
+             on_episode: EpisodeCallback | None = None,
+             on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
     """One edge node: run ``run.episodes_per_robot`` episodes streaming to the learner in ``client``.
 
-    ``stop`` (checked before each episode) ends the run early. Returns (episodes, steps,
-    successes). Used by ``run_local`` and by ``robot-rl edge``.
+    ``stop`` (checked before each episode) ends the run early; ``on_ready`` is called once the
+    node is built and linked, before the first episode (it may block: a start barrier).
+    Returns (episodes, steps, successes). Used by ``run_local`` and by ``robot-rl edge``.
     """
     robot, task, reset = robot_parts
     robot_id = client.robot_id
@@ -210,6 +290,8 @@ def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
     try:
         if not streamer.link.wait_connected(10.0):
             log.warning("%s: learner not reachable yet; running anyway, segments wait in the spool", robot_id)
+        if on_ready is not None:
+            on_ready()
         for episode in range(run.episodes_per_robot):
             if stop is not None and stop():
                 break

@@ -180,6 +180,13 @@ class Trainer:
         with self._lock:
             return self._checkpoint_locked()
 
+    def save_deployed(self, directory: str | Path) -> tuple[int, int]:
+        """The weights robots would get now, as a loadable policy directory (no optimiser state:
+        for evaluating a run's weights over time). Returns (update step, weights version)."""
+        with self._lock:
+            self.deployed.save_pretrained(directory)
+            return self.step, self.version
+
     def _checkpoint_locked(self) -> Path:
         extra = {n: m.state_dict() for n, m in self.algorithm.extra_modules().items()}
         if self.average is not None:

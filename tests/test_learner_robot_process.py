@@ -1,0 +1,77 @@
+"""`run_local` with each robot in a process of its own (``LocalRunConfig.robots="process"``):
+the episodes reach the learner and the caller, a robot that fails says why, and a factory that
+cannot travel to a child is refused with a clear error before anything runs."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.learner.local import LocalRunConfig, run_local
+from robot_rl.learner.robot_process import EpisodeSummary, RobotProcessError
+from tests.learner_helpers import learner_config, stored_triples, tiny_policy
+from tests.test_stream_edge import CameraRobot
+
+
+@dataclass(frozen=True)
+class CameraRobots:
+    """A picklable robot factory: the kinematic test arm with a camera, one per robot."""
+
+    fail_on_robot: int | None = None
+
+    def __call__(self, index: int):
+        if index == self.fail_on_robot:
+            raise OSError(f"motor bus of robot {index} not found")
+        return CameraRobot(), None, lambda episode: "pick the cube"
+
+
+def process_run(tmp_path, **overrides) -> LocalRunConfig:
+    base = dict(num_robots=2, episodes_per_robot=2, max_steps=12, segment_steps=5, spool_dir=str(tmp_path / "spool"),
+                image_format="png", edge=EdgeConfig(fps=30), robots="process")
+    return LocalRunConfig(**{**base, **overrides})
+
+
+def test_robots_in_their_own_processes_stream_every_episode_to_the_learner(tmp_path):
+    seen: list[tuple[str, EpisodeSummary, int]] = []
+    lock = threading.Lock()
+
+    def on_episode(robot_id, episode, version):
+        with lock:
+            seen.append((robot_id, episode, version))
+
+    config = learner_config(tmp_path, publish_every_updates=3, max_updates=6)
+    result = run_local(config, tiny_policy(), process_run(tmp_path), CameraRobots(), on_episode=on_episode)
+
+    assert result.episodes == 4 and result.steps == 4 * 12
+    assert result.store["episodes_stored"] == 4
+    assert len(stored_triples(tmp_path / "store")) == 48
+    assert sorted(result.robot_versions) == ["sim-0", "sim-1"]
+    # The caller heard of every episode, from the robot that ran it, with its step count.
+    assert sorted((rid, e.episode_id) for rid, e, _ in seen) == [("sim-0", 0), ("sim-0", 1), ("sim-1", 0), ("sim-1", 1)]
+    assert all(isinstance(e, EpisodeSummary) and e.num_steps == 12 for _, e, _ in seen)
+
+
+def test_a_robot_that_fails_in_its_process_says_why(tmp_path):
+    config = learner_config(tmp_path, publish_every_updates=1000)
+    with pytest.raises(RobotProcessError, match="motor bus of robot 1 not found"):
+        run_local(config, tiny_policy(), process_run(tmp_path, episodes_per_robot=1), CameraRobots(fail_on_robot=1),
+                  train=False)
+
+
+def test_a_factory_that_cannot_reach_a_process_is_refused_clearly(tmp_path):
+    config = learner_config(tmp_path, publish_every_updates=1000)
+    unpicklable = lambda i: (CameraRobot(), None, lambda ep: "pick the cube")  # noqa: E731
+    with pytest.raises(RobotProcessError, match="picklable.*run.robots=thread"):
+        run_local(config, tiny_policy(), process_run(tmp_path), unpicklable, train=False)
+
+
+def test_unknown_robot_mode_is_refused():
+    with pytest.raises(ValueError, match="robots must be one of"):
+        LocalRunConfig(robots="fibers")
