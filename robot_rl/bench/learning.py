@@ -628,6 +628,8 @@ def plot_arms(report: dict, path: Path) -> Path:
         axes[2].plot(episodes, [p["intervention_rate"] for p in points], style, label=name)
         scored = [p for p in timelines.get(name, []) if p.get("success") is not None]
         if panels == 4 and scored:
+            start = report.get("start_heldout")  # every arm's curve starts at the shared start's score
+            scored = ([{"wall_s": 0.0, "success": start["success"]}] if start else []) + scored
             axes[3].plot([p["wall_s"] / 60.0 for p in scored], [p["success"] for p in scored], style, marker="o",
                          label=name)
     window = report["settings"]["window"]
