@@ -121,3 +121,27 @@ def test_a_bad_torch_thread_count_is_a_clear_error(bad):
 
     with pytest.raises(ConfigError, match="run.torch_threads"):
         run_command.share_cpu_with_robots(load_config([f"run.torch_threads={bad}"]))
+
+
+def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_scenes(tmp_path, monkeypatch, capsys):
+    from robot_rl.bench import heldout
+
+    calls = []
+
+    def scored(weights, cfg, episodes, desc):
+        calls.append(([Path(w).name for w in weights], episodes, int(cfg.seed)))
+        return [{"success": 0.6, "ci95": [0.45, 0.73]}, None]  # the final's child failed: said, not raised
+
+    monkeypatch.setattr(heldout, "heldout_eval_all", scored)
+    cfg = load_config([f"output_dir={tmp_path}", "seed=3", "run.eval_episodes=12"])
+    result = run_command.start_vs_final(cfg, tmp_path / "bc_push", tmp_path / "step-00000900")
+    assert calls == [(["bc_push", "step-00000900"], 12, 3)]  # one child, both weights, the run's seed
+    summary = {"algorithm": "rwr", "per_version": {}, "episodes": 4, "steps": 400, "updates": 900,
+               "weights_version": 9, "robot_versions": {}, "heldout": result}
+    run_command.print_summary(summary)
+    out = capsys.readouterr().out
+    assert "start 60% (45%-73%) -> final not scored" in out
+    assert run_command.start_vs_final(cfg, tmp_path / "bc_push", None) is None  # nothing trained: nothing to compare
+    off = load_config([f"output_dir={tmp_path}", "run.eval_episodes=0"])
+    assert run_command.start_vs_final(off, tmp_path / "bc_push", tmp_path / "step-00000900") is None
+    assert len(calls) == 1

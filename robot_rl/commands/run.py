@@ -214,12 +214,28 @@ def run_main_job(cfg: DictConfig) -> dict:
         )
     finally:
         progress.close()
-    summary = summarize(curve, result, run_dir, int(cfg.run.curve_window), learner_config.trainer.algorithm)
+    summary = summarize(curve, result, run_dir, int(cfg.run.curve_window), learner_config.trainer.algorithm,
+                        heldout=start_vs_final(cfg, checkpoint, result.checkpoint))
     print_summary(summary)
     return summary
 
 
-def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str) -> dict:
+def start_vs_final(cfg: DictConfig, start: Path, final: Path | None) -> dict | None:
+    """The start's and the final weights' success alone (no operator) on ``run.eval_episodes``
+    scenes no robot of the run saw, paired (same scenes, same flow noise): the live window of 30
+    episodes, watched by the operator, moves by +-17 points on its own (BENCHMARKS.md "learning")."""
+    from robot_rl.bench.heldout import heldout_eval_all
+
+    episodes = int(cfg.run.get("eval_episodes", 0) or 0)
+    if episodes <= 0 or final is None:
+        return None
+    print(f"held-out check: the start and the final weights on {episodes} unseen scenes (run.eval_episodes)")
+    before, after = heldout_eval_all([start, final], cfg, episodes, "held-out")
+    return {"start": before, "final": after, "episodes": episodes}
+
+
+def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
+              heldout: dict | None = None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({algorithm})")
     summary = {
@@ -233,6 +249,7 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
         "first_vs_last": curve.first_vs_last(),
         "curve_png": str(png),
         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "heldout": heldout,  # ``start_vs_final``: None when off or not trained
         "episodes_log": curve.to_json(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -252,3 +269,14 @@ def print_summary(summary: dict) -> None:
         f"{summary['episodes']} episodes, {summary['steps']} steps, {summary['updates']} updates, "
         f"weights v{summary['weights_version']}, robots on {summary['robot_versions']}"
     )
+    heldout = summary.get("heldout")
+    if heldout:
+        print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "
+                      f"{_score(heldout['start'])} -> final {_score(heldout['final'])}")
+
+
+def _score(result: dict | None) -> str:
+    if not result:
+        return "not scored (see the log)"
+    lo, hi = result["ci95"]
+    return f"{result['success']:.0%} ({lo:.0%}-{hi:.0%})"
