@@ -184,6 +184,8 @@ def test_sync_vs_async_off_the_heldout_timeline_of_saved_weights(tmp_path, capsy
     assert sva["heldout_wall_s_to_80_async"] == 360.0  # the unscored copy at 240 s is skipped, not read as 0
     assert sva["heldout_wall_s_to_80_sync"] == 480.0
     assert sva["heldout_async_over_sync_wall_s_to_80"] == pytest.approx(0.75)
+    assert sva["heldout_wall_s_to_90_async"] == 480.0 and sva["heldout_wall_s_to_90_sync"] is None
+    assert sva["heldout_async_over_sync_wall_s_to_90"] is None  # the sync loop never got there
     assert report["arms"]["rwr"]["heldout_timeline"][2]["updates"] == 300
     json.dumps(report, allow_nan=False)
     png = learning.plot_arms(report, tmp_path / "learning.png")

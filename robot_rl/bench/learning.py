@@ -51,7 +51,7 @@ live episodes cannot tell 25 % from 40 %; this paired comparison on 40 fixed sce
 tell larger gaps, and it measures the weights alone, not the weights plus a watching operator.
 With ``heldout_every_s`` every training arm also gets a held-out curve over robot time (the
 first ``timeline_episodes`` of those scenes), and ``sync_vs_async`` reads each side's time to
-80 % off it (``heldout_wall_s_to_80_*``) as well as off the live window.
+80 % and 90 % off it (``heldout_wall_s_to_80_*``, ``_90_*``) as well as 80 % off the live window.
 
 Any other override goes to the composed config as usual (e.g. ``output_dir=/tmp/x``,
 ``run.max_steps=150``, ``learner.trainer.batch_size=16``); ``learner=...`` is refused
@@ -101,6 +101,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 THRESHOLD = 0.8  # the issue's target: success >= 80 %
+# Held-out levels whose first crossing sync_vs_async reports. 90 % as well as 80 %: where an arm
+# levels off near 80 % (the sync loop did, BENCHMARKS.md "learning"), its first copy at >= 80 %
+# is a coin toss of the evaluation's noise, and a higher level tells the arms apart.
+HELDOUT_THRESHOLDS = (80, 90)
 ASYNC_ARM, SYNC_ARM = "rwr", "rwr_sync"  # the pair compared in sync_vs_async
 LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"
 PARTIAL_REPORT = "partial.json"  # in the run's directory, rewritten after every arm  # never collide with a `robot-rl run` on the default ports
@@ -298,7 +302,7 @@ def build_report(results: Sequence[ArmResult], config: LearningBenchConfig) -> d
             f"operator) on {config.eval_episodes} scenes no arm trained on, same scenes and flow noise for every arm. "
             f"heldout_timeline (when bench.heldout_every_s > 0): the learner's weights saved every "
             f"{config.heldout_every_s:g} s of robot time, each scored on the first {config.timeline_episodes} of "
-            f"those scenes; heldout_wall_s_to_80_*: the first saved copy at >= 80 % there."
+            f"those scenes; heldout_wall_s_to_80_* / _90_*: the first saved copy at >= 80 % / 90 % there."
         ),
     }
 
@@ -315,11 +319,13 @@ def sync_vs_async(curves: dict[str, list[dict]], window: int,
         out[f"wall_s_to_80_{side}"] = reached["wall_s"] if reached else None
         out[f"success_at_budget_{side}"] = final_success(points)
         out[f"episodes_{side}"] = len(points)
-        heldout = first_heldout_reaching(timelines.get(arm, []), THRESHOLD)
-        out[f"heldout_wall_s_to_80_{side}"] = heldout["wall_s"] if heldout else None
+        for percent in HELDOUT_THRESHOLDS:
+            heldout = first_heldout_reaching(timelines.get(arm, []), percent / 100)
+            out[f"heldout_wall_s_to_{percent}_{side}"] = heldout["wall_s"] if heldout else None
     out["async_over_sync_wall_s_to_80"] = _ratio(out["wall_s_to_80_async"], out["wall_s_to_80_sync"])
-    out["heldout_async_over_sync_wall_s_to_80"] = _ratio(out["heldout_wall_s_to_80_async"],
-                                                         out["heldout_wall_s_to_80_sync"])
+    for percent in HELDOUT_THRESHOLDS:
+        out[f"heldout_async_over_sync_wall_s_to_{percent}"] = _ratio(out[f"heldout_wall_s_to_{percent}_async"],
+                                                                     out[f"heldout_wall_s_to_{percent}_sync"])
     return out
 
 
@@ -686,10 +692,11 @@ def print_table(report: dict) -> None:
             console.print(f"held-out over robot time, {name}: " + ", ".join(
                 f"{p['wall_s'] / 60:.0f} min {p['success']:.0%} ({p['updates']} upd)" for p in scored))
     if any(arm.get("heldout_timeline") for arm in report["arms"].values()):
-        console.print(f"held-out wall s to 80% (saved weights), sync vs async: "
-                      f"{_or_dash(sva.get('heldout_wall_s_to_80_sync'))} vs "
-                      f"{_or_dash(sva.get('heldout_wall_s_to_80_async'))} "
-                      f"(async/sync {_or_dash(sva.get('heldout_async_over_sync_wall_s_to_80'))})")
+        for percent in HELDOUT_THRESHOLDS:
+            console.print(f"held-out wall s to {percent}% (saved weights), sync vs async: "
+                          f"{_or_dash(sva.get(f'heldout_wall_s_to_{percent}_sync'))} vs "
+                          f"{_or_dash(sva.get(f'heldout_wall_s_to_{percent}_async'))} "
+                          f"(async/sync {_or_dash(sva.get(f'heldout_async_over_sync_wall_s_to_{percent}'))})")
 
 
 def _heldout(result: dict | None) -> str:
