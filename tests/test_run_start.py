@@ -115,6 +115,21 @@ def test_the_synchronous_loop_trains_with_a_thread_per_core(monkeypatch):
     assert calls == [len(os.sched_getaffinity(0))]
 
 
+@pytest.mark.parametrize("override, match", [("run.robots=fibers", "run.robots"),
+                                             ("run.eval_episodes=-1", "run.eval_episodes"),
+                                             ("run.eval_episodes=lots", "run.eval_episodes")])
+def test_bad_run_settings_fail_before_anything_runs(override, match, monkeypatch):
+    from robot_rl.config import ConfigError
+
+    def must_not_run(cfg):
+        raise AssertionError("the BC start was looked for before the settings were checked")
+
+    monkeypatch.setattr(run_command, "ensure_bc_checkpoint", must_not_run)
+    with pytest.raises(ConfigError, match=match):
+        run_command.run_main_job(load_config([override]))
+    run_command.check_run_settings(load_config([]))  # the defaults pass
+
+
 @pytest.mark.parametrize("bad", ["0", "-2", "two"])
 def test_a_bad_torch_thread_count_is_a_clear_error(bad):
     from robot_rl.config import ConfigError

@@ -45,6 +45,14 @@ def evaluate_weights(weights: Path, cfg: Any, episodes: int, desc: str) -> dict[
             "weights": str(weights)}
 
 
+def format_score(result: dict | None, missing: str = "-") -> str:
+    """``evaluate_weights``'s result as "80% (70%-87%)" (success and its 95 % interval)."""
+    if not result:
+        return missing
+    lo, hi = result["ci95"]
+    return f"{result['success']:.0%} ({lo:.0%}-{hi:.0%})"
+
+
 def heldout_eval(weights: Path, cfg: Any, episodes: int, desc: str, timeout_s: float = 1800.0) -> dict | None:
     """``evaluate_weights`` in a child process; None when ``episodes`` is 0 or the child fails
     (logged: a failed evaluation must not cost the arms' results)."""

@@ -77,7 +77,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from robot_rl.bench.heldout import heldout_eval, heldout_eval_all
+from robot_rl.bench.heldout import format_score, heldout_eval, heldout_eval_all
 from robot_rl.bench.timeline import WeightsTimeline, first_heldout_reaching
 from robot_rl.config import ConfigError
 from robot_rl.learning_curve import EpisodeRecord, LearningCurve
@@ -673,13 +673,13 @@ def print_table(report: dict) -> None:
         arm = report["arms"][name]
         table.add_row(name, str(arm["episodes"]), _pct(final["success"]), _or_dash(final["episodes_to_80"]),
                       _or_dash(arm["wall_s_to_80"]), str(arm["updates"]), _pct(arm["final_intervention_rate"]),
-                      _heldout(arm.get("heldout")))
+                      format_score(arm.get("heldout")))
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)  # a log file or pipe: room for every column (80 wraps the held-out CIs)
     console.print(table)
     if report.get("start_heldout"):
-        console.print(f"held-out success of the start: {_heldout(report['start_heldout'])}")
+        console.print(f"held-out success of the start: {format_score(report['start_heldout'])}")
     sva = report["sync_vs_async"]
     console.print(
         f"sync vs async ({sva['sync_arm']} vs {sva['async_arm']}): wall s to 80% "
@@ -697,13 +697,6 @@ def print_table(report: dict) -> None:
                           f"{_or_dash(sva.get(f'heldout_wall_s_to_{percent}_sync'))} vs "
                           f"{_or_dash(sva.get(f'heldout_wall_s_to_{percent}_async'))} "
                           f"(async/sync {_or_dash(sva.get(f'heldout_async_over_sync_wall_s_to_{percent}'))})")
-
-
-def _heldout(result: dict | None) -> str:
-    if not result:
-        return "-"
-    lo, hi = result["ci95"]
-    return f"{result['success']:.0%} ({lo:.0%}-{hi:.0%})"
 
 
 def _pct(value: float | None) -> str:

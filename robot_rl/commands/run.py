@@ -166,6 +166,18 @@ def share_cpu_with_robots(cfg: DictConfig, *, overlapping: bool = True) -> None:
         torch.set_num_threads(threads)
 
 
+def check_run_settings(cfg: DictConfig) -> None:
+    """``run.torch_threads``, ``run.robots`` and ``run.eval_episodes``, checked before anything runs."""
+    from robot_rl.learner.local import ROBOT_MODES
+
+    torch_threads(cfg)
+    if cfg.run.get("robots", "thread") not in ROBOT_MODES:
+        raise ConfigError(f"run.robots must be one of {list(ROBOT_MODES)}, got {cfg.run.robots!r}")
+    episodes = cfg.run.get("eval_episodes", 0)
+    if episodes is not None and (not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0):
+        raise ConfigError(f"run.eval_episodes must be a whole number >= 0 (0: no held-out check), got {episodes!r}")
+
+
 def torch_threads(cfg: DictConfig) -> int | None:
     """``run.torch_threads``, checked (call it early: a run may train a BC start for minutes first)."""
     threads = cfg.run.get("torch_threads")
@@ -182,7 +194,7 @@ def run_main_job(cfg: DictConfig) -> dict:
     from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local
 
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
-    torch_threads(cfg)  # a bad value fails now, not after a BC start was trained
+    check_run_settings(cfg)  # a bad value fails now, not after a BC start was trained or the robots ran
     checkpoint = ensure_bc_checkpoint(cfg)
     share_cpu_with_robots(cfg)
     policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
@@ -271,12 +283,8 @@ def print_summary(summary: dict) -> None:
     )
     heldout = summary.get("heldout")
     if heldout:
+        from robot_rl.bench.heldout import format_score
+
+        missing = "not scored (see the log)"
         print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "
-                      f"{_score(heldout['start'])} -> final {_score(heldout['final'])}")
-
-
-def _score(result: dict | None) -> str:
-    if not result:
-        return "not scored (see the log)"
-    lo, hi = result["ci95"]
-    return f"{result['success']:.0%} ({lo:.0%}-{hi:.0%})"
+              f"{format_score(heldout['start'], missing)} -> final {format_score(heldout['final'], missing)}")
