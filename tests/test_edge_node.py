@@ -167,6 +167,32 @@ def test_adaptive_threshold_is_delay_estimate_plus_margin():
     assert node.stats.stall_ticks == 0
 
 
+def test_min_request_threshold_re_plans_a_fast_policy_before_its_chunk_runs_out():
+    # 0 ms inference: the adaptive threshold alone is 0 + 2, so a 20-action chunk runs 18
+    # ticks open loop; a floor of 10 asks again after 10 actions.
+    node, _, _ = make_node("async_rollforward", latency_ms=0.0, threshold_margin=2, delay_prior_ticks=0,
+                           min_request_threshold=10)
+    run(node, 60)
+    later = list(node.stats.chunks)[1:]
+    assert later, "expected several inferences"
+    assert all(record.remaining_at_request == 10 for record in later)
+    assert node.stats.stall_ticks == 0
+
+
+def test_min_request_threshold_does_not_hold_back_a_slow_policy():
+    # 400 ms = 12 ticks: delay + margin (14) is above the floor, so the floor changes nothing.
+    node, _, _ = make_node("async_rollforward", latency_ms=400.0, threshold_margin=2, min_request_threshold=10)
+    run(node, 100)
+    later = list(node.stats.chunks)[1:]
+    assert later and all(record.remaining_at_request == 14 for record in later)
+    assert node.stats.stall_ticks == 0
+
+
+def test_negative_min_request_threshold_is_refused():
+    with pytest.raises(ValueError, match="min_request_threshold"):
+        EdgeConfig(min_request_threshold=-1)
+
+
 # ----------------------------------------------------------------------------- watchdog and safety
 
 

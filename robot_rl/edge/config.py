@@ -30,6 +30,13 @@ class EdgeConfig:
     # before the old one runs out (no stall) without throwing away more of it than needed.
     request_threshold: int | None = None
     threshold_margin: int = 2
+    # Async modes: the adaptive threshold never goes below this, so with fast inference the
+    # policy still re-plans after at most H - min_request_threshold actions of a chunk. A chunk
+    # run almost to its end is ~0.6 s of open-loop motion at 30 Hz: a learned policy's errors
+    # grow along it (every push checkpoint scored 4-10 points higher on unseen scenes at 10 than
+    # at the adaptive ~2, and lower again at 17: BENCHMARKS.md "learning", twelfth session).
+    # 0 = the thrifty adaptive threshold alone (one policy call per ~H ticks).
+    min_request_threshold: int = 0
 
     # Async modes: requests computed at the same time, started delay/max_inflight ticks
     # apart. One in flight sees a change in the world on average half an inference late
@@ -86,6 +93,8 @@ class EdgeConfig:
             problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.request_threshold is not None and self.request_threshold < 0:
             problems.append(f"request_threshold must be >= 0 or None, got {self.request_threshold}")
+        if self.min_request_threshold < 0:
+            problems.append(f"min_request_threshold must be >= 0, got {self.min_request_threshold}")
         if self.max_inflight < 1:
             problems.append(f"max_inflight must be >= 1, got {self.max_inflight}")
         if self.threshold_margin < 0:

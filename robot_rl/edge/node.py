@@ -172,13 +172,14 @@ class EdgeNode:
         """Ask for a new chunk when at most this many actions remain.
 
         Sync: 0 (its queue holds only the execution horizon). Async: the configured value,
-        or delay estimate + margin, so the chunk lands before the old one runs out.
+        or delay estimate + margin, so the chunk lands before the old one runs out, and never
+        below ``min_request_threshold``, so fast inference still re-plans often (closed loop).
         """
         if self.rules.waits_for_chunk:
             return 0
         if self.config.request_threshold is not None:
             return self.config.request_threshold
-        return self.delay.estimate() + self.config.threshold_margin
+        return max(self.delay.estimate() + self.config.threshold_margin, self.config.min_request_threshold)
 
     def request_policy_swap(self, new: ChunkPolicy | Mapping[str, Any], version: int) -> None:
         """Use ``new`` (a policy, or a state dict for the current one) from the next chunk on.
