@@ -1,0 +1,82 @@
+"""`robot-rl bench replan`: settings, the floor reaching the edge, the paired summary, one real tiny run."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+from omegaconf import OmegaConf
+
+from robot_rl.bench import replan
+from robot_rl.bench.replan import ReplanBenchConfig, parse_overrides, summarize, with_floor
+from robot_rl.config import ConfigError
+
+
+def test_overrides_split_bench_settings_from_the_config(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    bench, rest = parse_overrides([f"bench.weights={tmp_path / 'a'},{tmp_path / 'b'}", "bench.floors=[0,8,12]",
+                                   "edge.threshold_margin=3"])
+    assert bench.weights == (str(tmp_path / "a"), str(tmp_path / "b")) and bench.floors == (0, 8, 12)
+    assert bench.episodes == 80 and rest == ["edge.threshold_margin=3"]
+    assert parse_overrides([f"bench.weights={tmp_path / 'a'}"], quick=True)[0].episodes == 4
+
+
+@pytest.mark.parametrize("override, message", [
+    ("bench.floor=10", "NAME one of"),
+    ("bench.floors=[0,-1]", "floors must be integers >= 0"),
+    ("bench.episodes=0", "episodes must be an integer >= 1"),
+    ("bench.weights=/no/such/weights", "not a directory"),
+])
+def test_bad_settings_are_refused_before_anything_runs(override, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_overrides([override])
+
+
+def test_with_floor_sets_the_edge_floor_on_a_copy():
+    cfg = OmegaConf.create({"edge": {"min_request_threshold": 0, "fps": 30}})
+    assert with_floor(cfg, 10).edge.min_request_threshold == 10
+    assert cfg.edge.min_request_threshold == 0
+
+
+def test_every_weights_is_scored_at_every_floor_and_summarized_pairwise(tmp_path, monkeypatch):
+    for name in ("start", "final"):
+        (tmp_path / name).mkdir()
+    seen = []
+
+    def fake_evaluate(weights, cfg, episodes, desc):
+        floor = cfg.edge.min_request_threshold
+        seen.append((weights.name, floor, episodes))
+        success = {"start": 0.5, "final": 0.8}[weights.name] + (0.1 if floor else 0.0)
+        return {"success": success, "ci95": [success - 0.1, success + 0.1], "episodes": episodes}
+
+    monkeypatch.setattr(replan, "evaluate_weights", fake_evaluate)
+    bench = ReplanBenchConfig(weights=(str(tmp_path / "start"), str(tmp_path / "final")), floors=(0, 10), episodes=3)
+    report = replan.run_replan_bench(OmegaConf.create({"edge": {"min_request_threshold": 0}}), bench)
+    assert seen == [("start", 0, 3), ("start", 10, 3), ("final", 0, 3), ("final", 10, 3)]
+    assert report["mean"][0] == pytest.approx(0.65) and report["vs_first_floor"][10] == pytest.approx(0.1)
+    assert summarize(report["scores"], [10, 0])["vs_first_floor"][0] == pytest.approx(-0.1)
+
+
+def test_a_real_tiny_policy_runs_through_the_edge_at_each_floor(tmp_path, monkeypatch, capsys):
+    from policies.flow_vla import FlowVLA
+    from policies.text_encoder import InstructionEncoder
+    from tests.learner_helpers import TEXT, tiny_policy_config
+
+    monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)  # offline stand-in for the 90 MB encoder
+    config = tiny_policy_config()
+    config.cameras = ("front", "wrist")
+    FlowVLA(config, text_encoder=TEXT).save_pretrained(tmp_path / "weights")
+    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
+                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
+                                      "max_episode_steps": 6},
+                            "edge": {"fps": 30, "simulated_latency_ms": 0.0, "min_request_threshold": 0}})
+    report = replan.run_replan_bench(cfg, ReplanBenchConfig(weights=(str(tmp_path / "weights"),), floors=(0, 4),
+                                                            episodes=1))
+    cells = report["scores"][str(tmp_path / "weights")]
+    assert set(cells) == {0, 4} and all(cell["episodes"] == 1 for cell in cells.values())
+    assert report["vs_first_floor"][0] == 0.0
+    replan.print_table(report)
+    assert "floor 4" in capsys.readouterr().out
