@@ -6,6 +6,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +43,23 @@ def tiny_policy_config() -> FlowVLAConfig:
 def tiny_policy(seed: int = 0) -> FlowVLA:
     torch.manual_seed(seed)
     return FlowVLA(tiny_policy_config(), text_encoder=TEXT).eval()
+
+
+def tiny_sim_weights(directory: Path, monkeypatch) -> tuple[Path, Any]:
+    """A tiny two-camera FlowVLA saved in ``directory`` and a config whose push episodes last
+    6 ticks at 32x32: a held-out evaluation in a second, never a success. The sentence
+    encoder is replaced by ``TEXT`` (offline)."""
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)
+    config = tiny_policy_config()
+    config.cameras = ("front", "wrist")
+    FlowVLA(config, text_encoder=TEXT).save_pretrained(directory)
+    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
+                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
+                                      "max_episode_steps": 6},
+                            "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
+    return directory, cfg
 
 
 def store_config(root: Path, **overrides) -> StoreConfig:

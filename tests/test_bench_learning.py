@@ -77,21 +77,10 @@ def test_report_has_the_issue_keys_and_compares_sync_with_async():
 
 
 def test_heldout_evaluation_of_the_final_weights_lands_in_final_and_in_the_table(tmp_path, monkeypatch, capsys):
-    from omegaconf import OmegaConf
-
     from robot_rl.bench.heldout import evaluate_weights, heldout_eval
-    from policies.flow_vla import FlowVLA
-    from policies.text_encoder import InstructionEncoder
-    from tests.learner_helpers import TEXT, tiny_policy_config
+    from tests.learner_helpers import tiny_sim_weights
 
-    monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)  # offline stand-in for the 90 MB encoder
-    config = tiny_policy_config()
-    config.cameras = ("front", "wrist")
-    FlowVLA(config, text_encoder=TEXT).save_pretrained(tmp_path / "weights")
-    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
-                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
-                                      "max_episode_steps": 6},
-                            "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
+    _, cfg = tiny_sim_weights(tmp_path / "weights", monkeypatch)
     heldout = evaluate_weights(tmp_path / "weights", cfg, 2, "held-out test")
     assert heldout["episodes"] == 2 and heldout["success"] == 0.0  # 6 ticks: too short to push anything
     assert heldout["weights"] == str(tmp_path / "weights") and heldout["ci95"][0] == 0.0 < heldout["ci95"][1]

@@ -61,18 +61,9 @@ def test_every_weights_is_scored_at_every_floor_and_summarized_pairwise(tmp_path
 
 
 def test_a_real_tiny_policy_runs_through_the_edge_at_each_floor(tmp_path, monkeypatch, capsys):
-    from policies.flow_vla import FlowVLA
-    from policies.text_encoder import InstructionEncoder
-    from tests.learner_helpers import TEXT, tiny_policy_config
+    from tests.learner_helpers import tiny_sim_weights
 
-    monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)  # offline stand-in for the 90 MB encoder
-    config = tiny_policy_config()
-    config.cameras = ("front", "wrist")
-    FlowVLA(config, text_encoder=TEXT).save_pretrained(tmp_path / "weights")
-    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
-                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
-                                      "max_episode_steps": 6},
-                            "edge": {"fps": 30, "simulated_latency_ms": 0.0, "min_request_threshold": 0}})
+    _, cfg = tiny_sim_weights(tmp_path / "weights", monkeypatch)
     report = replan.run_replan_bench(cfg, ReplanBenchConfig(weights=(str(tmp_path / "weights"),), floors=(0, 4),
                                                             episodes=1))
     cells = report["scores"][str(tmp_path / "weights")]

@@ -89,6 +89,7 @@ class Proc:
 
 def learner_overrides(root: Path, router: int, pub: int, **extra: object) -> list[str]:
     base = {
+        "learner": "bc",  # plain BC trains on the synthetic online steps (hgdagger, the default, waits for corrections)
         "learner.store.root": root / "store", "learner.store.joint_names": "[" + ",".join(JOINTS) + "]",
         "learner.store.cameras": "[front]", "learner.store.image_height": IMG, "learner.store.image_width": IMG,
         "learner.store.episode_timeout_s": 1.0, "learner.trainer.checkpoint_dir": root / "ckpt",

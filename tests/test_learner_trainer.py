@@ -153,6 +153,19 @@ def test_trainer_waits_for_data_without_blocking(tmp_path):
     assert trainer.update_once() is None and trainer.step == 0
 
 
+def test_a_learner_that_imitates_only_corrections_and_demos_waits_for_them(tmp_path):
+    # hgdagger's mix: the robots' own steps (36 here) do not count towards min_steps_to_train.
+    index = SamplingIndex(CAMERAS)
+    for ep in range(3):
+        index.append((f"r{ep}", ep, 0), steps_to_columns(make_steps(12, episode=ep, robot=ep), CAMERAS), "pick the cube")
+    config = trainer_config(tmp_path, min_steps_to_train=5, online_ratio=0.0, intervention_ratio=0.5,
+                            demonstration_ratio=0.5)
+    trainer = Trainer(tiny_policy(), index, config)
+    assert trainer.update_once() is None and trainer.step == 0  # waits: no LookupError from the sampler
+    index.append((DEMO_ROBOT, 0, 0), steps_to_columns(make_steps(10, episode=9), CAMERAS), "pick the cube")
+    assert trainer.update_once() is not None and trainer.step == 1
+
+
 def test_with_ema_robots_and_checkpoints_get_the_average_and_training_goes_on_the_raw_weights(tmp_path):
     from policies.flow_vla import FlowVLA
 

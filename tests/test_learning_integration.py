@@ -50,6 +50,15 @@ def test_every_algorithm_is_registered_and_selectable_from_the_yaml_configs():
     assert algorithm.params.score_streams == ("online",)  # a YAML list becomes the dataclass's tuple
 
 
+def test_hgdagger_is_behaviour_cloning_on_corrections_and_demonstrations_only():
+    from robot_rl.config import load_config
+    from robot_rl.learner.config import learner_config_from
+
+    trainer = learner_config_from(load_config(["learner=hgdagger"]).learner).trainer
+    assert trainer.algorithm == "bc"
+    assert trainer.stream_ratios == {"online": 0.0, "intervention": 0.5, "demonstration": 0.5}
+
+
 def test_reward_settings_are_checked_when_the_config_is_built():
     assert TrainerConfig(rewards={"gamma": 0.9}).reward_config().gamma == 0.9
     with pytest.raises(ValueError, match="gama"):

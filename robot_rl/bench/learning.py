@@ -11,6 +11,8 @@ Arms (``bench.arms``):
 * ``none``: no learning (the learner stores data, never trains); the operator is on.
 * ``rwr``, ``awr``, ``rl``: the asynchronous learner with that algorithm (``learner=...``),
   training while the robots act and hot-swapping weights between chunks; operator on.
+* ``hgdagger``: the asynchronous learner with ``learner=hgdagger`` (behaviour cloning on the
+  operator's corrections and the demonstrations; the robots' own attempts are not imitated).
 * ``rwr_no_intervention``: ``rwr`` without the operator (no takeovers, no corrections).
 * ``rwr_sync``: the synchronous baseline with the same learner: the robots collect
   ``sync_collect_episodes`` episodes (all robots together) with the current weights while
@@ -29,7 +31,7 @@ Settings, as ``bench.NAME=VALUE`` overrides (stripped before the rest go to Hydr
 name                        default  --quick    meaning
 ==========================  =======  =========  =========================================
 ``minutes_per_arm``         6        1          wall-clock budget of each arm
-``arms``                    all six  all six    e.g. ``bench.arms=[none,rwr,rwr_sync]``
+``arms``                    all      all        e.g. ``bench.arms=[none,rwr,rwr_sync]``
 ``num_robots``              2        2          simulated SO-101s per arm
 ``window``                  20       5          episodes in the rolling success rate
 ``sync_collect_episodes``   4        2          sync arm: episodes per collect phase
@@ -78,6 +80,7 @@ from rich.console import Console
 from rich.table import Table
 
 from robot_rl.bench.heldout import format_score, heldout_eval, heldout_eval_all
+from robot_rl.bench.settings import split_bench_settings
 from robot_rl.bench.timeline import WeightsTimeline, first_heldout_reaching
 from robot_rl.config import ConfigError
 from robot_rl.learning_curve import EpisodeRecord, LearningCurve
@@ -128,6 +131,7 @@ ARMS: dict[str, Arm] = {
     "rwr": Arm("rwr"),
     "awr": Arm("awr"),
     "rl": Arm("rl"),
+    "hgdagger": Arm("hgdagger"),
     "rwr_no_intervention": Arm("rwr", operator=False),
     SYNC_ARM: Arm("rwr", sync=True),
 }
@@ -176,26 +180,11 @@ QUICK = {"minutes_per_arm": 1.0, "window": 5, "sync_collect_episodes": 2, "sync_
 
 def parse_overrides(overrides: Sequence[str], quick: bool = False) -> tuple[LearningBenchConfig, list[str]]:
     """Split ``bench.*`` settings from the Hydra overrides; ``--quick`` changes the defaults only."""
-    import yaml
-
-    known = {f.name for f in dataclasses.fields(LearningBenchConfig)}
-    explicit: dict[str, Any] = {}
-    rest: list[str] = []
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        key = key.lstrip("+")
-        if key == "learner" and "://" not in raw:
+        key, _, raw = item.partition("=")
+        if key.lstrip("+") == "learner" and "://" not in raw:
             raise ConfigError(f"{item!r}: the arms choose the algorithm (bench.arms=[...]); drop learner=...")
-        if not key.startswith("bench."):
-            rest.append(item)
-            continue
-        name = key[len("bench."):]
-        if not sep or name not in known:
-            raise ConfigError(f"{item!r}: expected bench.NAME=VALUE with NAME one of {sorted(known)}")
-        value = yaml.safe_load(raw)
-        if name == "arms" and isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        explicit[name] = value
+    explicit, rest = split_bench_settings(overrides, LearningBenchConfig, list_fields=("arms",))
     base = QUICK if quick else {}
     return LearningBenchConfig(**{**base, **explicit}), rest
 

@@ -17,7 +17,6 @@ the config (e.g. ``edge.threshold_margin=3``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from robot_rl.bench.heldout import evaluate_weights, format_score
+from robot_rl.bench.settings import split_bench_settings
 from robot_rl.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -59,23 +59,7 @@ class ReplanBenchConfig:
 
 def parse_overrides(overrides: Sequence[str], quick: bool = False) -> tuple[ReplanBenchConfig, list[str]]:
     """Split ``bench.*`` settings from the config overrides; ``--quick`` changes the defaults only."""
-    import yaml
-
-    known = {f.name for f in dataclasses.fields(ReplanBenchConfig)}
-    explicit: dict[str, Any] = {}
-    rest: list[str] = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not key.startswith("bench."):
-            rest.append(item)
-            continue
-        name = key[len("bench."):]
-        if not sep or name not in known:
-            raise ConfigError(f"{item!r}: expected bench.NAME=VALUE with NAME one of {sorted(known)}")
-        value = yaml.safe_load(raw)
-        if name == "weights" and isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        explicit[name] = value
+    explicit, rest = split_bench_settings(overrides, ReplanBenchConfig, list_fields=("weights",))
     base = {"episodes": 4} if quick else {}
     return ReplanBenchConfig(**{**base, **explicit}), rest
 

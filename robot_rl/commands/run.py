@@ -3,9 +3,10 @@
 A learner and ``run.num_robots`` simulated SO-101 edge nodes on loopback, a simulated
 operator watching each robot and taking over when the policy goes wrong, all on CPU.
 The policy starts from the behaviour-cloned checkpoint (recorded and trained first if
-missing); the learner fine-tunes it (``learner=rwr`` by default) while the robots keep
-acting, and hot-swaps each new version into the robots between two chunks. At the end
-it writes a learning-curve plot and prints a summary.
+missing); the learner fine-tunes it (``learner=hgdagger`` by default: on the operator's
+corrections and the demonstrations) while the robots keep acting, and hot-swaps each new
+version into the robots between two chunks. At the end it writes a learning-curve plot
+and prints a summary.
 """
 
 from __future__ import annotations

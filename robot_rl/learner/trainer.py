@@ -86,7 +86,11 @@ class Trainer:
     # ------------------------------------------------------------ one update
 
     def ready(self) -> bool:
-        return sum(self.index.counts().values()) >= max(1, self.config.min_steps_to_train)
+        """Enough steps in the streams the batches draw from (a positive ratio): a learner that
+        imitates only corrections and demonstrations waits for them, whatever the robots send."""
+        ratios = self.config.stream_ratios
+        usable = sum(n for stream, n in self.index.counts().items() if ratios.get(stream, 0.0) > 0)
+        return usable >= max(1, self.config.min_steps_to_train)
 
     def update_once(self) -> dict[str, float] | None:
         """One update if the store holds enough data (None otherwise); publishes/checkpoints on schedule."""
