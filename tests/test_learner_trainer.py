@@ -153,7 +153,7 @@ def test_trainer_waits_for_data_without_blocking(tmp_path):
     assert trainer.update_once() is None and trainer.step == 0
 
 
-def test_a_learner_that_imitates_only_corrections_and_demos_waits_for_them(tmp_path):
+def test_a_learner_that_imitates_only_corrections_and_demos_waits_for_them(tmp_path, caplog):
     # hgdagger's mix: the robots' own steps (36 here) do not count towards min_steps_to_train.
     index = SamplingIndex(CAMERAS)
     for ep in range(3):
@@ -161,7 +161,11 @@ def test_a_learner_that_imitates_only_corrections_and_demos_waits_for_them(tmp_p
     config = trainer_config(tmp_path, min_steps_to_train=5, online_ratio=0.0, intervention_ratio=0.5,
                             demonstration_ratio=0.5)
     trainer = Trainer(tiny_policy(), index, config)
-    assert trainer.update_once() is None and trainer.step == 0  # waits: no LookupError from the sampler
+    with caplog.at_level("INFO", logger="robot_rl.learner.trainer"):
+        assert trainer.update_once() is None and trainer.step == 0  # waits: no LookupError from the sampler
+        assert trainer.update_once() is None
+    said = [r.message for r in caplog.records if "not training yet" in r.message]
+    assert len(said) == 1 and "only 0 in the streams" in said[0]  # said once, with the reason
     index.append((DEMO_ROBOT, 0, 0), steps_to_columns(make_steps(10, episode=9), CAMERAS), "pick the cube")
     assert trainer.update_once() is not None and trainer.step == 1
 

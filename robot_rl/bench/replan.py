@@ -27,18 +27,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from robot_rl.bench.heldout import evaluate_weights, format_score
 from robot_rl.bench.settings import split_bench_settings
+from robot_rl.commands.policy_loading import SHIPPED_BC
 from robot_rl.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-SHIPPED_START = "checkpoints/bc_push"
 
 
 @dataclass
 class ReplanBenchConfig:
     """The benchmark's own settings (``bench.*`` overrides); see the module docstring."""
 
-    weights: tuple[str, ...] = (SHIPPED_START,)
+    weights: tuple[str, ...] = (str(SHIPPED_BC),)  # the shipped BC start, wherever this runs from
     floors: tuple[int, ...] = (0, 10)
     episodes: int = 80
 

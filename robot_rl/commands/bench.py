@@ -20,7 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "transport": ("transport", "ingest steps/s and weight hot-swap latency: ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
     "store": ("store", "the learner's dataset writer: seconds per stored episode and the GIL it leaves, store.commit_batch 1 vs 8, in-process vs own process"),
     "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N, paired"),
-    "learning": ("learning", "none vs rwr vs awr vs rl, with/without interventions, async learner vs sync loop"),
+    "learning": ("learning", "none vs rwr vs awr vs rl vs hgdagger, with/without interventions, async learner vs sync loop"),
 }
 PLANNED: dict[str, int] = {}
 

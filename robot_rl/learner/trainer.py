@@ -74,6 +74,7 @@ class Trainer:
                                 policy.config.max_state_offset, policy.config.offset_weights,
                                 config.reward_config())
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
+        self._said_unused_streams = False  # ready(): said once why stored steps do not count
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_log_s = 0.0
@@ -89,8 +90,15 @@ class Trainer:
         """Enough steps in the streams the batches draw from (a positive ratio): a learner that
         imitates only corrections and demonstrations waits for them, whatever the robots send."""
         ratios = self.config.stream_ratios
-        usable = sum(n for stream, n in self.index.counts().items() if ratios.get(stream, 0.0) > 0)
-        return usable >= max(1, self.config.min_steps_to_train)
+        counts = self.index.counts()
+        usable = sum(n for stream, n in counts.items() if ratios.get(stream, 0.0) > 0)
+        needed = max(1, self.config.min_steps_to_train)
+        if usable < needed <= sum(counts.values()) and not self._said_unused_streams:
+            self._said_unused_streams = True
+            log.info("not training yet: %d stored steps, but only %d in the streams this learner samples "
+                     "(ratios %s; needs %d). With online_ratio 0 (hgdagger) it waits for corrections "
+                     "or demonstrations.", sum(counts.values()), usable, ratios, needed)
+        return usable >= needed
 
     def update_once(self) -> dict[str, float] | None:
         """One update if the store holds enough data (None otherwise); publishes/checkpoints on schedule."""
