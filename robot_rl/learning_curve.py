@@ -100,6 +100,15 @@ class LearningCurve:
             }
         return {"first": rates(recs[:n]), "last": rates(recs[-n:])}
 
+    def operator_effort(self) -> dict[str, float]:
+        """How much the operator drove: the human time a learning curve costs (HG-DAgger and
+        HIL-SERL buy their gains with it, so it belongs next to every success rate)."""
+        recs = self.records
+        steps = sum(r.steps for r in recs)
+        driven = sum(round(r.intervention_frac * r.steps) for r in recs)
+        return {"episodes_taken_over": sum(r.intervened for r in recs), "steps_driven": driven,
+                "share_of_steps": driven / steps if steps else 0.0}
+
     def to_json(self) -> list[dict]:
         return [asdict(r) | {"autonomous": r.autonomous} for r in self.records]
 

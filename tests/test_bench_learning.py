@@ -146,6 +146,19 @@ def test_sync_vs_async_is_null_when_an_arm_never_reaches_80_or_did_not_run():
     assert sva["async_over_sync_wall_s_to_80"] is None
 
 
+def test_sync_vs_async_compares_hgdagger_with_its_own_sync_loop_when_rwr_s_pair_did_not_run():
+    config = LearningBenchConfig(window=2, arms=("rwr", "hgdagger", "hgdagger_sync"))
+    report = build_report([
+        ArmResult("rwr", records("FFFA", seconds_per_episode=10.0)),
+        ArmResult("hgdagger", records("FAAA", seconds_per_episode=10.0)),
+        ArmResult("hgdagger_sync", records("FFFFAA", seconds_per_episode=20.0)),
+    ], config)
+    sva = report["sync_vs_async"]
+    assert (sva["async_arm"], sva["sync_arm"]) == ("hgdagger", "hgdagger_sync")
+    assert sva["wall_s_to_80_async"] == 30.0 and sva["wall_s_to_80_sync"] == 120.0
+    assert ARMS["hgdagger_sync"].sync and ARMS["hgdagger_sync"].algorithm == "hgdagger"
+
+
 def test_plot_and_table(tmp_path, capsys):
     config = LearningBenchConfig(window=2, arms=tuple(ARMS))
     report = build_report([ArmResult(name, records("FAAR")) for name in ARMS], config)

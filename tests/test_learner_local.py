@@ -30,6 +30,39 @@ def test_four_robots_learn_together_on_loopback(tmp_path):
     assert len(stored_triples(tmp_path / "store")) == 96
 
 
+def test_the_learner_trains_on_after_the_robots_until_min_updates(tmp_path):
+    """The episodes fix the data, min_updates the compute: the robots stop after their episodes and
+    the final checkpoint still holds min_updates updates, made on what they stored. (Training waits
+    for half the episode, so few updates happen before the robot stops; on a loaded machine more of
+    its first ticks are holds, which do not count.)"""
+    config = learner_config(tmp_path, min_steps_to_train=10)
+    run = LocalRunConfig(num_robots=1, episodes_per_robot=1, max_steps=20, segment_steps=5,
+                         spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30),
+                         min_updates=200)
+    result = run_local(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"))
+    assert result.episodes == 1 and result.store["episodes_stored"] == 1
+    assert result.updates >= 200, result.updates  # ~70 happen while the episode is stored
+    assert result.updates_with_robots < 200 <= result.updates
+    assert result.checkpoint is not None and result.checkpoint.name == f"step-{result.updates:08d}"
+
+
+def test_min_updates_does_not_wait_for_data_that_can_never_come(tmp_path):
+    """Corrections-only training with no operator: the streams it samples stay empty after the robots
+    stop, so the run ends (it would otherwise wait forever for its first update)."""
+    config = learner_config(tmp_path, online_ratio=0.0, intervention_ratio=1.0, demonstration_ratio=0.0,
+                            min_steps_to_train=8)
+    run = LocalRunConfig(num_robots=1, episodes_per_robot=1, max_steps=10, segment_steps=5,
+                         spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30),
+                         min_updates=50)
+    result = run_local(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"))
+    assert result.episodes == 1 and result.updates == 0
+
+
+def test_min_updates_must_not_be_negative():
+    with pytest.raises(ValueError, match="min_updates"):
+        LocalRunConfig(min_updates=-1)
+
+
 def test_keys_command_writes_learner_and_robot_pairs(tmp_path):
     from bridges.zmq.keys import load_keypair, load_public_keys
     from robot_rl.commands import keys

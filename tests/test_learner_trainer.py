@@ -16,7 +16,7 @@ from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import DEMO_ROBOT, SampleSpec, SamplingIndex, steps_to_columns
 from robot_rl.learner.publisher import PublishSchedule
 from robot_rl.learner.trainer import Trainer
-from tests.learner_helpers import CAMERAS, make_steps, tiny_policy, trainer_config
+from tests.learner_helpers import CAMERAS, make_steps, tiny_policy, trainer_config, wait_for
 
 
 def filled_index() -> SamplingIndex:
@@ -214,3 +214,23 @@ def test_save_deployed_writes_the_weights_robots_would_get_now(tmp_path):
     assert any(not torch.equal(saved[k], training[k]) for k in training)  # the average, not the iterate
     # A loadable policy directory and nothing else: no optimiser or resume state.
     assert sorted(p.name for p in (tmp_path / "now").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_set_threads_is_applied_by_the_training_thread_itself(tmp_path, monkeypatch):
+    """torch.set_num_threads from the caller would leave the running training thread as it was."""
+    import threading
+
+    calls: list[tuple[int, str]] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads",
+                        lambda n: (calls.append((n, threading.current_thread().name)), real(torch.get_num_threads())))
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path, max_updates=1000)).start()
+    try:
+        trainer.set_threads(3)
+        step = trainer.step
+        wait_for(lambda: trainer.step >= step + 2, what="two updates after set_threads")
+    finally:
+        trainer.stop()
+    assert calls == [(3, "trainer")]
+    with pytest.raises(ValueError, match="threads"):
+        trainer.set_threads(0)

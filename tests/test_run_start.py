@@ -117,7 +117,10 @@ def test_the_synchronous_loop_trains_with_a_thread_per_core(monkeypatch):
 
 @pytest.mark.parametrize("override, match", [("run.robots=fibers", "run.robots"),
                                              ("run.eval_episodes=-1", "run.eval_episodes"),
-                                             ("run.eval_episodes=lots", "run.eval_episodes")])
+                                             ("run.eval_episodes=lots", "run.eval_episodes"),
+                                             ("run.min_updates=-5", "run.min_updates"),
+                                             ("run.min_updates=1.5", "run.min_updates"),
+                                             ("run.operator_settings={stuck_tick: 3}", "stuck_tick")])
 def test_bad_run_settings_fail_before_anything_runs(override, match, monkeypatch):
     from robot_rl.config import ConfigError
 
@@ -160,3 +163,26 @@ def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_sc
     off = load_config([f"output_dir={tmp_path}", "run.eval_episodes=0"])
     assert run_command.start_vs_final(off, tmp_path / "bc_push", tmp_path / "step-00000900") is None
     assert len(calls) == 1
+
+
+def test_run_operator_settings_reach_every_robots_operator_with_its_own_seed():
+    from hardware.sim import SimConfig, SimSO101
+
+    cfg = load_config(["run.operator_settings={stuck_ticks: 30, drive_ticks: 90, seed: 7}"])
+    factory = run_command.operator_factory(30, True, 0.5, cfg.run.operator_settings)
+    robot = SimSO101(SimConfig(seed=1))
+    robot.connect()
+    try:
+        operators = [factory(index, robot).teleop for index in (0, 1)]
+    finally:
+        robot.disconnect()
+    assert [op.config.stuck_ticks for op in operators] == [30, 30]
+    assert [op.config.drive_ticks for op in operators] == [90, 90]
+    assert [op.config.seed for op in operators] == [7, 8]
+    assert run_command.operator_factory(30, False, 0.5, cfg.run.operator_settings) is None
+
+
+def test_a_misspelt_operator_setting_fails_before_any_robot_starts():
+    cfg = load_config(["run.operator_settings={stuck_tick: 30}"])
+    with pytest.raises(run_command.ConfigError, match="stuck_tick"):
+        run_command.operator_factory(30, True, 0.5, cfg.run.operator_settings)

@@ -14,11 +14,12 @@ Arms (``bench.arms``):
 * ``hgdagger``: the asynchronous learner with ``learner=hgdagger`` (behaviour cloning on the
   operator's corrections and the demonstrations; the robots' own attempts are not imitated).
 * ``rwr_no_intervention``: ``rwr`` without the operator (no takeovers, no corrections).
-* ``rwr_sync``: the synchronous baseline with the same learner: the robots collect
+* ``rwr_sync`` (and ``hgdagger_sync``, the same loop around ``hgdagger``): the synchronous
+  baseline with the same learner: the robots collect
   ``sync_collect_episodes`` episodes (all robots together) with the current weights while
   the trainer idles, then the trainer does ``sync_updates`` updates while the robots idle,
   publishes, and the next round starts. Same store, same sampling, same algorithm: only
-  the overlap of acting and training differs from ``rwr``.
+  the overlap of acting and training differs from ``rwr`` (``hgdagger``).
 
 Measure: *autonomous* success (success without any takeover; a rescued episode does not
 count), as a rolling rate over the last ``window`` episodes of the arm (all robots, in order
@@ -108,7 +109,9 @@ THRESHOLD = 0.8  # the issue's target: success >= 80 %
 # levels off near 80 % (the sync loop did, BENCHMARKS.md "learning"), its first copy at >= 80 %
 # is a coin toss of the evaluation's noise, and a higher level tells the arms apart.
 HELDOUT_THRESHOLDS = (80, 90)
-ASYNC_ARM, SYNC_ARM = "rwr", "rwr_sync"  # the pair compared in sync_vs_async
+# (async arm, its synchronous twin) pairs sync_vs_async compares: the first pair of which both arms ran.
+SYNC_PAIRS = (("rwr", "rwr_sync"), ("hgdagger", "hgdagger_sync"))
+ASYNC_ARM, SYNC_ARM = SYNC_PAIRS[0]  # the pair reported when no pair ran whole
 LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"
 PARTIAL_REPORT = "partial.json"  # in the run's directory, rewritten after every arm  # never collide with a `robot-rl run` on the default ports
 
@@ -134,6 +137,7 @@ ARMS: dict[str, Arm] = {
     "hgdagger": Arm("hgdagger"),
     "rwr_no_intervention": Arm("rwr", operator=False),
     SYNC_ARM: Arm("rwr", sync=True),
+    "hgdagger_sync": Arm("hgdagger", sync=True),
 }
 
 
@@ -286,7 +290,8 @@ def build_report(results: Sequence[ArmResult], config: LearningBenchConfig) -> d
             f"run.robots says, the sync loop's on threads since its phases take turns). A rolling window this "
             f"short touches 80 % by chance at ~65-70 % true success: compare wall_s_to_80 with the none "
             f"arm's, and trust heldout_success for learning. sync_vs_async "
-            f"compares '{ASYNC_ARM}' with '{SYNC_ARM}' (collect {config.sync_collect_episodes} episodes, then "
+            f"compares {' or '.join(f'{a!r} with {s!r}' for a, s in SYNC_PAIRS)} (the first pair that ran; "
+            f"collect {config.sync_collect_episodes} episodes, then "
             f"{config.sync_updates} updates, per round). heldout_success: the arm's final weights alone (no "
             f"operator) on {config.eval_episodes} scenes no arm trained on, same scenes and flow noise for every arm. "
             f"heldout_timeline (when bench.heldout_every_s > 0): the learner's weights saved every "
@@ -300,9 +305,11 @@ def sync_vs_async(curves: dict[str, list[dict]], window: int,
                   timelines: dict[str, list[dict]] | None = None) -> dict[str, Any]:
     """Wall clock to 80 % for the async learner and the sync loop (off the live window and, where
     the arms have one, off the held-out timeline), and where each stood at the end."""
-    out: dict[str, Any] = {"async_arm": ASYNC_ARM, "sync_arm": SYNC_ARM}
+    async_arm, sync_arm = next((pair for pair in SYNC_PAIRS if all(arm in curves for arm in pair)),
+                               (ASYNC_ARM, SYNC_ARM))
+    out: dict[str, Any] = {"async_arm": async_arm, "sync_arm": sync_arm}
     timelines = timelines or {}
-    for side, arm in (("async", ASYNC_ARM), ("sync", SYNC_ARM)):
+    for side, arm in (("async", async_arm), ("sync", sync_arm)):
         points = curves.get(arm, [])
         reached = first_reaching(points, window)
         out[f"wall_s_to_80_{side}"] = reached["wall_s"] if reached else None
@@ -526,7 +533,8 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
                          time_budget_s=bench.minutes_per_arm * 60.0, robots=str(cfg.run.robots))
     robots = make_sim_robot_factory(sim_config, task_families(cfg.run.families, TASK_FAMILIES),
                                     seed_base=int(cfg.seed) + 5_000_000)  # same scenes in every arm
-    operators = operator_factory(sim_config.fps, arm.operator, float(cfg.demos.expert_speed))
+    operators = operator_factory(sim_config.fps, arm.operator, float(cfg.demos.expert_speed),
+                                 cfg.run.get("operator_settings"))
     torch.manual_seed(int(cfg.seed))  # same flow-matching noise stream at the start of every arm
     started = time.monotonic()
     curve = LearningCurve()

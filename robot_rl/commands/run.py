@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from hardware.teleop.scripted import ScriptedOperatorConfig
 from robot_rl.config import ConfigError, load_config, to_dataclass
 from robot_rl.learning_curve import LearningCurve
 
@@ -67,27 +68,35 @@ def ensure_bc_checkpoint(cfg: DictConfig) -> Path:
 
 @dataclass(frozen=True)
 class ScriptedOperatorFactory:
-    """Each robot gets a scripted operator (seeded by its index) behind the real takeover path,
-    driving at the demonstrator's ``expert_speed`` (its corrections are training data too).
-    Picklable, so a robot process builds its own operator."""
+    """Each robot gets a scripted operator (seeded by ``settings.seed`` + its index) behind the
+    real takeover path, driving at the demonstrator's ``expert_speed`` (its corrections are
+    training data too). Picklable, so a robot process builds its own operator."""
 
     fps: int
     expert_speed: float = 1.0
+    settings: ScriptedOperatorConfig = field(default_factory=lambda: ScriptedOperatorConfig())
 
     def __call__(self, index: int, robot):
         from hardware.teleop.blend import TakeoverBlender
         from hardware.teleop.intervention import TeleopIntervention
-        from hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
+        from hardware.teleop.scripted import scripted_operator_for_sim
         from robot_rl.commands.sim_setup import demo_expert
 
-        operator = scripted_operator_for_sim(robot, ScriptedOperatorConfig(seed=index),
-                                             demo_expert(robot, self.expert_speed))
+        settings = replace(self.settings, seed=self.settings.seed + index)
+        operator = scripted_operator_for_sim(robot, settings, demo_expert(robot, self.expert_speed))
         return TeleopIntervention(operator, TakeoverBlender(self.fps))
 
 
-def operator_factory(fps: int, enabled: bool, expert_speed: float = 1.0) -> ScriptedOperatorFactory | None:
-    """The run's operators: ``ScriptedOperatorFactory`` when ``enabled``, else none."""
-    return ScriptedOperatorFactory(int(fps), float(expert_speed)) if enabled else None
+def operator_factory(fps: int, enabled: bool, expert_speed: float = 1.0,
+                     settings: DictConfig | dict | None = None) -> ScriptedOperatorFactory | None:
+    """The run's operators: ``ScriptedOperatorFactory`` when ``enabled``, else none.
+
+    ``settings`` (``run.operator_settings``) override ``ScriptedOperatorConfig``'s fields
+    (reaction time, when it judges the policy stuck, how long it drives, its budget); they are
+    checked here, before any robot process starts."""
+    if not enabled:
+        return None
+    return ScriptedOperatorFactory(int(fps), float(expert_speed), to_dataclass(settings, ScriptedOperatorConfig))
 
 
 class Progress:
@@ -168,15 +177,18 @@ def share_cpu_with_robots(cfg: DictConfig, *, overlapping: bool = True) -> None:
 
 
 def check_run_settings(cfg: DictConfig) -> None:
-    """``run.torch_threads``, ``run.robots`` and ``run.eval_episodes``, checked before anything runs."""
+    """``run.torch_threads``, ``run.robots``, ``run.eval_episodes``, ``run.min_updates`` and
+    ``run.operator_settings``, checked before anything runs (a run may train a BC start first)."""
     from robot_rl.learner.local import ROBOT_MODES
 
     torch_threads(cfg)
     if cfg.run.get("robots", "thread") not in ROBOT_MODES:
         raise ConfigError(f"run.robots must be one of {list(ROBOT_MODES)}, got {cfg.run.robots!r}")
-    episodes = cfg.run.get("eval_episodes", 0)
-    if episodes is not None and (not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0):
-        raise ConfigError(f"run.eval_episodes must be a whole number >= 0 (0: no held-out check), got {episodes!r}")
+    for key, meaning in (("eval_episodes", "0: no held-out check"), ("min_updates", "0: stop with the robots")):
+        value = cfg.run.get(key, 0)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ConfigError(f"run.{key} must be a whole number >= 0 or null ({meaning}), got {value!r}")
+    to_dataclass(cfg.run.get("operator_settings"), ScriptedOperatorConfig)
 
 
 def torch_threads(cfg: DictConfig) -> int | None:
@@ -209,6 +221,7 @@ def run_main_job(cfg: DictConfig) -> dict:
         edge=to_dataclass(cfg.edge, EdgeConfig),
         time_budget_s=float(cfg.run.time_budget_min) * 60.0 if cfg.run.time_budget_min else None,
         robots=str(cfg.run.robots),
+        min_updates=int(cfg.run.min_updates) if cfg.run.get("min_updates") else None,
     )
     families = task_families(cfg.run.families, TASK_FAMILIES)
     curve = LearningCurve()
@@ -221,7 +234,8 @@ def run_main_job(cfg: DictConfig) -> dict:
         result = run_local(
             learner_config, policy, run,
             make_sim_robot_factory(sim_config, families, seed_base=int(cfg.seed) + 5_000_000),
-            operator_factory=operator_factory(sim_config.fps, bool(cfg.run.operator), float(cfg.demos.expert_speed)),
+            operator_factory=operator_factory(sim_config.fps, bool(cfg.run.operator), float(cfg.demos.expert_speed),
+                                             cfg.run.get("operator_settings")),
             on_episode=progress.on_episode,
             on_start=progress.attach,
         )
@@ -256,10 +270,12 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
         "episodes": result.episodes,
         "steps": result.steps,
         "updates": result.updates,
+        "updates_with_robots": result.updates_with_robots,  # the rest came after them (run.min_updates)
         "weights_version": result.weights_version,
         "robot_versions": result.robot_versions,
         "per_version": {str(k): v for k, v in curve.per_version().items()},
         "first_vs_last": curve.first_vs_last(),
+        "operator": curve.operator_effort(),
         "curve_png": str(png),
         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
         "heldout": heldout,  # ``start_vs_final``: None when off or not trained
@@ -282,6 +298,14 @@ def print_summary(summary: dict) -> None:
         f"{summary['episodes']} episodes, {summary['steps']} steps, {summary['updates']} updates, "
         f"weights v{summary['weights_version']}, robots on {summary['robot_versions']}"
     )
+    with_robots = summary.get("updates_with_robots")
+    if with_robots is not None and with_robots < summary["updates"]:
+        print(f"{with_robots} updates while the robots acted, {summary['updates'] - with_robots} after "
+              f"(run.min_updates)")
+    operator = summary.get("operator")
+    if operator and operator["episodes_taken_over"]:
+        print(f"the operator took over in {operator['episodes_taken_over']} episodes and drove "
+              f"{operator['steps_driven']} steps ({operator['share_of_steps']:.1%} of all)")
     heldout = summary.get("heldout")
     if heldout:
         from robot_rl.bench.heldout import format_score

@@ -61,10 +61,17 @@ class LocalRunConfig:
     # "thread": robots on threads of the learner's process; "process": each in its own
     # (robot_rl.learner.robot_process; its robot and operator factories must pickle).
     robots: str = "thread"
+    # After the robots' last episode the learner trains on what they stored until it has made
+    # this many updates (None: it stops with the robots). The episodes set the data, this the
+    # compute: a GPU learner gets there while the robots act, a CPU one that shares its cores
+    # with them falls behind, and the final weights should not depend on which one it was.
+    min_updates: int | None = None
 
     def __post_init__(self) -> None:
         if self.robots not in ROBOT_MODES:
             raise ValueError(f"LocalRunConfig.robots must be one of {ROBOT_MODES}, got {self.robots!r}")
+        if self.min_updates is not None and self.min_updates < 0:
+            raise ValueError(f"LocalRunConfig.min_updates must be >= 0 or None, got {self.min_updates}")
 
 
 @dataclass
@@ -78,6 +85,7 @@ class LocalRunResult:
     store: dict[str, int]
     per_version: dict[int, VersionStats] = field(default_factory=dict)  # stored episodes' outcomes by weights
     checkpoint: Path | None = None  # the learner's final checkpoint (None when it did not train)
+    updates_with_robots: int | None = None  # updates made while robots acted (the rest: min_updates)
 
 
 @dataclass(frozen=True)
@@ -166,9 +174,41 @@ def run_local(
             results, errors = _robots_on_threads(learner, policy, run, robot_factory, operator_factory,
                                                  on_episode, versions, trained)
         learner.store.flush(120)
+        updates_with_robots = learner.trainer.step
+        if train and run.min_updates and not errors:
+            train_on_after_robots(learner, run.min_updates)
     finally:
         learner.stop(checkpoint=train)
-    return collect_result(learner, results, errors, versions, trained=train)
+    result = collect_result(learner, results, errors, versions, trained=train)
+    result.updates_with_robots = updates_with_robots
+    return result
+
+
+def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float = 0.5) -> None:
+    """Let the trainer go on with the stored episodes until it has made ``updates`` updates
+    (``LocalRunConfig.min_updates``), on every core the robots held, showing its progress;
+    returns early if it stops by itself (``trainer.max_updates``, or a crash, which its thread
+    has logged)."""
+    import os
+
+    from tqdm import tqdm
+
+    trainer = learner.trainer
+    if trainer.step >= updates:
+        return
+    if not trainer.ready():  # nothing more will arrive: waiting would never end
+        log.warning("robots done, but the learner's streams hold too little data to train on; stopping at "
+                    "update %d", trainer.step)
+        return
+    log.info("robots done at update %d; training on the stored episodes to update %d", trainer.step, updates)
+    trainer.set_threads(len(os.sched_getaffinity(0)))
+    with tqdm(total=updates, initial=trainer.step, desc="training on (robots done)", unit="upd") as bar:
+        while trainer.step < updates:
+            ended = trainer.wait(poll_s)
+            bar.update(min(trainer.step, updates) - bar.n)
+            if ended:
+                log.warning("the trainer stopped at update %d before min_updates %d", trainer.step, updates)
+                return
 
 
 def _robots_on_threads(learner: LearnerService, policy: FlowVLA, run: LocalRunConfig, robot_factory: RobotFactory,

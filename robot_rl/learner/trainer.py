@@ -78,6 +78,7 @@ class Trainer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_log_s = 0.0
+        self._threads_wanted: int | None = None  # set_threads(): applied by the training thread itself
 
     @property
     def deployed(self) -> FlowVLA:
@@ -160,6 +161,14 @@ class Trainer:
             if self._thread.is_alive():
                 log.error("trainer thread did not stop within %.0f s", timeout_s)
 
+    def set_threads(self, threads: int) -> None:
+        """PyTorch intra-op threads for the training thread from its next update on (e.g. all cores
+        once the robots that shared them have stopped). The training thread applies it itself:
+        ``torch.set_num_threads`` from another thread leaves a running thread's count alone."""
+        if threads < 1:
+            raise ValueError(f"Trainer.set_threads: threads must be >= 1, got {threads}")
+        self._threads_wanted = int(threads)
+
     def wait(self, timeout_s: float) -> bool:
         """Wait for the training thread to end by itself (``max_updates`` reached); True if it has."""
         if self._thread is None:
@@ -172,6 +181,9 @@ class Trainer:
         lower_own_priority(self.config.thread_nice)  # before the first torch op starts its worker threads
         try:
             while not self._stop.is_set() and (limit is None or self.step < limit):
+                if self._threads_wanted is not None:
+                    torch.set_num_threads(self._threads_wanted)
+                    self._threads_wanted = None
                 if self.update_once() is None:
                     self._stop.wait(0.1)  # not enough data yet: look again soon, never block ingest
                     continue
