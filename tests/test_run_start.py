@@ -186,3 +186,10 @@ def test_a_misspelt_operator_setting_fails_before_any_robot_starts():
     cfg = load_config(["run.operator_settings={stuck_tick: 30}"])
     with pytest.raises(run_command.ConfigError, match="stuck_tick"):
         run_command.operator_factory(30, True, 0.5, cfg.run.operator_settings)
+
+
+def test_the_run_names_its_learner_with_the_data_it_imitates():
+    """hgdagger is bc at 0 / 0.5 / 0.5: the plot and the table must say so, not just 'bc'."""
+    cfg = load_config(["learner=hgdagger"])
+    config = run_command.local_learner_config(cfg, Path("bc"), Path("run"), demos=Path("demos"))
+    assert run_command.learner_label(config) == "bc, online / corrections / demonstrations 0 / 0.5 / 0.5"

@@ -199,6 +199,14 @@ def torch_threads(cfg: DictConfig) -> int | None:
     return threads
 
 
+def learner_label(config: LearnerConfig) -> str:
+    """The algorithm and the stream mix it samples: hgdagger is ``bc`` at 0 / 0.5 / 0.5, and the
+    plot and the summary should say which data it imitated."""
+    t = config.trainer
+    return (f"{t.algorithm}, online / corrections / demonstrations "
+            f"{t.online_ratio:g} / {t.intervention_ratio:g} / {t.demonstration_ratio:g}")
+
+
 def run_main_job(cfg: DictConfig) -> dict:
     from hardware.sim import TASK_FAMILIES, SimConfig
     from policies.flow_vla import FlowVLA
@@ -227,7 +235,7 @@ def run_main_job(cfg: DictConfig) -> dict:
     curve = LearningCurve()
     progress = Progress(curve, run.num_robots * run.episodes_per_robot)
     print(
-        f"robot-rl run: learner ({learner_config.trainer.algorithm}) + {run.num_robots} simulated SO-101 "
+        f"robot-rl run: learner ({learner_label(learner_config)}) + {run.num_robots} simulated SO-101 "
         f"+ {'scripted operator' if cfg.run.operator else 'no operator'}, loopback, CPU; output {run_dir}"
     )
     try:
@@ -242,7 +250,8 @@ def run_main_job(cfg: DictConfig) -> dict:
     finally:
         progress.close()
     summary = summarize(curve, result, run_dir, int(cfg.run.curve_window), learner_config.trainer.algorithm,
-                        heldout=start_vs_final(cfg, checkpoint, result.checkpoint))
+                        heldout=start_vs_final(cfg, checkpoint, result.checkpoint),
+                        learner=learner_label(learner_config))
     print_summary(summary)
     return summary
 
@@ -262,11 +271,14 @@ def start_vs_final(cfg: DictConfig, start: Path, final: Path | None) -> dict | N
 
 
 def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
-              heldout: dict | None = None) -> dict:
+              heldout: dict | None = None, learner: str | None = None) -> dict:
+    """``learner``: how the plot and the table name the learner (``learner_label``; default the algorithm)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({algorithm})")
+    learner = learner or algorithm
+    png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({learner})")
     summary = {
         "algorithm": algorithm,
+        "learner": learner,
         "episodes": result.episodes,
         "steps": result.steps,
         "updates": result.updates,
@@ -286,7 +298,7 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
 
 
 def print_summary(summary: dict) -> None:
-    table = Table(title=f"robot-rl run: success per policy version ({summary['algorithm']})")
+    table = Table(title=f"robot-rl run: success per policy version ({summary.get('learner', summary['algorithm'])})")
     for col in ("version", "episodes", "success", "autonomous", "interventions"):
         table.add_column(col, justify="right")
     for version, row in summary["per_version"].items():
