@@ -74,7 +74,7 @@ class ScriptedOperatorFactory:
 
     fps: int
     expert_speed: float = 1.0
-    settings: ScriptedOperatorConfig = field(default_factory=lambda: ScriptedOperatorConfig())
+    settings: ScriptedOperatorConfig = field(default_factory=ScriptedOperatorConfig)
 
     def __call__(self, index: int, robot):
         from hardware.teleop.blend import TakeoverBlender
