@@ -89,8 +89,14 @@ def test_heldout_evaluation_of_the_final_weights_lands_in_final_and_in_the_table
     report = build_report([ArmResult("rwr", records("FAAA"), heldout=heldout)],
                           LearningBenchConfig(window=2, arms=("rwr",)))
     assert report["final"]["rwr"]["heldout_success"] == 0.0 and report["arms"]["rwr"]["heldout"] == heldout
+    assert heldout["per_episode_success"] == [False, False]  # scene by scene, for paired comparisons
+    # Against a start that solved one of the two scenes: -50 points, in the table's "vs start" column.
+    start = {**heldout, "success": 0.5, "per_episode_success": [True, False]}
+    report["heldout_vs_start"] = learning.heldout_vs_start(report["arms"], start)
+    assert report["heldout_vs_start"]["rwr"]["only_b"] == 1
     learning.print_table(report)
-    assert "held-out" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "held-out" in out and "-50.0 (p=1)" in out
 
 
 def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_results(tmp_path):
@@ -109,7 +115,8 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
                                       "max_episode_steps": 4},
                             "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
     heldout = heldout_eval(tmp_path / "weights", cfg, 1, "child")
-    assert heldout == {"success": 0.0, "ci95": heldout["ci95"], "episodes": 1, "weights": str(tmp_path / "weights")}
+    assert heldout == {"success": 0.0, "ci95": heldout["ci95"], "episodes": 1, "weights": str(tmp_path / "weights"),
+                       "per_episode_success": [False]}
     assert heldout_eval(tmp_path / "missing", cfg, 1, "child") is None  # logged, not raised
     # Several weights in one child: a missing one costs only its own score.
     FlowVLA(config).save_pretrained(tmp_path / "later")

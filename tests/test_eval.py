@@ -124,4 +124,8 @@ def test_eval_cli_compares_two_checkpoints(tmp_path, monkeypatch, capsys):
         assert checkpoint["episodes"] == 2 and len(checkpoint["ci95"]) == 2
     assert report["edge"]["simulated_latency_ms"] == 50.0
     assert (tmp_path / "out" / "eval" / "eval.png").stat().st_size > 0
-    assert "closed-loop evaluation" in capsys.readouterr().out
+    paired = report["paired"]  # the same 2 scenes for both: compared scene by scene
+    wins = [c["per_episode_success"] for c in report["checkpoints"]]
+    assert paired["scenes"] == 2 and paired["only_a"] == sum(x and not y for x, y in zip(*wins))
+    out = capsys.readouterr().out
+    assert "closed-loop evaluation" in out and "scene by scene" in out and "exact McNemar p" in out

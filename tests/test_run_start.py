@@ -159,6 +159,18 @@ def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_sc
     run_command.print_summary(summary)
     out = capsys.readouterr().out
     assert "start 60% (45%-73%) -> final not scored" in out
+    assert result["final_vs_start"] is None  # one side not scored: no paired comparison
+
+    def both_scored(weights, cfg, episodes, desc):
+        return [{"success": 0.25, "ci95": [0.05, 0.7], "per_episode_success": [False, True, False, False]},
+                {"success": 1.0, "ci95": [0.5, 1.0], "per_episode_success": [True] * 4}]
+
+    monkeypatch.setattr(heldout, "heldout_eval_all", both_scored)
+    result = run_command.start_vs_final(cfg, tmp_path / "bc_push", tmp_path / "step-00000900")
+    assert result["final_vs_start"]["only_a"] == 3 and result["final_vs_start"]["only_b"] == 0
+    run_command.print_summary({**summary, "heldout": result})
+    out = capsys.readouterr().out
+    assert "final against start, scene by scene: +75.0 points" in out and "3 scenes only the final solved" in out
     assert run_command.start_vs_final(cfg, tmp_path / "bc_push", None) is None  # nothing trained: nothing to compare
     off = load_config([f"output_dir={tmp_path}", "run.eval_episodes=0"])
     assert run_command.start_vs_final(off, tmp_path / "bc_push", tmp_path / "step-00000900") is None

@@ -42,7 +42,25 @@ def evaluate_weights(weights: Path, cfg: Any, episodes: int, desc: str) -> dict[
     finally:
         robot.disconnect()
     return {"success": result.success_rate, "ci95": [round(c, 3) for c in result.ci95], "episodes": episodes,
-            "weights": str(weights)}
+            "weights": str(weights), "per_episode_success": [bool(e.success) for e in result.episodes]}
+
+
+def paired_scores(result: dict | None, baseline: dict | None) -> dict | None:
+    """``result`` against ``baseline`` scene by scene (``robot_rl.paired_comparison``); None unless
+    both were scored on the same scenes (an older result without per-scene successes included)."""
+    from robot_rl.paired_comparison import compare_paired
+
+    mine, theirs = (r.get("per_episode_success") if r else None for r in (result, baseline))
+    if not mine or not theirs or len(mine) != len(theirs):
+        return None
+    return compare_paired(mine, theirs).as_dict()
+
+
+def format_paired(paired: dict | None, missing: str = "-") -> str:
+    """``paired_scores``' result as "+12.5 (p=0.003)": the difference in points and its exact McNemar p."""
+    if not paired:
+        return missing
+    return f"{100 * paired['difference']:+.1f} (p={paired['p_value']:.2g})"
 
 
 def format_score(result: dict | None, missing: str = "-") -> str:

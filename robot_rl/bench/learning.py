@@ -80,7 +80,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from robot_rl.bench.heldout import format_score, heldout_eval, heldout_eval_all
+from robot_rl.bench.heldout import format_paired, format_score, heldout_eval, heldout_eval_all, paired_scores
 from robot_rl.bench.settings import split_bench_settings
 from robot_rl.bench.timeline import WeightsTimeline, first_heldout_reaching
 from robot_rl.config import ConfigError
@@ -607,7 +607,14 @@ def run_learning_bench(cfg_for: Callable[[str], DictConfig], bench: LearningBenc
     report["start_checkpoint"] = str(checkpoint)
     report["start_heldout"] = next((r.heldout for r in results if r.name == "none"), None) \
         or heldout_eval(checkpoint, base, bench.eval_episodes, "held-out start")
+    report["heldout_vs_start"] = heldout_vs_start(report["arms"], report["start_heldout"])
     return report
+
+
+def heldout_vs_start(arms: dict[str, dict], start: dict | None) -> dict[str, dict | None]:
+    """"Clearly above no learning", tested: each training arm's final weights against the start on
+    the same held-out scenes (``paired_scores``; None where either was not scored)."""
+    return {name: paired_scores(arm.get("heldout"), start) for name, arm in arms.items() if ARMS[name].train}
 
 
 def plot_arms(report: dict, path: Path) -> Path:
@@ -662,15 +669,17 @@ def print_table(report: dict) -> None:
     table = Table(title=f"bench learning: {report['settings']['minutes_per_arm']:g} min per arm",
                   caption=f"success: autonomous, over the last {window} episodes; interventions: share of "
                           f"those episodes with a takeover; held-out: final weights alone on fixed unseen "
-                          f"scenes (95 % CI)")
+                          f"scenes (95 % CI); vs start: points above the start on those scenes (exact McNemar p)")
     table.add_column("arm", no_wrap=True)
-    for col in ("episodes", "success", "episodes to 80%", "wall s to 80%", "updates", "interventions", "held-out"):
+    for col in ("episodes", "success", "episodes to 80%", "wall s to 80%", "updates", "interventions", "held-out",
+                "vs start"):
         table.add_column(col, justify="right")
+    vs_start = report.get("heldout_vs_start") or {}
     for name, final in report["final"].items():
         arm = report["arms"][name]
         table.add_row(name, str(arm["episodes"]), _pct(final["success"]), _or_dash(final["episodes_to_80"]),
                       _or_dash(arm["wall_s_to_80"]), str(arm["updates"]), _pct(arm["final_intervention_rate"]),
-                      format_score(arm.get("heldout")))
+                      format_score(arm.get("heldout")), format_paired(vs_start.get(name)))
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)  # a log file or pipe: room for every column (80 wraps the held-out CIs)

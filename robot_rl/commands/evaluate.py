@@ -2,7 +2,8 @@
 
 Closed-loop evaluation in the sim through the real EdgeNode (mode and simulated latency
 from the ``edge`` group). With ``compare.path`` both checkpoints run on the same scenes
-in one run and are printed side by side; results go to ``eval.out_dir``/eval.json and a
+in one run and are printed side by side, with their scene-by-scene difference and its exact
+McNemar p (``robot_rl.paired_comparison``); results go to ``eval.out_dir``/eval.json and a
 bar plot with 95 % confidence intervals.
 """
 
@@ -24,6 +25,9 @@ def main(argv: list[str]) -> int:
     cfg = load_group_config(argv, "eval", ALIASES)
     evals, json_path, plot_path = run_eval(cfg)
     print_table(eval_table(evals))
+    if len(evals) == 2:
+        print(f"{evals[0].name} against {evals[1].name}, scene by scene: "
+              f"{paired_comparison(evals).describe('the first', 'the second')}")
     print(f"wrote {json_path}\nwrote {plot_path}")
     return 0
 
@@ -53,8 +57,18 @@ def run_eval(cfg: DictConfig, progress: bool = True):
         "edge": {"mode": edge.mode, "simulated_latency_ms": edge.simulated_latency_ms},
         "ranking": [e.name for e in evals],
         "checkpoints": [e.as_dict() for e in evals],
+        # best against second best on the same scenes: is the gap more than luck?
+        "paired": paired_comparison(evals).as_dict() if len(evals) == 2 else None,
     }
     return evals, write_json(out / "eval.json", payload), plot_eval(out / "eval.png", evals)
+
+
+def paired_comparison(evals):
+    """The first (better-ranked) of two checkpoints against the second, scene by scene."""
+    from robot_rl.paired_comparison import compare_paired
+
+    first, second = evals
+    return compare_paired([e.success for e in first.result.episodes], [e.success for e in second.result.episodes])
 
 
 def _load_policies(cfg: DictConfig) -> dict[str, object]:

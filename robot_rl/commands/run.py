@@ -27,6 +27,7 @@ from tqdm import tqdm
 from hardware.teleop.scripted import ScriptedOperatorConfig
 from robot_rl.config import ConfigError, load_config, to_dataclass
 from robot_rl.learning_curve import LearningCurve
+from robot_rl.paired_comparison import PairedComparison
 
 if TYPE_CHECKING:
     from robot_rl.learner.config import LearnerConfig
@@ -260,14 +261,14 @@ def start_vs_final(cfg: DictConfig, start: Path, final: Path | None) -> dict | N
     """The start's and the final weights' success alone (no operator) on ``run.eval_episodes``
     scenes no robot of the run saw, paired (same scenes, same flow noise): the live window of 30
     episodes, watched by the operator, moves by +-17 points on its own (BENCHMARKS.md "learning")."""
-    from robot_rl.bench.heldout import heldout_eval_all
+    from robot_rl.bench.heldout import heldout_eval_all, paired_scores
 
     episodes = int(cfg.run.get("eval_episodes", 0) or 0)
     if episodes <= 0 or final is None:
         return None
     print(f"held-out check: the start and the final weights on {episodes} unseen scenes (run.eval_episodes)")
     before, after = heldout_eval_all([start, final], cfg, episodes, "held-out")
-    return {"start": before, "final": after, "episodes": episodes}
+    return {"start": before, "final": after, "episodes": episodes, "final_vs_start": paired_scores(after, before)}
 
 
 def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
@@ -325,3 +326,7 @@ def print_summary(summary: dict) -> None:
         missing = "not scored (see the log)"
         print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "
               f"{format_score(heldout['start'], missing)} -> final {format_score(heldout['final'], missing)}")
+        paired = heldout.get("final_vs_start")
+        if paired:
+            comparison = PairedComparison.from_dict(paired)
+            print(f"final against start, scene by scene: {comparison.describe('the final', 'the start')}")
