@@ -38,7 +38,7 @@ class PairedComparison:
         return self.a_success - self.b_success
 
     def describe(self, a_name: str = "the first", b_name: str = "the second") -> str:
-        """E.g. "+31.2 points (95% CI +19..+42; 27 scenes only the final solved, 2 only the start; exact McNemar p = 2e-06)"."""
+        """E.g. "+10.0 points (95% CI +2..+19; 9 scenes only the first solved, 1 only the second; exact McNemar p = 0.021)"."""
         lo, hi = self.difference_ci95
         return (f"{100 * self.difference:+.1f} points (95% CI {100 * lo:+.0f}..{100 * hi:+.0f}; {self.only_a} scenes "
                 f"only {a_name} solved, {self.only_b} only {b_name}; exact McNemar p = {self.p_value:.2g})")
