@@ -27,7 +27,6 @@ from tqdm import tqdm
 from hardware.teleop.scripted import ScriptedOperatorConfig
 from robot_rl.config import ConfigError, load_config, to_dataclass
 from robot_rl.learning_curve import LearningCurve
-from robot_rl.paired_comparison import PairedComparison
 
 if TYPE_CHECKING:
     from robot_rl.learner.config import LearnerConfig
@@ -322,6 +321,7 @@ def print_summary(summary: dict) -> None:
     heldout = summary.get("heldout")
     if heldout:
         from robot_rl.bench.heldout import format_score
+        from robot_rl.paired_comparison import PairedComparison  # scipy.stats: imported only when printed
 
         missing = "not scored (see the log)"
         print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "
