@@ -64,28 +64,23 @@ def compare_paired(a_wins: Sequence[bool], b_wins: Sequence[bool]) -> PairedComp
     if not a:
         raise ValueError("a paired comparison needs at least one scene")
     n = len(a)
+    both = sum(x and y for x, y in zip(a, b))
     only_a = sum(x and not y for x, y in zip(a, b))
     only_b = sum(y and not x for x, y in zip(a, b))
     discordant = only_a + only_b
     p_value = 1.0 if discordant == 0 else float(binomtest(only_a, discordant, 0.5).pvalue)
-    return PairedComparison(scenes=n, a_success=sum(a) / n, b_success=sum(b) / n, only_a=only_a, only_b=only_b,
-                            p_value=p_value, difference_ci95=_newcombe_interval(a, b))
+    return PairedComparison(scenes=n, a_success=(both + only_a) / n, b_success=(both + only_b) / n,
+                            only_a=only_a, only_b=only_b, p_value=p_value,
+                            difference_ci95=_newcombe_interval(both, only_a, only_b, n - discordant - both))
 
 
-def _wilson(successes: int, n: int) -> tuple[float, float]:
-    ci = binomtest(successes, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return float(ci.low), float(ci.high)
+def _newcombe_interval(both: int, only_a: int, only_b: int, neither: int) -> tuple[float, float]:
+    """95 % interval of P(A) - P(B) from the paired 2x2 table (Newcombe 1998, method 10)."""
+    from robot_rl.evaluation import wilson_interval
 
-
-def _newcombe_interval(a: list[bool], b: list[bool]) -> tuple[float, float]:
-    """95 % interval of P(A) - P(B) from paired outcomes (Newcombe 1998, method 10)."""
-    n = len(a)
-    both = sum(x and y for x, y in zip(a, b))
-    only_a = sum(x and not y for x, y in zip(a, b))
-    only_b = sum(y and not x for x, y in zip(a, b))
-    neither = n - both - only_a - only_b
+    n = both + only_a + only_b + neither
     p1, p2 = (both + only_a) / n, (both + only_b) / n
-    (l1, u1), (l2, u2) = _wilson(both + only_a, n), _wilson(both + only_b, n)
+    (l1, u1), (l2, u2) = wilson_interval(both + only_a, n), wilson_interval(both + only_b, n)
     margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
     phi = (both * neither - only_a * only_b) / sqrt(margins) if margins else 0.0
     below = sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
