@@ -76,6 +76,14 @@ def test_comparison_ranks_the_better_checkpoint_first(robot):
     assert best.intervention_free_rate == 1.0  # nobody intervenes without an operator
 
 
+def test_seed_scenes_rotate_the_configured_task_families(robot):
+    """Seeded scenes run the configured families in turn, not whatever family each seed draws."""
+    families = ["place", "push"]
+    result = evaluate_on_scenes(robot, HoldPolicy(), EDGE, seed_scenes(4, 11, families), max_steps=2, progress=False)
+    assert [e.task_family for e in result.result.episodes] == ["place", "push", "place", "push"]
+    assert [e.seed for e in result.result.episodes] == [11, 12, 13, 14]
+
+
 def test_interventions_count_against_the_intervention_free_rate(robot):
     """An intervention hook (stand-in for an operator) that takes over in episode 1 only."""
 
@@ -127,5 +135,7 @@ def test_eval_cli_compares_two_checkpoints(tmp_path, monkeypatch, capsys):
     paired = report["paired"]  # the same 2 scenes for both: compared scene by scene
     wins = [c["per_episode_success"] for c in report["checkpoints"]]
     assert paired["scenes"] == 2 and paired["only_a"] == sum(x and not y for x, y in zip(*wins))
+    for checkpoint in report["checkpoints"]:  # the root task_families (default: push) chose the scenes' tasks
+        assert list(checkpoint["per_family"]) == ["push"]
     out = capsys.readouterr().out
     assert "closed-loop evaluation" in out and "scene by scene" in out and "exact McNemar p" in out

@@ -71,6 +71,15 @@ def paired_comparison(evals):
     return compare_paired([e.success for e in first.result.episodes], [e.success for e in second.result.episodes])
 
 
+def _families(cfg: DictConfig) -> list[str]:
+    """The configured task families (root ``task_families``), checked against the sim's."""
+    import hardware.sim as sim_module
+
+    from robot_rl.commands.sim_setup import task_families
+
+    return task_families(cfg.get("task_families"), sim_module.TASK_FAMILIES)
+
+
 def _load_policies(cfg: DictConfig) -> dict[str, object]:
     """{name: policy} for policy.path and, if given, eval.compare.path (names are the paths)."""
     from robot_rl.commands.policy_loading import load_policy, policy_source
@@ -101,7 +110,7 @@ def _scenes(cfg: DictConfig, robot):
         n = int(cfg.eval.episodes)
         if n < 1:
             raise ConfigError(f"episodes must be >= 1, got {n}")
-        return seed_scenes(n, int(cfg.eval.first_seed))
+        return seed_scenes(n, int(cfg.eval.first_seed), _families(cfg))
     episodes = cfg.eval.dataset_episodes
     try:
         dataset = load_logged_dataset(str(cfg.eval.dataset), list(episodes) if episodes is not None else None)

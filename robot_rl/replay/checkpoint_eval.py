@@ -46,8 +46,10 @@ class PolicyEval:
         }
 
 
-def seed_scenes(n: int, first_seed: int) -> list[Scene]:
-    return [Scene(seed=first_seed + i) for i in range(n)]
+def seed_scenes(n: int, first_seed: int, families: Sequence[str] | None = None) -> list[Scene]:
+    """Scenes from seeds first_seed.. ; with ``families`` the task family rotates over them in order
+    (as in ``robot_rl.evaluation.evaluate_policy``), else each seed draws its own family."""
+    return [Scene(seed=first_seed + i, family=families[i % len(families)] if families else None) for i in range(n)]
 
 
 def dataset_scenes(dataset: LoggedDataset, mapping: JointMapping, sim_joints: tuple[str, ...]) -> list[Scene]:

@@ -23,11 +23,16 @@ MAX_TASK_SEED_TRIES = 64
 
 @dataclass(frozen=True)
 class Scene:
-    """Where an episode starts: a seed (scene re-created) and/or a first joint state (sim units)."""
+    """Where an episode starts: a seed (scene re-created) and/or a first joint state (sim units).
+
+    ``family`` picks the task family (pick/push/place) of a seeded scene that has no
+    instruction; a logged instruction, when there is one, decides instead.
+    """
 
     seed: int | None
     instruction: str = ""
     initial_state: np.ndarray | None = None
+    family: str | None = None
 
     @property
     def recreated(self) -> bool:
@@ -50,7 +55,7 @@ def task_of_instruction(instruction: str) -> tuple[str, str] | None:
 def apply_scene(robot, scene: Scene, fallback_seed: int = 0) -> str:
     """Reset ``robot`` (a SimSO101) to ``scene``; returns the instruction in force."""
     task = task_of_instruction(scene.instruction) if scene.instruction else None
-    family, color = task if task else (None, None)
+    family, color = task if task else (scene.family, None)
     if scene.seed is not None:
         instruction = robot.reset(seed=scene.seed, family=family, color=color)
         _warn_if_start_differs(robot, scene)
