@@ -157,3 +157,21 @@ def _posed(expert, action):
     data.qpos[expert._ids.arm_qpos] = np.deg2rad(action[:5])
     mujoco.mj_kinematics(expert._model, data)
     return data
+
+
+def test_expert_ik_without_contacts_commands_exactly_what_the_full_model_would(robot):
+    """The expert's IK model drops contacts for speed; its commands must not change by a bit."""
+    from hardware.sim.rendering import mujoco
+
+    fast = ScriptedExpert(robot)
+    assert fast._model.opt.disableflags & int(mujoco.mjtDisableBit.mjDSBL_CONTACT)
+    assert not robot.model.opt.disableflags & int(mujoco.mjtDisableBit.mjDSBL_CONTACT)  # the live sim keeps them
+    full = ScriptedExpert(robot)
+    full._model = robot.model
+    full._scratch, full._plan_pose = mujoco.MjData(robot.model), mujoco.MjData(robot.model)
+    for family in TASK_FAMILIES:
+        robot.reset(30, family=family)
+        for _ in range(60):
+            command = fast.act()
+            np.testing.assert_array_equal(command, full.act())
+            robot.send_action(command)
