@@ -166,9 +166,7 @@ def test_expert_ik_without_contacts_commands_exactly_what_the_full_model_would(r
     fast = ScriptedExpert(robot)
     assert fast._model.opt.disableflags & int(mujoco.mjtDisableBit.mjDSBL_CONTACT)
     assert not robot.model.opt.disableflags & int(mujoco.mjtDisableBit.mjDSBL_CONTACT)  # the live sim keeps them
-    full = ScriptedExpert(robot)
-    full._model = robot.model
-    full._scratch, full._plan_pose = mujoco.MjData(robot.model), mujoco.MjData(robot.model)
+    full = ScriptedExpert(robot, contact_free_ik=False)
     for family in TASK_FAMILIES:
         robot.reset(30, family=family)
         for _ in range(60):

@@ -91,12 +91,13 @@ class ScriptedExpert:
         max_joint_step: float = 6.0,
         cartesian_step: float = 0.012,
         careful_step: float = 0.006,
+        contact_free_ik: bool = True,  # False: IK on the live model (the same commands, slower)
     ) -> None:
         self.robot = robot
         self.max_joint_step = max_joint_step
         self.cartesian_step = cartesian_step
         self.careful_step = careful_step
-        self._model = kinematic_copy(robot.model)
+        self._model = kinematic_copy(robot.model) if contact_free_ik else robot.model
         self._scratch = mujoco.MjData(self._model)  # IK/FK workspace; never the live sim
         self._plan_pose = mujoco.MjData(self._model)  # the kinematic arm plan_chunk steps along
         self._ids = robot.ids

@@ -3,7 +3,8 @@
 Measured side by side in one run, because these machines are shared and noisy:
 render frames/s per camera for the default ``fast`` look and for the stock ``full``
 meshes (a few frames only; it is ~100x slower), raw ``mj_step`` calls per second,
-and the scripted expert's success rate per task family.
+and the scripted expert's success rate per task family and cost per command (its IK on a
+contact-free copy of the model against the live model).
 
     python -m robot_rl.bench.sim --episodes 20 --json sim_bench.json
 """
@@ -77,6 +78,32 @@ def measure_expert(
     return success, seconds
 
 
+def measure_expert_act_ms(seed: int, episodes: int = 3, ticks: int = 60) -> dict[str, float]:
+    """Milliseconds per expert ``act()``, its IK on a contact-free model copy against the live model.
+
+    Both replay the very same ticks (same seeds, the fast expert's commands sent), so the
+    ratio is the cost of collision detection inside the IK's ``mj_forward`` calls alone.
+    """
+    robot = SimSO101(SimConfig(cameras=()))
+    robot.connect()
+    experts = {"contact-free IK": ScriptedExpert(robot), "IK on the live model": ScriptedExpert(robot, contact_free_ik=False)}
+    elapsed = dict.fromkeys(experts, 0.0)
+    calls = 0
+    for family in TASK_FAMILIES:
+        for k in range(episodes):
+            robot.reset(seed + k, family=family)
+            for _ in range(ticks):
+                commands = []
+                for name, expert in experts.items():
+                    start = time.perf_counter()
+                    commands.append(expert.act())
+                    elapsed[name] += time.perf_counter() - start
+                calls += 1
+                robot.send_action(commands[0])
+    robot.disconnect()
+    return {name: 1000.0 * seconds / calls for name, seconds in elapsed.items()}
+
+
 def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool = True) -> dict[str, Any]:
     """Run the whole benchmark, print a table, return the numbers as a dict."""
     fast_config = SimConfig(render_quality="fast")
@@ -85,6 +112,7 @@ def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool =
     render_fps_full = measure_render_fps(full_config, frames=5, seed=seed)
     steps_per_s = measure_steps_per_s(fast_config, seed=seed)
     expert_success, expert_seconds = measure_expert(episodes_per_family, seed, progress)
+    expert_act_ms = measure_expert_act_ms(seed)
     result = {
         "render_fps": render_fps,
         "render_fps_full": render_fps_full,
@@ -97,6 +125,7 @@ def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool =
         "realtime_factor": steps_per_s * fast_config.physics_dt,
         "expert_success": expert_success,
         "expert_episode_s": expert_seconds,
+        "expert_act_ms": expert_act_ms,
         "episodes_per_family": episodes_per_family,
         "seed": seed,
     }
@@ -124,6 +153,10 @@ def print_table(result: dict[str, Any]) -> None:
     for family, rate in result["expert_success"].items():
         expert.add_row(family, f"{rate:.0%}", f"{result['expert_episode_s'][family]:.1f}")
     console.print(expert)
+    act_ms = result["expert_act_ms"]
+    fast, live = act_ms["contact-free IK"], act_ms["IK on the live model"]
+    console.print(f"expert act(): {fast:.2f} ms with contact-free IK, {live:.2f} ms on the live model "
+                  f"({live / fast:.2f}x; the same commands)")
 
 
 def run_from_cli(quick: bool, overrides: list[str]) -> dict[str, Any]:
