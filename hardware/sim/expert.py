@@ -62,7 +62,8 @@ def kinematic_copy(model: mujoco.MjModel) -> mujoco.MjModel:
     The package's IK calls ``mj_forward`` at each of its up to 150 iterations; on the full
     cell that is mostly collision detection among 41 geoms (~32 us), without it ~3 us.
     The IK reads only site poses and Jacobians, which contacts do not change, so the
-    commands are the same to the bit (tests/test_sim.py) and the expert ~20 % faster.
+    commands are the same to the bit (tests/test_sim_expert.py) and cost ~1.3x less time
+    (``robot-rl bench sim``).
     """
     kinematic = copy.deepcopy(model)
     kinematic.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_CONTACT) | int(

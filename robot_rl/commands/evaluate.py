@@ -73,11 +73,10 @@ def paired_comparison(evals):
 
 def _families(cfg: DictConfig) -> list[str]:
     """The configured task families (root ``task_families``), checked against the sim's."""
-    import hardware.sim as sim_module
-
+    from hardware.sim import TASK_FAMILIES
     from robot_rl.commands.sim_setup import task_families
 
-    return task_families(cfg.get("task_families"), sim_module.TASK_FAMILIES)
+    return task_families(cfg.get("task_families"), TASK_FAMILIES)
 
 
 def _load_policies(cfg: DictConfig) -> dict[str, object]:
