@@ -3,11 +3,13 @@
 Demonstrations are the starting data of every run: behaviour cloning learns from
 them, and the learner keeps them as a separate sampling stream (RLPD-style mixing).
 Only successful attempts are stored, because a failed demonstration teaches failure.
+Choosing the attempts (``expert_attempts``) and writing them (``store_demos``) are separate so
+that the sim can run in a process of its own while this one writes (``robot_rl.demo_process``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,23 +65,26 @@ def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int
     return episode
 
 
-def record_expert_demos(
-    robot,
-    expert,
-    out_dir: str | Path,
-    families: Iterable[str],
-    episodes_per_family: int,
-    seed: int = 0,
-    progress: bool = True,
-) -> DemoSummary:
-    """Record ``episodes_per_family`` successful demonstrations per task family into ``out_dir``."""
-    families = list(families)
-    cameras = {cam: (robot.config.image_height, robot.config.image_width) for cam in robot.camera_names}
-    # Demonstrations can be re-recorded after a crash, so finalize in batches (resume costs seconds).
-    recorder = EpisodeRecorder(out_dir, robot.fps, robot.joint_names, cameras, finalize_every=25)
-    per_family: dict[str, tuple[int, int]] = {}
-    attempted = stored = steps = 0
-    bar = tqdm(total=episodes_per_family * len(families), desc="recording demos", disable=not progress)
+@dataclass(frozen=True)
+class DatasetLayout:
+    """What the dataset writer needs to know of the robot that recorded the episodes."""
+
+    fps: int
+    joint_names: tuple[str, ...]
+    cameras: dict[str, tuple[int, int]]  # camera -> (height, width)
+
+    @classmethod
+    def of(cls, robot) -> DatasetLayout:
+        cameras = {cam: (robot.config.image_height, robot.config.image_width) for cam in robot.camera_names}
+        return cls(int(robot.fps), tuple(robot.joint_names), cameras)
+
+
+def expert_attempts(
+    robot, expert, families: Iterable[str], episodes_per_family: int, seed: int = 0
+) -> Iterator[tuple[str, Episode]]:
+    """Scripted-expert attempts, family by family in seed order, until each family has
+    ``episodes_per_family`` successes (at most three times as many tries): (family, episode)."""
+    attempted = 0
     for f_index, family in enumerate(families):
         ok = tries = 0
         # Each family gets its own seed range so adding a family changes no other demo.
@@ -89,13 +94,55 @@ def record_expert_demos(
             episode_seed += 1
             tries += 1
             attempted += 1
+            ok += int(episode.success)
+            yield family, episode
+
+
+def store_demos(
+    attempts: Iterable[tuple[str, Episode]],
+    layout: DatasetLayout,
+    out_dir: str | Path,
+    families: Iterable[str],
+    episodes_per_family: int,
+    progress: bool = True,
+) -> DemoSummary:
+    """Write the successful ``attempts`` into ``out_dir``; what was written stays finalized if
+    ``attempts`` raises (a sim that fails half-way, Ctrl-C)."""
+    families = list(families)
+    # Demonstrations can be re-recorded after a crash, so finalize in batches (resume costs seconds).
+    recorder = EpisodeRecorder(out_dir, layout.fps, layout.joint_names, layout.cameras, finalize_every=25)
+    counts = {family: [0, 0] for family in families}  # family -> [stored, attempted]
+    stored = steps = 0
+    bar = tqdm(total=episodes_per_family * len(families), desc="recording demos", disable=not progress)
+    try:
+        for family, episode in attempts:
+            counts[family][1] += 1
             if episode.success:
                 recorder.write_episode(episode)
-                ok += 1
+                counts[family][0] += 1
                 stored += 1
                 steps += episode.num_steps
                 bar.update(1)
-        per_family[family] = (ok, tries)
-    recorder.close()
-    bar.close()
-    return DemoSummary(attempted=attempted, stored=stored, steps=steps, per_family=per_family)
+    finally:
+        recorder.close()
+        bar.close()
+    return DemoSummary(
+        attempted=sum(tries for _, tries in counts.values()), stored=stored, steps=steps,
+        per_family={family: (ok, tries) for family, (ok, tries) in counts.items()},
+    )
+
+
+def record_expert_demos(
+    robot,
+    expert,
+    out_dir: str | Path,
+    families: Iterable[str],
+    episodes_per_family: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> DemoSummary:
+    """Record ``episodes_per_family`` successful demonstrations per task family into ``out_dir``,
+    simulating and writing in this process (``robot_rl.demo_process`` overlaps the two)."""
+    families = list(families)
+    attempts = expert_attempts(robot, expert, families, episodes_per_family, seed)
+    return store_demos(attempts, DatasetLayout.of(robot), out_dir, families, episodes_per_family, progress)

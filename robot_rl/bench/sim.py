@@ -3,8 +3,9 @@
 Measured side by side in one run, because these machines are shared and noisy:
 render frames/s per camera for the default ``fast`` look and for the stock ``full``
 meshes (a few frames only; it is ~100x slower), raw ``mj_step`` calls per second,
-and the scripted expert's success rate per task family and cost per command (its IK on a
-contact-free copy of the model against the live model).
+the scripted expert's success rate per task family and cost per command (its IK on a
+contact-free copy of the model against the live model), and the time to record demonstrations
+in one process against the sim in a child process (``robot_rl.demo_process``).
 
     python -m robot_rl.bench.sim --episodes 20 --json sim_bench.json
 """
@@ -104,6 +105,28 @@ def measure_expert_act_ms(seed: int, episodes: int = 3, ticks: int = 60) -> dict
     return {name: 1000.0 * seconds / calls for name, seconds in elapsed.items()}
 
 
+def measure_demo_recording(episodes: int, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Seconds to record ``episodes`` push demonstrations as ``record-demos`` does (the default
+    config: half-speed expert, two cameras, LeRobotDataset v3), in one process against the sim in a
+    child process (``demos.sim_process``); each from a cold start, the child's imports included."""
+    import tempfile
+
+    from robot_rl.commands.record_demos import record_demos
+    from robot_rl.config import load_config
+
+    timings = {}
+    with tempfile.TemporaryDirectory(prefix="bench-demos-") as tmp:
+        for name, in_child in (("sim in a child process", True), ("one process", False)):
+            cfg = load_config([f"demos.dir={tmp}/{int(in_child)}", f"demos.episodes_per_family={episodes}",
+                               f"demos.sim_process={str(in_child).lower()}", f"seed={seed}"])
+            start = time.perf_counter()
+            summary = record_demos(cfg, progress=False)
+            seconds = time.perf_counter() - start
+            timings[name] = {"seconds": seconds, "episodes": summary.stored, "frames": summary.steps,
+                             "ms_per_frame": 1000.0 * seconds / max(summary.steps, 1)}
+    return timings
+
+
 def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool = True) -> dict[str, Any]:
     """Run the whole benchmark, print a table, return the numbers as a dict."""
     fast_config = SimConfig(render_quality="fast")
@@ -113,6 +136,7 @@ def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool =
     steps_per_s = measure_steps_per_s(fast_config, seed=seed)
     expert_success, expert_seconds = measure_expert(episodes_per_family, seed, progress)
     expert_act_ms = measure_expert_act_ms(seed)
+    demo_recording = measure_demo_recording(episodes_per_family, seed)
     result = {
         "render_fps": render_fps,
         "render_fps_full": render_fps_full,
@@ -126,6 +150,7 @@ def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool =
         "expert_success": expert_success,
         "expert_episode_s": expert_seconds,
         "expert_act_ms": expert_act_ms,
+        "demo_recording": demo_recording,
         "episodes_per_family": episodes_per_family,
         "seed": seed,
     }
@@ -157,6 +182,16 @@ def print_table(result: dict[str, Any]) -> None:
     fast, live = act_ms["contact-free IK"], act_ms["IK on the live model"]
     console.print(f"expert act(): {fast:.2f} ms with contact-free IK, {live:.2f} ms on the live model "
                   f"({live / fast:.2f}x; the same commands)")
+    recording = result.get("demo_recording")
+    if recording:
+        demos = Table(title="recording demonstrations (record-demos; the same dataset either way)")
+        for column in ("how", "episodes", "frames", "seconds", "ms / frame", "speed-up"):
+            demos.add_column(column, justify="right")
+        serial = recording["one process"]["seconds"]
+        for how, row in recording.items():
+            demos.add_row(how, str(row["episodes"]), str(row["frames"]), f"{row['seconds']:.1f}",
+                          f"{row['ms_per_frame']:.1f}", f"{serial / row['seconds']:.2f}x")
+        console.print(demos)
 
 
 def run_from_cli(quick: bool, overrides: list[str]) -> dict[str, Any]:

@@ -30,22 +30,13 @@ def main(argv: list[str]) -> int:
 
 def ensure_demos(cfg: DictConfig) -> Path:
     """Return the demonstration dataset directory, recording it first if it is missing."""
-    from hardware.sim import TASK_FAMILIES
-    from robot_rl.commands.sim_setup import demo_expert, make_sim, task_families
-    from robot_rl.demos import record_expert_demos
+    from robot_rl.commands.record_demos import record_demos
 
     demos = Path(cfg.demos.dir)
     if (demos / "meta" / "info.json").exists():
         return demos
     log.info("no demonstrations in %s: recording them with the scripted expert", demos)
-    robot = make_sim(cfg)
-    try:
-        record_expert_demos(
-            robot, demo_expert(robot, cfg.demos.get("expert_speed", 1.0)), demos,
-            task_families(cfg.demos.families, TASK_FAMILIES), int(cfg.demos.episodes_per_family), seed=int(cfg.seed),
-        )
-    finally:
-        robot.disconnect()
+    record_demos(cfg)
     return demos
 
 

@@ -1,0 +1,55 @@
+"""Demonstrations with the sim in a child process: the same dataset as a serial recording,
+frame for frame; a child that fails reports why and leaves what was written finalized."""
+
+import numpy as np
+import pytest
+
+from robot_rl.commands.record_demos import record_demos
+from robot_rl.config import ConfigError, load_config
+from robot_rl.data import load_episode_arrays
+from robot_rl.demo_process import DemoJob, DemoProcessError, record_demos_in_child
+
+EPISODES = 2
+
+
+def _config(directory, *overrides):
+    return load_config([f"demos.dir={directory}", f"demos.episodes_per_family={EPISODES}", "demos.expert_speed=1.0",
+                        *overrides])
+
+
+def test_child_recording_equals_the_serial_one(tmp_path):
+    serial = record_demos(_config(tmp_path / "serial", "demos.sim_process=false"), progress=False)
+    child = record_demos(_config(tmp_path / "child"), progress=False)
+    assert child == serial and serial.stored == EPISODES
+    ours, theirs = load_episode_arrays(tmp_path / "child"), load_episode_arrays(tmp_path / "serial")
+    assert len(ours) == len(theirs) == EPISODES
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], np.ndarray):
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)  # images too: raw on the pipe
+            else:
+                assert a[key] == b[key], key
+    assert sorted(int(e["episode_seed"][0]) for e in ours) == list(range(EPISODES))
+
+
+def test_a_failing_child_reports_its_error_and_keeps_what_was_written(tmp_path):
+    robot = load_config([]).robot
+    from omegaconf import OmegaConf
+
+    # The second family does not exist: the child fails on its first attempt there, after one push episode.
+    job = DemoJob(OmegaConf.to_container(robot, resolve=True), 1.0, ("push", "no_such_family"), 1)
+    with pytest.raises(DemoProcessError, match="no_such_family"):
+        record_demos_in_child(job, tmp_path / "demos", progress=False)
+    kept = load_episode_arrays(tmp_path / "demos")
+    assert len(kept) == 1 and len(kept[0]["action"]) > 0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("demos.sim_process=maybe", "demos.sim_process must be true or false"),
+    ("demos.expert_speed=1.5", "demos.expert_speed must be in"),
+])
+def test_bad_settings_are_refused_before_anything_starts(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        record_demos(_config(tmp_path / "demos", override), progress=False)
+    assert not (tmp_path / "demos").exists()
