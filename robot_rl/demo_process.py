@@ -20,7 +20,6 @@ number of frames) per attempt; ``done``; or ``error`` with the child's traceback
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import traceback
 from collections.abc import Iterator
@@ -32,10 +31,6 @@ import msgpack
 
 from robot_rl.core.types import Episode
 from robot_rl.demos import DatasetLayout, DemoSummary, expert_attempts, store_demos
-
-log = logging.getLogger(__name__)
-
-CHILD_ROBOT_ID = "demo-sim"
 
 
 class DemoProcessError(RuntimeError):
@@ -110,7 +105,7 @@ def _receive_attempts(receiver, process) -> Iterator[tuple[str, Episode]]:
         if not isinstance(segment, Segment):
             raise DemoProcessError(f"expected an episode's segment, got {segment.TYPE!r}")
         steps = decode_segment(segment)
-        episode = Episode(CHILD_ROBOT_ID, segment.episode_id, message["instruction"], task_family=message["family"],
+        episode = Episode(segment.robot_id, segment.episode_id, message["instruction"], task_family=message["family"],
                           steps=steps, success=bool(message["success"]), seed=int(message["seed"]))
         yield message["family"], episode
 
@@ -151,7 +146,7 @@ def _send_episode(send, sender, family: str, episode: Episode) -> None:
     from bridges.zmq.protocol import encode_message
     from bridges.zmq.segments import ImageEncoding, encode_segment
 
-    segment = encode_segment(CHILD_ROBOT_ID, episode.episode_id, 0, episode.steps, episode_done=True,
+    segment = encode_segment(episode.robot_id, episode.episode_id, 0, episode.steps, episode_done=True,
                              image_encoding=ImageEncoding("raw"))
     frames = encode_message(segment)
     send({"type": "episode", "family": family, "seed": int(episode.seed), "success": bool(episode.success),
