@@ -1,10 +1,10 @@
 """Scripted-expert demonstrations with the sim in a child process and the writer in this one.
 
 Why: a demonstration frame costs about as much in LeRobot's dataset writer (PNG encoding,
-embedding the images into parquet, per-episode statistics: ~16 ms) as in the sim (rendering
-two cameras, the expert's inverse kinematics: ~13 ms). In one process they take turns; with the
-sim in a child they overlap, and on two cores the 240 demonstrations of a first `make demo`
-take about half the time (BENCHMARKS.md, "sim").
+embedding the images into parquet, per-episode statistics) as in the sim (rendering two cameras,
+the expert's inverse kinematics). In one process they take turns; with the sim in a child they
+overlap: on two cores the 240 demonstrations of a first `make demo` took 195 s against 335 s
+(10.7 against 18.4 ms a frame; BENCHMARKS.md, "sim").
 
 The child runs the same attempts in the same seed order as a serial recording
 (``demos.expert_attempts``) and sends each back over a pipe as a ``segment`` message with raw

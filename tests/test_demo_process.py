@@ -3,6 +3,7 @@ frame for frame; a child that fails reports why and leaves what was written fina
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from robot_rl.commands.record_demos import record_demos
 from robot_rl.config import ConfigError, load_config
@@ -35,8 +36,6 @@ def test_child_recording_equals_the_serial_one(tmp_path):
 
 def test_a_failing_child_reports_its_error_and_keeps_what_was_written(tmp_path):
     robot = load_config([]).robot
-    from omegaconf import OmegaConf
-
     # The second family does not exist: the child fails on its first attempt there, after one push episode.
     job = DemoJob(OmegaConf.to_container(robot, resolve=True), 1.0, ("push", "no_such_family"), 1)
     with pytest.raises(DemoProcessError, match="no_such_family"):
