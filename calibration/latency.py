@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from hardware.robot import Robot
-from policies.base import ChunkPolicy
+from robot_rl.hardware.robot import Robot
+from robot_rl.policies.base import ChunkPolicy
 from robot_rl.core.clock import Clock
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from hardware.lerobot_robot import LeRobotRobot
+from robot_rl.hardware.lerobot_robot import LeRobotRobot
 
 log = logging.getLogger(__name__)
 

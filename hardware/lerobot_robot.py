@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hardware.robot import Observation, validate_action
+from robot_rl.hardware.robot import Observation, validate_action
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ def make_lerobot_config(config: LeRobotRobotConfig):
     """The LeRobot ``RobotConfig`` for ``config`` (its class found through LeRobot's registry)."""
     from lerobot.robots import RobotConfig
 
-    from hardware.cameras import camera_configs_from_spec
-    from hardware.lerobot_registry import config_class
+    from robot_rl.hardware.cameras import camera_configs_from_spec
+    from robot_rl.hardware.lerobot_registry import config_class
 
     cls = config_class("robots", RobotConfig, config.type)
     accepted = {f.name for f in dataclasses.fields(cls)}

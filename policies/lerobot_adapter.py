@@ -36,7 +36,7 @@ from lerobot.utils.constants import (
     POLICY_POSTPROCESSOR_DEFAULT_NAME,
     POLICY_PREPROCESSOR_DEFAULT_NAME,
 )
-from policies.base import validate_chunk
+from robot_rl.policies.base import validate_chunk
 
 # Config fields that say where/how a policy runs, not what it computes.
 _RUNTIME_FIELDS = {"device", "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path"}

@@ -9,12 +9,14 @@ typo in an override fails loudly instead of being ignored.
 from __future__ import annotations
 
 import dataclasses
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Package data (configs/ in the source tree): found the same way in an editable and a wheel install.
+CONFIG_DIR = Path(str(files("robot_rl.configs")))
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ overlap: on two cores the 240 demonstrations of a first `make demo` took 195 s a
 
 The child runs the same attempts in the same seed order as a serial recording
 (``demos.expert_attempts``) and sends each back over a pipe as a ``segment`` message with raw
-images (``bridges.zmq.segments``: msgpack, lossless, never pickled); this process writes them with
+images (``robot_rl.bridges.zmq.segments``: msgpack, lossless, never pickled); this process writes them with
 the same ``store_demos``. So the dataset is the serial recording's, frame for frame
 (tests/test_demo_process.py). The pipe holds at most one episode: the child simulates the next
 while this process writes the last, and waits when it gets ahead.
@@ -92,8 +92,8 @@ def _receive_layout(receiver, process) -> DatasetLayout:
 
 
 def _receive_attempts(receiver, process) -> Iterator[tuple[str, Episode]]:
-    from bridges.zmq.protocol import Segment, decode_message
-    from bridges.zmq.segments import decode_segment
+    from robot_rl.bridges.zmq.protocol import Segment, decode_message
+    from robot_rl.bridges.zmq.segments import decode_segment
 
     while True:
         message = _receive(receiver, process)
@@ -143,8 +143,8 @@ def _child_main(job: DemoJob, sender) -> None:
 
 
 def _send_episode(send, sender, family: str, episode: Episode) -> None:
-    from bridges.zmq.protocol import encode_message
-    from bridges.zmq.segments import ImageEncoding, encode_segment
+    from robot_rl.bridges.zmq.protocol import encode_message
+    from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
 
     segment = encode_segment(episode.robot_id, episode.episode_id, 0, episode.steps, episode_done=True,
                              image_encoding=ImageEncoding("raw"))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hardware.robot import Observation, features_for, validate_action
+from robot_rl.hardware.robot import Observation, features_for, validate_action
 
 CODE = 1000  # action value = base + CODE * call + index
 

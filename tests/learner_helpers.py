@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from policies.flow_vla import FlowVLA, FlowVLAConfig
-from policies.text_encoder import InstructionEncoder
+from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
+from robot_rl.policies.text_encoder import InstructionEncoder
 from robot_rl.core.types import Step
 from robot_rl.learner.config import StoreConfig, TrainerConfig
 
@@ -109,7 +109,7 @@ def learner_config(root: Path, router: str = "tcp://127.0.0.1:*", pub: str = "tc
 
 
 def client_config(robot: str, learner, spool: Path, **overrides):
-    from bridges.zmq.client import ClientConfig
+    from robot_rl.bridges.zmq.client import ClientConfig
 
     base = dict(robot_id=robot, router_endpoint=learner.router_endpoint, pub_endpoint=learner.pub_endpoint,
                 spool_dir=str(spool / robot), config_hash=tiny_policy().config_hash(), heartbeat_interval_s=0.2,

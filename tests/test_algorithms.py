@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from policies.flow_vla.augment import build_sample
+from robot_rl.policies.flow_vla.augment import build_sample
 from robot_rl.learner.algorithms.awr import AWR, advantage_weights, value_targets
 from robot_rl.learner.algorithms.rl import ChunkQLearning, best_of_n, chunked_td_target, gather_chunks
 from robot_rl.learner.algorithms.rwr import (

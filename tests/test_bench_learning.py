@@ -104,7 +104,7 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
     from omegaconf import OmegaConf
 
     from robot_rl.bench.heldout import heldout_eval, heldout_eval_all
-    from policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla import FlowVLA
     from tests.learner_helpers import tiny_policy_config
 
     config = tiny_policy_config()
@@ -125,7 +125,7 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
 
 
 def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypatch):
-    from policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.commands import run, train_bc
 
     monkeypatch.setattr(run, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")

@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
-from calibration.camera import CalibrationError, CameraCalibration, CharucoBoardSpec, calibrate_camera
+from robot_rl.calibration.camera import CalibrationError, CameraCalibration, CharucoBoardSpec, calibrate_camera
 
 TRUE_K = np.array([[620.0, 0.0, 322.0], [0.0, 615.0, 238.0], [0.0, 0.0, 1.0]])
 SIZE = (640, 480)
@@ -103,7 +103,7 @@ class VirtualTimePolicy:
 
 @pytest.fixture(scope="module")
 def sim_robot():
-    from hardware.sim import SimConfig, SimSO101
+    from robot_rl.hardware.sim import SimConfig, SimSO101
 
     robot = SimSO101(SimConfig(cameras=("front",), image_height=32, image_width=32))
     robot.connect()
@@ -116,7 +116,7 @@ def sim_robot():
 def test_latency_calibration_recovers_an_injected_command_delay_in_sim(sim_robot, injected, tmp_path):
     import yaml
 
-    from calibration.latency import StepTestConfig, calibrate_latency
+    from robot_rl.calibration.latency import StepTestConfig, calibrate_latency
     from robot_rl.core.clock import VirtualClock
 
     clock = VirtualClock()
@@ -136,7 +136,7 @@ def test_latency_calibration_recovers_an_injected_command_delay_in_sim(sim_robot
 
 
 def test_a_joint_that_never_moves_is_a_clear_error():
-    from calibration.latency import LatencyCalibrationError, StepTestConfig, measure_command_delay
+    from robot_rl.calibration.latency import LatencyCalibrationError, StepTestConfig, measure_command_delay
     from robot_rl.core.clock import VirtualClock
 
     class Frozen:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hardware.sim import ScriptedExpert
+from robot_rl.hardware.sim import ScriptedExpert
 from robot_rl.edge import EdgeConfig
 from robot_rl.replay import compare_policies, dataset_scenes, evaluate_on_scenes, load_logged_dataset, seed_scenes
 from robot_rl.replay.joint_mapping import JointMapping
@@ -111,8 +111,8 @@ def test_eval_from_dataset_scenes_starts_where_the_episodes_started(robot, tmp_p
 def test_eval_cli_compares_two_checkpoints(tmp_path, monkeypatch, capsys):
     import torch
 
-    from policies.flow_vla import FlowVLA
-    from policies.text_encoder import InstructionEncoder
+    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.text_encoder import InstructionEncoder
     from robot_rl.commands import evaluate
     from tests.learner_helpers import TEXT, tiny_policy_config
 

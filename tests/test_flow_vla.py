@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from policies.base import ChunkPolicy, validate_chunk
-from policies.flow_vla import CheckpointError, FlowVLA, FlowVLAConfig, fit
-from policies.flow_vla.augment import build_sample, offset_indices, sample_offsets
-from policies.flow_vla.data import EpisodeSampler
-from policies.flow_vla.encoders import ImageEncoder
-from policies.flow_vla.model import masked_mse_per_sample
-from policies.text_encoder import InstructionEncoder
+from robot_rl.policies.base import ChunkPolicy, validate_chunk
+from robot_rl.policies.flow_vla import CheckpointError, FlowVLA, FlowVLAConfig, fit
+from robot_rl.policies.flow_vla.augment import build_sample, offset_indices, sample_offsets
+from robot_rl.policies.flow_vla.data import EpisodeSampler
+from robot_rl.policies.flow_vla.encoders import ImageEncoder
+from robot_rl.policies.flow_vla.model import masked_mse_per_sample
+from robot_rl.policies.text_encoder import InstructionEncoder
 from tests.learner_helpers import hashed_embeddings
 
 H, A = 4, 6
@@ -350,7 +350,7 @@ def test_real_minilm_encoder_loads_offline():
 
 
 def test_random_shift_translates_each_image_by_at_most_pad_pixels():
-    from policies.flow_vla.encoders import random_shift
+    from robot_rl.policies.flow_vla.encoders import random_shift
 
     torch.manual_seed(3)
     images = torch.zeros(8, 2, 3, 16, 16)
@@ -371,7 +371,7 @@ def test_random_shift_translates_each_image_by_at_most_pad_pixels():
 
 
 def test_spatial_softmax_finds_where_a_feature_map_peaks():
-    from policies.flow_vla.encoders import SpatialSoftmax
+    from robot_rl.policies.flow_vla.encoders import SpatialSoftmax
 
     head = SpatialSoftmax(channels=1, keypoints=1)
     with torch.no_grad():

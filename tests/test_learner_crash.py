@@ -206,9 +206,9 @@ def run_edge(router: str, pub: str, spool: str, first_episode: int, episodes: in
     ``episodes=0``: forever (until killed). A segment is durable once the link has spooled it
     (fsynced); segments are spooled in submission order, so the count says which.
     """
-    from bridges.zmq.client import ClientConfig
-    from bridges.zmq.segments import ImageEncoding
-    from bridges.zmq.streaming import StreamingClient
+    from robot_rl.bridges.zmq.client import ClientConfig
+    from robot_rl.bridges.zmq.segments import ImageEncoding
+    from robot_rl.bridges.zmq.streaming import StreamingClient
     from tests.learner_helpers import make_step, tiny_policy
 
     config = ClientConfig(robot_id="r0", router_endpoint=router, pub_endpoint=pub, spool_dir=spool,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi
 
-from bridges.zmq.segments import ImageEncoding, encode_segment
+from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
 from robot_rl.learner.config import HubConfig
 from robot_rl.learner.hub import HubPusher, HubSchedule, dataset_snapshot
 from robot_rl.learner.store import ReplayStore

@@ -64,7 +64,7 @@ def test_min_updates_must_not_be_negative():
 
 
 def test_keys_command_writes_learner_and_robot_pairs(tmp_path):
-    from bridges.zmq.keys import load_keypair, load_public_keys
+    from robot_rl.bridges.zmq.keys import load_keypair, load_public_keys
     from robot_rl.commands import keys
 
     assert keys.main(["--out", str(tmp_path), "--robots", "a", "b"]) == 0

@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from bridges.zmq.segments import ImageEncoding, encode_segment
+from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
 from robot_rl.learner.ledger import Ledger
 from robot_rl.learner.store import ReplayStore
 from tests.learner_helpers import make_steps, store_config, stored_triples
@@ -78,7 +78,7 @@ def test_robot_starting_a_new_episode_truncates_the_open_one_and_late_seqs_form_
 
 
 def test_layout_mismatch_is_refused_with_a_clear_error(tmp_path):
-    from bridges.zmq.protocol import ProtocolError
+    from robot_rl.bridges.zmq.protocol import ProtocolError
 
     with ReplayStore(store_config(tmp_path, cameras=("front", "wrist"))) as store:
         with pytest.raises(ProtocolError, match="cameras"):

@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from bridges.zmq.protocol import encode_message
+from robot_rl.bridges.zmq.protocol import encode_message
 from robot_rl.learner.store import ReplayStore
 from robot_rl.learner.store_writer import EpisodeWriteError, ProcessEpisodeWriter, RecorderSpec
 from tests.learner_helpers import CAMERAS, IMG, JOINTS, make_steps, store_config, stored_triples

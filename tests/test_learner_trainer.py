@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bridges.zmq.weights import deserialize_tensors
+from robot_rl.bridges.zmq.weights import deserialize_tensors
 from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import DEMO_ROBOT, SampleSpec, SamplingIndex, steps_to_columns
@@ -85,7 +85,7 @@ def test_resume_refuses_another_policy_architecture(tmp_path):
     trainer = Trainer(tiny_policy(), filled_index(), config)
     trainer.update_once()
     trainer.checkpoint()
-    from policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla import FlowVLA
 
     from tests.learner_helpers import TEXT, tiny_policy_config
     other = FlowVLA(tiny_policy_config().__class__(**{**tiny_policy_config().to_dict(), "d_model": 32}),
@@ -171,7 +171,7 @@ def test_a_learner_that_imitates_only_corrections_and_demos_waits_for_them(tmp_p
 
 
 def test_with_ema_robots_and_checkpoints_get_the_average_and_training_goes_on_the_raw_weights(tmp_path):
-    from policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla import FlowVLA
 
     blobs = []
     decay = 0.8
@@ -201,7 +201,7 @@ def test_ema_decay_outside_0_1_is_refused(tmp_path):
 
 
 def test_save_deployed_writes_the_weights_robots_would_get_now(tmp_path):
-    from policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla import FlowVLA
     from tests.learner_helpers import TEXT
 
     trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt", ema_decay=0.9))

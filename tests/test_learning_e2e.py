@@ -41,10 +41,10 @@ import numpy as np
 import pytest
 import torch
 
-from hardware.sim import ScriptedExpert, SimConfig, SimSO101
-from hardware.sim.scene import JOINT_NAMES
-from policies.flow_vla import FlowVLA, FlowVLAConfig
-from policies.flow_vla.training import fit
+from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
+from robot_rl.hardware.sim.scene import JOINT_NAMES
+from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
+from robot_rl.policies.flow_vla.training import fit
 from robot_rl.data import load_episode_arrays
 from robot_rl.demos import record_expert_demos
 from robot_rl.edge import EdgeConfig

@@ -14,8 +14,8 @@ from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
 from lerobot.policies.utils import prepare_observation_for_inference
 
-from policies.base import ChunkPolicy
-from policies.lerobot_adapter import LeRobotChunkPolicy
+from robot_rl.policies.base import ChunkPolicy
+from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 
 H, A, SIZE = 8, 6, 64
 

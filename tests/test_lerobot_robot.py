@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from lerobot.motors.feetech import FeetechMotorsBus
 
-from hardware.lerobot_robot import LeRobotRobot, LeRobotRobotConfig, RobotNotCalibratedError
-from hardware.robot import InvalidActionError, Robot
+from robot_rl.hardware.lerobot_robot import LeRobotRobot, LeRobotRobotConfig, RobotNotCalibratedError
+from robot_rl.hardware.robot import InvalidActionError, Robot
 
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 # Calibrated ranges (encoder ticks): shoulder_pan spans 1000..3000 -> +-87.9 degrees.

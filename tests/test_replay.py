@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from hardware.sim import ScriptedExpert, SimConfig, SimSO101
+from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.config import ConfigError
 from robot_rl.data import EpisodeRecorder
 from robot_rl.demos import expert_episode
@@ -241,8 +241,8 @@ def test_counterfactual_error_is_zero_where_policy_agrees_and_large_where_it_dev
 
 def test_counterfactual_cli_with_a_flow_vla_checkpoint(recorded, tmp_path, monkeypatch):
     """`replay counterfactual=true policy.path=...` end to end: loads the checkpoint, writes plot and JSON."""
-    from policies.flow_vla import FlowVLA
-    from policies.text_encoder import InstructionEncoder
+    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.text_encoder import InstructionEncoder
     from robot_rl.commands import replay as replay_command
     from tests.learner_helpers import TEXT, tiny_policy_config
 

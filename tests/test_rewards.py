@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from policies.flow_vla.augment import build_sample
+from robot_rl.policies.flow_vla.augment import build_sample
 from robot_rl.learner.rewards import (
     RewardConfig,
     SuccessClassifier,

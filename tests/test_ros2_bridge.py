@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bridges.ros2 import Ros2ArmConfig, Ros2Robot, StaleStateError
-from hardware.robot import InvalidActionError, Robot
+from robot_rl.bridges.ros2 import Ros2ArmConfig, Ros2Robot, StaleStateError
+from robot_rl.hardware.robot import InvalidActionError, Robot
 
 REPO = Path(__file__).resolve().parent.parent
 DOMAIN_ID = os.getpid() % 100 + 100
@@ -35,7 +35,7 @@ class FakeArm:
         env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN_ID), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
                    PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bridges.ros2.fake_arm", "--joints", ",".join(JOINTS), *args],
+            [sys.executable, "-m", "robot_rl.bridges.ros2.fake_arm", "--joints", ",".join(JOINTS), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
         )
         self.lines: queue.Queue[dict] = queue.Queue()

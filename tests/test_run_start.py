@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from policies.flow_vla import FlowVLA, FlowVLAConfig
+from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
 from robot_rl.commands import policy_loading
 from robot_rl.commands import run as run_command
 from robot_rl.config import load_config, to_dataclass
 from tests.learner_helpers import hashed_embeddings
-from policies.text_encoder import InstructionEncoder
+from robot_rl.policies.text_encoder import InstructionEncoder
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_sc
 
 
 def test_run_operator_settings_reach_every_robots_operator_with_its_own_seed():
-    from hardware.sim import SimConfig, SimSO101
+    from robot_rl.hardware.sim import SimConfig, SimSO101
 
     cfg = load_config(["run.operator_settings={stuck_ticks: 30, drive_ticks: 90, seed: 7}"])
     factory = run_command.operator_factory(30, True, 0.5, cfg.run.operator_settings)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hardware.teleop.keys import TerminalKeys
+from robot_rl.hardware.teleop.keys import TerminalKeys
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from hardware.robot import InvalidActionError, Robot
-from hardware.sim import TASK_COLORS, TASK_FAMILIES, SimConfig, SimSO101
-from hardware.sim.scene import BOWL_FLOOR_THICKNESS, CUBE_HALF, build_spec
-from hardware.sim.tasks import PICK_LIFT, PUSH_DIRECTIONS, PUSH_DISTANCE
+from robot_rl.hardware.robot import InvalidActionError, Robot
+from robot_rl.hardware.sim import TASK_COLORS, TASK_FAMILIES, SimConfig, SimSO101
+from robot_rl.hardware.sim.scene import BOWL_FLOOR_THICKNESS, CUBE_HALF, build_spec
+from robot_rl.hardware.sim.tasks import PICK_LIFT, PUSH_DIRECTIONS, PUSH_DISTANCE
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
+from robot_rl.hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
 from robot_rl.core import VirtualClock, WallClock
 
 SEEDS = range(100, 106)
@@ -103,7 +103,7 @@ def test_expert_plans_a_rate_limited_chunk_from_the_given_state_without_moving_t
 
 
 def test_expert_chunk_policy_completes_tasks_through_the_async_edge_at_200ms(robot):
-    from hardware.sim.expert_policy import ExpertChunkPolicy
+    from robot_rl.hardware.sim.expert_policy import ExpertChunkPolicy
     from robot_rl.edge import EdgeConfig
     from robot_rl.evaluation import evaluate_policy
 
@@ -119,8 +119,8 @@ def test_expert_chunk_policy_completes_tasks_through_the_async_edge_at_200ms(rob
 def test_a_long_planned_chunk_goes_through_the_phases_of_a_push_without_turning_back(robot, expert):
     """The chunk is the expert's own continuation: over the cube's back, down, then along the push
     direction (the planned cube is carried ahead of the jaws), never lifting back mid-stroke."""
-    from hardware.sim.expert import Z_PUSH
-    from hardware.sim.tasks import PUSH_DIRECTIONS
+    from robot_rl.hardware.sim.expert import Z_PUSH
+    from robot_rl.hardware.sim.tasks import PUSH_DIRECTIONS
 
     robot.reset(21, family="push")
     d = np.asarray(PUSH_DIRECTIONS[robot.task.direction])
@@ -136,8 +136,8 @@ def test_a_long_planned_chunk_goes_through_the_phases_of_a_push_without_turning_
 
 
 def test_a_stale_cube_behind_a_rolled_forward_push_is_carried_ahead_of_the_jaws(robot, expert):
-    from hardware.sim.expert import PUSH_CONTACT_GAP, Z_PUSH
-    from hardware.sim.tasks import PUSH_DIRECTIONS
+    from robot_rl.hardware.sim.expert import PUSH_CONTACT_GAP, Z_PUSH
+    from robot_rl.hardware.sim.tasks import PUSH_DIRECTIONS
 
     robot.reset(22, family="push")
     world = robot.world()
@@ -161,7 +161,7 @@ def _posed(expert, action):
 
 def test_expert_ik_without_contacts_commands_exactly_what_the_full_model_would(robot):
     """The expert's IK model drops contacts for speed; its commands must not change by a bit."""
-    from hardware.sim.rendering import mujoco
+    from robot_rl.hardware.sim.rendering import mujoco
 
     fast = ScriptedExpert(robot)
     assert fast._model.opt.disableflags & int(mujoco.mjtDisableBit.mjDSBL_CONTACT)

@@ -11,7 +11,7 @@ import socket
 
 import numpy as np
 
-from bridges.zmq.segments import ImageEncoding
+from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode

@@ -13,9 +13,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridges.zmq.protocol import Hello, Segment, decode_message, encode_message
-from bridges.zmq.segments import ImageEncoding, encode_segment
-from bridges.zmq.streaming import StreamingClient
+from robot_rl.bridges.zmq.protocol import Hello, Segment, decode_message, encode_message
+from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
+from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.learner.service import LearnerService
 from tests.learner_helpers import (
     client_config,

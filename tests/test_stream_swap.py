@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import robot_rl.edge.streaming as streaming
-from bridges.zmq.weights import WeightsError, serialize_tensors, tensor_views
+from robot_rl.bridges.zmq.weights import WeightsError, serialize_tensors, tensor_views
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hardware.teleop import TakeoverBlender, TeleopEvent, TeleopIntervention, TeleopReading
-from hardware.teleop.keys import ScriptedKeys
+from robot_rl.hardware.teleop import TakeoverBlender, TeleopEvent, TeleopIntervention, TeleopReading
+from robot_rl.hardware.teleop.keys import ScriptedKeys
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge import EdgeConfig, EdgeNode
 from tests.edge_fakes import EncodingPolicy, KinematicRobot, decode
@@ -172,7 +172,7 @@ def test_episode_events_are_queued_for_the_session_and_estop_ends_a_takeover():
 def test_leader_arm_reads_lerobot_so101_leader_pose(monkeypatch):
     from unittest.mock import MagicMock
 
-    from hardware.teleop.leader import LeaderArmConfig, LeaderArmTeleop
+    from robot_rl.hardware.teleop.leader import LeaderArmConfig, LeaderArmTeleop
 
     bus = MagicMock(name="FeetechBusMock")
     bus.is_connected = False
@@ -196,7 +196,7 @@ def test_leader_arm_reads_lerobot_so101_leader_pose(monkeypatch):
 def test_gamepad_maps_lerobot_events_and_jogs_joints():
     from lerobot.teleoperators.utils import TeleopEvents
 
-    from hardware.teleop.gamepad import GamepadTeleop
+    from robot_rl.hardware.teleop.gamepad import GamepadTeleop
 
     class FakePad:  # stands in for the pygame device behind LeRobot's GamepadTeleop
         def __init__(self):
@@ -233,13 +233,13 @@ def test_gamepad_maps_lerobot_events_and_jogs_joints():
 def test_lerobot_keyboard_and_gamepad_modules_import_headless():
     import importlib
 
-    for module in ("hardware.teleop.gamepad", "hardware.teleop.keyboard", "hardware.teleop.leader",
+    for module in ("robot_rl.hardware.teleop.gamepad", "robot_rl.hardware.teleop.keyboard", "robot_rl.hardware.teleop.leader",
                    "lerobot.teleoperators.keyboard", "lerobot.teleoperators.gamepad"):
         importlib.import_module(module)
 
 
 def test_keyboard_jog_moves_one_joint_per_press_from_the_takeover_pose():
-    from hardware.teleop.keyboard import KeyboardJogTeleop
+    from robot_rl.hardware.teleop.keyboard import KeyboardJogTeleop
 
     teleop = KeyboardJogTeleop(("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"))
     teleop.start_takeover(np.full(6, 10.0))
@@ -275,8 +275,8 @@ class HoldPolicy:
 
 
 def run_watched_episode(seed: int, ticks: int = 150):
-    from hardware.sim import SimConfig, SimSO101
-    from hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
+    from robot_rl.hardware.sim import SimConfig, SimSO101
+    from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
 
     robot = SimSO101(SimConfig(cameras=("front",), image_height=32, image_width=32))
     robot.connect()
@@ -321,8 +321,8 @@ def test_scripted_operator_notices_a_stuck_policy_takes_over_and_hands_back_dete
 def test_scripted_operator_leaves_a_correct_push_alone():
     """Pushing with closed jaws touches the cube on both sides (a "pinch" to the sim) and goes
     around the cube first; neither is a mistake, so the expert itself is never taken over from."""
-    from hardware.sim import ScriptedExpert, SimConfig, SimSO101
-    from hardware.teleop.scripted import scripted_operator_for_sim
+    from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
+    from robot_rl.hardware.teleop.scripted import scripted_operator_for_sim
 
     robot = SimSO101(SimConfig(cameras=()))
     robot.connect()

@@ -16,7 +16,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridges.zmq import (
+from robot_rl.bridges.zmq import (
     Ack,
     ClientConfig,
     ClientCurve,

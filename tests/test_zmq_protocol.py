@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridges.zmq import (
+from robot_rl.bridges.zmq import (
     PROTOCOL_VERSION,
     Ack,
     ChunkAssembler,
@@ -41,8 +41,8 @@ from bridges.zmq import (
     load_public_key,
     serialize_tensors,
 )
-from bridges.zmq.codec import encode_frames
-from bridges.zmq.keys import check_endpoint_security
+from robot_rl.bridges.zmq.codec import encode_frames
+from robot_rl.bridges.zmq.keys import check_endpoint_security
 from robot_rl.core import Step
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridges.zmq import Spool, SpoolError
+from robot_rl.bridges.zmq import Spool, SpoolError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,14 +6,14 @@ Float64MultiArray out) as a robot_rl ``Robot``, with real rclpy.
 for dry runs and tests. rclpy is imported only when a robot connects.
 """
 
-from bridges.ros2.config import Ros2ArmConfig, Ros2CameraConfig
+from robot_rl.bridges.ros2.config import Ros2ArmConfig, Ros2CameraConfig
 
 __all__ = ["Ros2ArmConfig", "Ros2CameraConfig", "Ros2Robot", "StaleStateError"]
 
 
 def __getattr__(name: str):
     if name in ("Ros2Robot", "StaleStateError"):
-        from bridges.ros2 import robot
+        from robot_rl.bridges.ros2 import robot
 
         return getattr(robot, name)
     raise AttributeError(name)

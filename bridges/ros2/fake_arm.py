@@ -1,4 +1,4 @@
-"""A stand-in ROS 2 arm driver for dry runs and tests: ``python -m bridges.ros2.fake_arm``.
+"""A stand-in ROS 2 arm driver for dry runs and tests: ``python -m robot_rl.bridges.ros2.fake_arm``.
 
 It behaves like a position-controlled arm behind ros2_control, without any hardware:
 publishes ``sensor_msgs/JointState`` (reliable, as joint_state_broadcaster does) and a
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from std_msgs.msg import Float64MultiArray
     from trajectory_msgs.msg import JointTrajectory
 
-    from bridges.ros2 import messages
+    from robot_rl.bridges.ros2 import messages
 
     joints = args.joints.split(",")
     position = np.array(args.start if args.start else [0.0] * len(joints), dtype=np.float64)

@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bridges.ros2 import messages
-from bridges.ros2.config import Ros2ArmConfig
+from robot_rl.bridges.ros2 import messages
+from robot_rl.bridges.ros2.config import Ros2ArmConfig
 from robot_rl.core.robot_io import Observation, features_for, validate_action
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ Typical use::
     link.start(); link.submit_steps(episode_id, steps)
 """
 
-from bridges.zmq.client import ClientConfig, ClientStats, ZmqClient
-from bridges.zmq.codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits, ProtocolError
-from bridges.zmq.keys import (
+from robot_rl.bridges.zmq.client import ClientConfig, ClientStats, ZmqClient
+from robot_rl.bridges.zmq.codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits, ProtocolError
+from robot_rl.bridges.zmq.keys import (
     ClientCurve,
     InsecureEndpointError,
     KeyPair,
@@ -42,7 +42,7 @@ from bridges.zmq.keys import (
     load_public_key,
     load_public_keys,
 )
-from bridges.zmq.protocol import (
+from robot_rl.bridges.zmq.protocol import (
     MESSAGE_TYPES,
     Ack,
     Error,
@@ -59,11 +59,11 @@ from bridges.zmq.protocol import (
     decode_message,
     encode_message,
 )
-from bridges.zmq.segments import ImageEncoding, decode_segment, encode_segment
-from bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
-from bridges.zmq.spool import Spool, SpoolError
-from bridges.zmq.streaming import StreamingClient
-from bridges.zmq.weights import (
+from robot_rl.bridges.zmq.segments import ImageEncoding, decode_segment, encode_segment
+from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from robot_rl.bridges.zmq.spool import Spool, SpoolError
+from robot_rl.bridges.zmq.streaming import StreamingClient
+from robot_rl.bridges.zmq.weights import (
     ChunkAssembler,
     TensorView,
     WeightsBlob,

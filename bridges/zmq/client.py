@@ -26,9 +26,9 @@ from pathlib import Path
 
 import zmq
 
-from bridges.zmq.codec import DEFAULT_LIMITS, Limits
-from bridges.zmq.keys import ClientCurve, apply_client_curve, check_endpoint_security
-from bridges.zmq.protocol import (
+from robot_rl.bridges.zmq.codec import DEFAULT_LIMITS, Limits
+from robot_rl.bridges.zmq.keys import ClientCurve, apply_client_curve, check_endpoint_security
+from robot_rl.bridges.zmq.protocol import (
     Ack,
     Error,
     Heartbeat,
@@ -44,8 +44,8 @@ from bridges.zmq.protocol import (
     decode_message,
     encode_message,
 )
-from bridges.zmq.spool import Spool
-from bridges.zmq.weights import ChunkAssembler, WeightsError
+from robot_rl.bridges.zmq.spool import Spool
+from robot_rl.bridges.zmq.weights import ChunkAssembler, WeightsError
 
 log = logging.getLogger(__name__)
 

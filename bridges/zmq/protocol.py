@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bridges.zmq.codec import (
+from robot_rl.bridges.zmq.codec import (
     DEFAULT_LIMITS,
     PROTOCOL_VERSION,
     FrameLike,

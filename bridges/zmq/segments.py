@@ -23,7 +23,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from bridges.zmq.protocol import ProtocolError, Segment
+from robot_rl.bridges.zmq.protocol import ProtocolError, Segment
 from robot_rl.core import Step
 
 IMAGE_FORMATS = ("jpeg", "png", "raw")

@@ -30,9 +30,9 @@ from typing import Any
 
 import zmq
 
-from bridges.zmq.codec import DEFAULT_LIMITS, Limits
-from bridges.zmq.keys import ServerCurve, apply_server_curve, check_endpoint_security, start_authenticator
-from bridges.zmq.protocol import (
+from robot_rl.bridges.zmq.codec import DEFAULT_LIMITS, Limits
+from robot_rl.bridges.zmq.keys import ServerCurve, apply_server_curve, check_endpoint_security, start_authenticator
+from robot_rl.bridges.zmq.protocol import (
     Ack,
     Error,
     Heartbeat,
@@ -47,7 +47,7 @@ from bridges.zmq.protocol import (
     encode_message,
     error_for,
 )
-from bridges.zmq.weights import WeightsBlob
+from robot_rl.bridges.zmq.weights import WeightsBlob
 
 log = logging.getLogger(__name__)
 

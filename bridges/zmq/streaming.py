@@ -29,9 +29,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
-from bridges.zmq.segments import ImageEncoding, encode_segment
-from bridges.zmq.spool import Spool
+from robot_rl.bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
+from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
+from robot_rl.bridges.zmq.spool import Spool
 from robot_rl.core import Step
 
 log = logging.getLogger(__name__)

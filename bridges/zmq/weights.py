@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import safetensors.numpy
 
-from bridges.zmq.protocol import WeightsAnnounce, WeightsChunk
+from robot_rl.bridges.zmq.protocol import WeightsAnnounce, WeightsChunk
 
 TRANSFER_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_CHUNK_SIZE = 1 << 20

@@ -4,7 +4,7 @@ Real cameras are LeRobot's (``opencv``, ``intelrealsense``, ... through its regi
 Hydra YAML entry ``{type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}``
 becomes an ``OpenCVCameraConfig`` and LeRobot opens the device.
 
-``image_files`` (``hardware.cameras.image_files``) is one more LeRobot camera type for a
+``image_files`` (``robot_rl.hardware.cameras.image_files``) is one more LeRobot camera type for a
 camera that is not attached: it serves image files in a loop.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 from lerobot.cameras import CameraConfig
 
-from hardware.cameras.image_files import ImageFilesCamera, ImageFilesCameraConfig
-from hardware.lerobot_registry import config_class
+from robot_rl.hardware.cameras.image_files import ImageFilesCamera, ImageFilesCameraConfig
+from robot_rl.hardware.lerobot_registry import config_class
 
 __all__ = ["ImageFilesCamera", "ImageFilesCameraConfig", "camera_configs_from_spec"]
 

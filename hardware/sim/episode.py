@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hardware.sim.expert import ScriptedExpert
-from hardware.sim.robot import SimSO101
+from robot_rl.hardware.sim.expert import ScriptedExpert
+from robot_rl.hardware.sim.robot import SimSO101
 from robot_rl.core.clock import Clock
 
 

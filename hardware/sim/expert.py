@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hardware.sim.rendering import mujoco
-from hardware.sim.robot import HOME_DEG, SimSO101
-from hardware.sim.scene import CUBE_HALF, JAW_PADS, PAN_AXIS_XY
-from hardware.sim.so101_package import ik_control
-from hardware.sim.tasks import PICK_LIFT, PUSH_DIRECTIONS, PUSH_DISTANCE, WorldSnapshot, bowl_top_z, in_bowl
+from robot_rl.hardware.sim.rendering import mujoco
+from robot_rl.hardware.sim.robot import HOME_DEG, SimSO101
+from robot_rl.hardware.sim.scene import CUBE_HALF, JAW_PADS, PAN_AXIS_XY
+from robot_rl.hardware.sim.so101_package import ik_control
+from robot_rl.hardware.sim.tasks import PICK_LIFT, PUSH_DIRECTIONS, PUSH_DISTANCE, WorldSnapshot, bowl_top_z, in_bowl
 
 # Heights of the grasp point above the table (z = 0), metres.
 Z_GRASP = CUBE_HALF + 0.004  # pads pinch the cube a little above its middle

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hardware.sim.expert import ScriptedExpert
+from robot_rl.hardware.sim.expert import ScriptedExpert
 
 
 class ExpertChunkPolicy:

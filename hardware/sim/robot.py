@@ -1,4 +1,4 @@
-"""``SimSO101``: the simulated SO-101 cell behind the ``hardware.robot.Robot`` protocol.
+"""``SimSO101``: the simulated SO-101 cell behind the ``robot_rl.hardware.robot.Robot`` protocol.
 
 Units are LeRobot's SO-101 units, so a policy moves between sim and a real arm
 unchanged: five arm joints in degrees, the gripper in 0..100 (0 closed, 100 open,
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hardware.robot import InvalidActionError, Observation, features_for, validate_action
-from hardware.sim.config import SimConfig
-from hardware.sim.rendering import CameraRenderer, mujoco
-from hardware.sim.scene import CUBE_HALF, JOINT_NAMES, SceneIds, build_model
-from hardware.sim.so101_package import gripper as gripper_units
-from hardware.sim.tasks import (
+from robot_rl.hardware.robot import InvalidActionError, Observation, features_for, validate_action
+from robot_rl.hardware.sim.config import SimConfig
+from robot_rl.hardware.sim.rendering import CameraRenderer, mujoco
+from robot_rl.hardware.sim.scene import CUBE_HALF, JOINT_NAMES, SceneIds, build_model
+from robot_rl.hardware.sim.so101_package import gripper as gripper_units
+from robot_rl.hardware.sim.tasks import (
     PICK_LIFT,
     TaskProgress,
     TaskSpec,

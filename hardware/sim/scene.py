@@ -30,8 +30,8 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from hardware.sim.config import SimConfig
-from hardware.sim.so101_package import assets_dir
+from robot_rl.hardware.sim.config import SimConfig
+from robot_rl.hardware.sim.so101_package import assets_dir
 
 ARM_JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll")
 GRIPPER_JOINT = "gripper"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hardware.sim.scene import (
+from robot_rl.hardware.sim.scene import (
     BOWL_FLOOR_THICKNESS,
     BOWL_INNER_HALF,
     COLORS,

@@ -7,9 +7,9 @@ takeover from jerking the follower. Device modules import their drivers lazily, 
 package imports cleanly on a headless machine.
 """
 
-from hardware.teleop.base import EPISODE_ENDING, NullTeleop, Teleop, TeleopEvent, TeleopReading
-from hardware.teleop.blend import TakeoverBlender
-from hardware.teleop.intervention import TeleopIntervention
+from robot_rl.hardware.teleop.base import EPISODE_ENDING, NullTeleop, Teleop, TeleopEvent, TeleopReading
+from robot_rl.hardware.teleop.blend import TakeoverBlender
+from robot_rl.hardware.teleop.intervention import TeleopIntervention
 
 __all__ = [
     "EPISODE_ENDING",

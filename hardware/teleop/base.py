@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from hardware.robot import Observation
+from robot_rl.hardware.robot import Observation
 
 
 class TeleopEvent(StrEnum):

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hardware.robot import Observation
-from hardware.teleop.base import TeleopEvent, TeleopReading
+from robot_rl.hardware.robot import Observation
+from robot_rl.hardware.teleop.base import TeleopEvent, TeleopReading
 
 # LeRobot's GripperAction: 0 close, 1 stay, 2 open.
 _GRIPPER_DIRECTION = {0: -1.0, 1: 0.0, 2: 1.0}

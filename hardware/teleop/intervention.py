@@ -19,9 +19,9 @@ from typing import Protocol
 
 import numpy as np
 
-from hardware.robot import Observation
-from hardware.teleop.base import Teleop, TeleopEvent
-from hardware.teleop.blend import TakeoverBlender
+from robot_rl.hardware.robot import Observation
+from robot_rl.hardware.teleop.base import Teleop, TeleopEvent
+from robot_rl.hardware.teleop.blend import TakeoverBlender
 
 log = logging.getLogger(__name__)
 

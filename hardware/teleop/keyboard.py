@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hardware.robot import Observation
-from hardware.teleop.base import TeleopReading
+from robot_rl.hardware.robot import Observation
+from robot_rl.hardware.teleop.base import TeleopReading
 
 
 def _default_bindings() -> dict[str, list]:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hardware.lerobot_registry import config_class
-from hardware.robot import Observation
-from hardware.teleop.base import TeleopReading
+from robot_rl.hardware.lerobot_registry import config_class
+from robot_rl.hardware.robot import Observation
+from robot_rl.hardware.teleop.base import TeleopReading
 
 log = logging.getLogger(__name__)
 

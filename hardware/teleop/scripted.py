@@ -23,8 +23,8 @@ from typing import Protocol
 
 import numpy as np
 
-from hardware.robot import Observation
-from hardware.teleop.base import TeleopEvent, TeleopReading
+from robot_rl.hardware.robot import Observation
+from robot_rl.hardware.teleop.base import TeleopEvent, TeleopReading
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +194,8 @@ class _SimView:
         task = self.robot.task
         if task.family != "push":
             return target
-        from hardware.sim.expert import PUSH_START_GAP
-        from hardware.sim.tasks import PUSH_DIRECTIONS
+        from robot_rl.hardware.sim.expert import PUSH_START_GAP
+        from robot_rl.hardware.sim.tasks import PUSH_DIRECTIONS
 
         behind = target.copy()
         behind[:2] -= np.asarray(PUSH_DIRECTIONS[task.direction]) * PUSH_START_GAP
@@ -215,7 +215,7 @@ def scripted_operator_for_sim(robot, config: ScriptedOperatorConfig | None = Non
     """A scripted operator watching ``robot`` (a ``SimSO101``) and driving it with ``expert``
     (default: a full-speed ScriptedExpert). Give it the demonstrator's expert so that its
     corrections move like the demonstrations: mixed speeds in one replay confuse the policy."""
-    from hardware.sim import ScriptedExpert
+    from robot_rl.hardware.sim import ScriptedExpert
 
     missing = [m for m in ("ee_position", "target_position", "world", "reset") if not hasattr(robot, m)]
     if missing:

@@ -2,9 +2,9 @@
 and state-offset augmentation. Module map: config, encoders, normalization, model, checkpoint,
 augment (offset samples), data (batch sampler), training (fit)."""
 
-from policies.flow_vla.checkpoint import CheckpointError
-from policies.flow_vla.config import FlowVLAConfig
-from policies.flow_vla.model import FlowVLA
-from policies.flow_vla.training import auto_device, fit
+from robot_rl.policies.flow_vla.checkpoint import CheckpointError
+from robot_rl.policies.flow_vla.config import FlowVLAConfig
+from robot_rl.policies.flow_vla.model import FlowVLA
+from robot_rl.policies.flow_vla.training import auto_device, fit
 
 __all__ = ["CheckpointError", "FlowVLA", "FlowVLAConfig", "auto_device", "fit"]

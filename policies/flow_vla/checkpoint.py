@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from policies.flow_vla.config import FlowVLAConfig
+from robot_rl.policies.flow_vla.config import FlowVLAConfig
 
 FORMAT_VERSION = 1
 POLICY_TYPE = "flow_vla"

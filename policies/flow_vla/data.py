@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from policies.flow_vla.augment import build_sample, sample_offsets
-from policies.flow_vla.config import FlowVLAConfig
+from robot_rl.policies.flow_vla.augment import build_sample, sample_offsets
+from robot_rl.policies.flow_vla.config import FlowVLAConfig
 
 
 def validate_episode(episode: dict, config: FlowVLAConfig, index: int) -> int:

@@ -24,17 +24,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from policies.flow_vla import checkpoint
-from policies.flow_vla.config import FlowVLAConfig
-from policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float, random_shift
-from policies.flow_vla.normalization import Normalizer
-from policies.text_encoder import InstructionEncoder
+from robot_rl.policies.flow_vla import checkpoint
+from robot_rl.policies.flow_vla.config import FlowVLAConfig
+from robot_rl.policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float, random_shift
+from robot_rl.policies.flow_vla.normalization import Normalizer
+from robot_rl.policies.text_encoder import InstructionEncoder
 
 Batch = dict[str, Any]
 
 
 class FlowVLA(nn.Module):
-    """The project's VLA; implements ``policies.base.ChunkPolicy``."""
+    """The project's VLA; implements ``robot_rl.policies.base.ChunkPolicy``."""
 
     def __init__(self, config: FlowVLAConfig | None = None, text_encoder: InstructionEncoder | None = None):
         super().__init__()

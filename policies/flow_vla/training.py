@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from policies.flow_vla.data import EpisodeSampler
-from policies.flow_vla.model import FlowVLA
+from robot_rl.policies.flow_vla.data import EpisodeSampler
+from robot_rl.policies.flow_vla.model import FlowVLA
 
 
 def auto_device() -> torch.device:

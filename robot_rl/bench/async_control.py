@@ -7,7 +7,7 @@ a GPU) it measures success, completion time, stall time, reaction latency (see
 fraction of late ticks with the sim and the policy sharing this machine.
 
 The same cells are then run with the scripted expert as the chunk policy
-(``hardware.sim.expert_policy``): it sees the world perfectly and at once, so its
+(``robot_rl.hardware.sim.expert_policy``): it sees the world perfectly and at once, so its
 completion times and reaction latencies are the runtime's alone; the checkpoint's are
 the runtime's plus its own perception (JSON ``results_expert_policy``).
 """
@@ -160,7 +160,7 @@ def run_async_bench(
     progress: bool = True,
 ) -> dict:
     """The checkpoint in every cell; then, if given, the privileged ``expert_policy`` (see
-    ``hardware.sim.expert_policy``) in every cell, which isolates the runtime's timing from
+    ``robot_rl.hardware.sim.expert_policy``) in every cell, which isolates the runtime's timing from
     the learned policy's perception; then late ticks in real time."""
     seeds = [2_000_000 + i for i in range(episodes)]
     reaction_seeds = [3_000_000 + i for i in range(reaction_episodes)]
@@ -224,8 +224,8 @@ def print_cells(results: dict, title: str) -> None:
 
 
 def run_from_cli(quick: bool, overrides: list[str]) -> dict:
-    from hardware.sim import TASK_FAMILIES
-    from hardware.sim.expert_policy import ExpertChunkPolicy
+    from robot_rl.hardware.sim import TASK_FAMILIES
+    from robot_rl.hardware.sim.expert_policy import ExpertChunkPolicy
     from robot_rl.commands.policy_loading import load_policy, policy_source
     from robot_rl.commands.sim_setup import demo_expert, make_sim, task_families
     from robot_rl.config import load_config, to_dataclass

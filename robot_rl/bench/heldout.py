@@ -26,8 +26,8 @@ HELDOUT_SEED_OFFSET = 9_000_000  # held-out scenes; the bench's robots use seed 
 
 def evaluate_weights(weights: Path, cfg: Any, episodes: int, desc: str) -> dict[str, Any]:
     """Success of ``weights`` on ``episodes`` held-out scenes, in this process (virtual time)."""
-    from hardware.sim import TASK_FAMILIES
-    from policies.flow_vla import FlowVLA
+    from robot_rl.hardware.sim import TASK_FAMILIES
+    from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.commands.sim_setup import make_sim, task_families
     from robot_rl.config import to_dataclass
     from robot_rl.edge import EdgeConfig

@@ -89,7 +89,7 @@ from robot_rl.learning_curve import EpisodeRecord, LearningCurve
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.learner.config import LearnerConfig
     from robot_rl.learner.local import (
         EpisodeCallback,
@@ -516,7 +516,7 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
     """Run one arm for ``bench.minutes_per_arm`` and collect its learning curve."""
     import torch
 
-    from hardware.sim import TASK_FAMILIES, SimConfig
+    from robot_rl.hardware.sim import TASK_FAMILIES, SimConfig
     from robot_rl.commands.run import Progress, operator_factory, share_cpu_with_robots
     from robot_rl.commands.sim_setup import task_families
     from robot_rl.config import to_dataclass
@@ -589,7 +589,7 @@ def save_partial_report(report: dict, path: Path) -> None:
 
 def run_learning_bench(cfg_for: Callable[[str], DictConfig], bench: LearningBenchConfig, out_dir: Path) -> dict:
     """Every arm in turn from the same BC checkpoint; returns the report (see ``build_report``)."""
-    from policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.commands.run import ensure_bc_checkpoint
     from robot_rl.commands.train_bc import ensure_demos
 

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
-from hardware.sim.rendering import mujoco
+from robot_rl.hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
+from robot_rl.hardware.sim.rendering import mujoco
 
 
 def measure_render_fps(config: SimConfig, frames: int, seed: int = 0) -> dict[str, float]:

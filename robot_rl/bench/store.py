@@ -108,7 +108,7 @@ class TrainerProbe:
 def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = "thread") -> dict[str, Any]:
     """Wall seconds until ``cfg.episodes`` queued episodes are in the finalized dataset, and the
     speed a training thread kept meanwhile (over its speed alone)."""
-    from bridges.zmq.segments import ImageEncoding, encode_segment
+    from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
     from robot_rl.learner.config import StoreConfig
     from robot_rl.learner.store import ReplayStore
 

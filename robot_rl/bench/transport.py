@@ -121,8 +121,8 @@ def ballast_policy(size_mb: float) -> Any:
     """The project's FlowVLA plus a ballast buffer so that its state dict weighs ``size_mb`` MB."""
     import torch
 
-    from policies.flow_vla import FlowVLA, FlowVLAConfig
-    from policies.text_encoder import InstructionEncoder
+    from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
+    from robot_rl.policies.text_encoder import InstructionEncoder
 
     torch.manual_seed(0)
     policy = FlowVLA(FlowVLAConfig(cameras=CAMERAS, image_size=IMAGE, num_integration_steps=4),
@@ -143,10 +143,10 @@ def _zmq_edge_ingest(robot_id: str, router: str, spool: str, config_hash: str, s
     and commits episodes to the LeRobotDataset only when they end, which is outside the
     window measured here (that writer's own speed is lerobot's, not the wire's).
     """
-    from bridges.zmq.client import ClientConfig
-    from bridges.zmq.streaming import StreamingClient
+    from robot_rl.bridges.zmq.client import ClientConfig
+    from robot_rl.bridges.zmq.streaming import StreamingClient
 
-    logging.getLogger("bridges.zmq.streaming").setLevel(logging.CRITICAL)  # saturating the queue is the point
+    logging.getLogger("robot_rl.bridges.zmq.streaming").setLevel(logging.CRITICAL)  # saturating the queue is the point
     config = ClientConfig(robot_id=robot_id, router_endpoint=router, pub_endpoint=None, spool_dir=spool,
                           config_hash=config_hash, fetch_weights=False, max_in_flight=16)
     steps = synthetic_steps(EPISODE_STEPS, 0, seed=int(robot_id.rsplit("-", 1)[-1]))
@@ -164,8 +164,8 @@ def _zmq_edge_ingest(robot_id: str, router: str, spool: str, config_hash: str, s
 
 
 def zmq_ingest(robots: int, window_s: float, workdir: Path) -> dict[str, float]:
-    from bridges.zmq.protocol import encode_message
-    from bridges.zmq.segments import ImageEncoding, encode_segment
+    from robot_rl.bridges.zmq.protocol import encode_message
+    from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
     from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig, TrainerConfig
     from robot_rl.learner.service import LearnerService
 
@@ -326,13 +326,13 @@ class BenchArm:
 
     @property
     def observation_features(self) -> dict:
-        from hardware.robot import features_for
+        from robot_rl.hardware.robot import features_for
 
         return features_for(self.joint_names, {c: (IMAGE, IMAGE) for c in CAMERAS})[0]
 
     @property
     def action_features(self) -> dict:
-        from hardware.robot import features_for
+        from robot_rl.hardware.robot import features_for
 
         return features_for(self.joint_names, {c: (IMAGE, IMAGE) for c in CAMERAS})[1]
 
@@ -355,8 +355,8 @@ def _zmq_edge_swap(router: str, pub: str, spool: str, size_mb: float, stop_at: f
     """Edge process: run episodes on the wall clock; report when each version is first in use, and late ticks."""
     import torch
 
-    from bridges.zmq.client import ClientConfig
-    from bridges.zmq.segments import ImageEncoding
+    from robot_rl.bridges.zmq.client import ClientConfig
+    from robot_rl.bridges.zmq.segments import ImageEncoding
     from robot_rl.core.clock import WallClock
     from robot_rl.edge.config import EdgeConfig
     from robot_rl.edge.node import EdgeNode
@@ -406,8 +406,8 @@ class _AckOnly:
     """Learner handlers for the swap run: segments are acked, not stored (only the weights path matters)."""
 
     def __new__(cls) -> Any:  # built lazily so importing this module does not import the bridge
-        from bridges.zmq.protocol import Ack
-        from bridges.zmq.server import ServerHandlers
+        from robot_rl.bridges.zmq.protocol import Ack
+        from robot_rl.bridges.zmq.server import ServerHandlers
 
         class AckOnly(ServerHandlers):
             def on_segment(self, peer: Any, msg: Any) -> Any:
@@ -417,7 +417,7 @@ class _AckOnly:
 
 
 def zmq_swap(size_mb: float, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
-    from bridges.zmq.server import ServerConfig, ZmqServer
+    from robot_rl.bridges.zmq.server import ServerConfig, ZmqServer
     from robot_rl.learner.publisher import snapshot
 
     policy = ballast_policy(size_mb)

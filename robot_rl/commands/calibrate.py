@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
 
 
 def _camera(args) -> int:
-    from calibration.camera import CalibrationError, CharucoBoardSpec, calibrate_camera, load_images
+    from robot_rl.calibration.camera import CalibrationError, CharucoBoardSpec, calibrate_camera, load_images
 
     paths = sorted({p for pattern in args.images for p in (glob.glob(pattern) or [pattern])})
     spec = CharucoBoardSpec(args.squares[0], args.squares[1], args.square_m, args.marker_m, args.dictionary)
@@ -68,7 +68,7 @@ def _camera(args) -> int:
 
 
 def _latency(args, overrides: list[str]) -> int:
-    from calibration.latency import LatencyCalibrationError, StepTestConfig, calibrate_latency
+    from robot_rl.calibration.latency import LatencyCalibrationError, StepTestConfig, calibrate_latency
     from robot_rl.commands.session import compose
     from robot_rl.core.clock import WallClock
     from robot_rl.session import factory
@@ -100,7 +100,7 @@ def _latency(args, overrides: list[str]) -> int:
 
 
 def _motors(overrides: list[str]) -> int:
-    from calibration.motors import NoRobotError, calibrate_motors
+    from robot_rl.calibration.motors import NoRobotError, calibrate_motors
     from robot_rl.commands.session import compose
     from robot_rl.session import factory
 

@@ -24,8 +24,8 @@ def main(argv: list[str]) -> int:
 
 
 def run_sim_demo(cfg, episodes_per_family: int, realtime: bool = False) -> int:
-    from hardware.sim import TASK_FAMILIES, ScriptedExpert
-    from hardware.sim.episode import run_expert_episode
+    from robot_rl.hardware.sim import TASK_FAMILIES, ScriptedExpert
+    from robot_rl.hardware.sim.episode import run_expert_episode
     from robot_rl.commands.sim_setup import make_sim
     from robot_rl.core.clock import WallClock
 

@@ -44,8 +44,8 @@ def main(argv: list[str]) -> int:
     if not args.learner:
         print("robot-rl edge: say where the learner is: robot-rl edge learner=tcp://HOST:5555")
         return 2
-    from bridges.zmq.client import ClientConfig
-    from bridges.zmq.keys import ClientCurve
+    from robot_rl.bridges.zmq.client import ClientConfig
+    from robot_rl.bridges.zmq.keys import ClientCurve
     from robot_rl.commands.learner import build_policy
     from robot_rl.config import load_config
     from robot_rl.learner.local import LocalRunConfig, run_edge, sim_robot_factory

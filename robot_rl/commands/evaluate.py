@@ -73,7 +73,7 @@ def paired_comparison(evals):
 
 def _families(cfg: DictConfig) -> list[str]:
     """The configured task families (root ``task_families``), checked against the sim's."""
-    from hardware.sim import TASK_FAMILIES
+    from robot_rl.hardware.sim import TASK_FAMILIES
     from robot_rl.commands.sim_setup import task_families
 
     return task_families(cfg.get("task_families"), TASK_FAMILIES)

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-learner", action="store_true", help="only robot keys (add robots to an existing set)")
     parser.add_argument("--force", action="store_true", help="overwrite existing key files")
     args = parser.parse_args(argv)
-    from bridges.zmq.keys import generate_keypair
+    from robot_rl.bridges.zmq.keys import generate_keypair
 
     wanted = ([] if args.no_learner else [(args.out, "learner")]) + [(args.out / "robots", r) for r in args.robots]
     existing = [d / f"{n}.key_secret" for d, n in wanted if (d / f"{n}.key_secret").exists()]

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def build_policy(cfg, init_checkpoint: str | None):  # noqa: ANN001, ANN201 - DictConfig in, FlowVLA out
     """The learner's policy: the init checkpoint if given, else a fresh FlowVLA from ``policy``."""
-    from policies.flow_vla import FlowVLA, FlowVLAConfig
+    from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
     from robot_rl.config import to_dataclass
 
     if init_checkpoint:

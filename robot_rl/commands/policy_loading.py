@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from robot_rl.config import ConfigError
 
-SHIPPED_BC = Path(__file__).resolve().parents[2] / "checkpoints" / "bc_push"
+SHIPPED_BC = Path(str(files("robot_rl.checkpoints"))) / "bc_push"
 
 
 def shipped_bc_checkpoint(cfg: DictConfig) -> Path | None:
     """The shipped BC start (``checkpoints/bc_push``, trained with ``robot-rl train-bc`` on
     the default push demonstrations), if ``bc.use_shipped`` and it fits ``policy.model`` and
     ``task_families``; else None (a different model or task set must be trained)."""
-    from policies.flow_vla import FlowVLAConfig
-    from policies.flow_vla.checkpoint import read_config
+    from robot_rl.policies.flow_vla import FlowVLAConfig
+    from robot_rl.policies.flow_vla.checkpoint import read_config
     from robot_rl.config import to_dataclass
 
     if not cfg.bc.get("use_shipped", True) or not (SHIPPED_BC / "model.safetensors").exists():
@@ -43,7 +44,7 @@ def load_policy(cfg: DictConfig, deterministic: bool = False):
     path = policy_source(cfg)
     kind = cfg.policy.get("type", "flow_vla")
     if kind == "flow_vla":
-        from policies.flow_vla import FlowVLA
+        from robot_rl.policies.flow_vla import FlowVLA
 
         if not cfg.policy.get("path") and not (Path(path) / "config.json").exists():
             raise ConfigError(
@@ -54,7 +55,7 @@ def load_policy(cfg: DictConfig, deterministic: bool = False):
             policy.config.inference_seed = 0
         return policy
     if kind == "lerobot":
-        from policies.lerobot_adapter import LeRobotChunkPolicy
+        from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 
         return LeRobotChunkPolicy.from_pretrained(path)
     raise ConfigError(f"unknown policy.type {kind!r}; use flow_vla or lerobot")

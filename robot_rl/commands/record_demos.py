@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
 def record_demos(cfg: DictConfig, progress: bool = True):
     """The configured demonstrations into ``demos.dir``: with ``demos.sim_process`` (default) the
     sim runs in a child process while this one writes, else both here (the same dataset either way)."""
-    from hardware.sim import TASK_FAMILIES
+    from robot_rl.hardware.sim import TASK_FAMILIES
     from robot_rl.commands.sim_setup import check_expert_speed, check_sim_robot, demo_expert, make_sim, task_families
     from robot_rl.demos import record_expert_demos
 

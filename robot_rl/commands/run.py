@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from hardware.teleop.scripted import ScriptedOperatorConfig
+from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
 from robot_rl.config import ConfigError, load_config, to_dataclass
 from robot_rl.learning_curve import LearningCurve
 
@@ -77,9 +77,9 @@ class ScriptedOperatorFactory:
     settings: ScriptedOperatorConfig = field(default_factory=ScriptedOperatorConfig)
 
     def __call__(self, index: int, robot):
-        from hardware.teleop.blend import TakeoverBlender
-        from hardware.teleop.intervention import TeleopIntervention
-        from hardware.teleop.scripted import scripted_operator_for_sim
+        from robot_rl.hardware.teleop.blend import TakeoverBlender
+        from robot_rl.hardware.teleop.intervention import TeleopIntervention
+        from robot_rl.hardware.teleop.scripted import scripted_operator_for_sim
         from robot_rl.commands.sim_setup import demo_expert
 
         settings = replace(self.settings, seed=self.settings.seed + index)
@@ -208,8 +208,8 @@ def learner_label(config: LearnerConfig) -> str:
 
 
 def run_main_job(cfg: DictConfig) -> dict:
-    from hardware.sim import TASK_FAMILIES, SimConfig
-    from policies.flow_vla import FlowVLA
+    from robot_rl.hardware.sim import TASK_FAMILIES, SimConfig
+    from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.commands.sim_setup import task_families
     from robot_rl.edge import EdgeConfig
     from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local

@@ -14,7 +14,7 @@ def check_sim_robot(cfg: DictConfig) -> None:
 
 
 def make_sim(cfg: DictConfig):
-    from hardware.sim import SimConfig, SimSO101
+    from robot_rl.hardware.sim import SimConfig, SimSO101
 
     check_sim_robot(cfg)
     robot = SimSO101(to_dataclass(cfg.robot, SimConfig))
@@ -31,7 +31,7 @@ def check_expert_speed(speed) -> float:
 
 def demo_expert(robot, speed: float):
     """The scripted expert as demonstrator, at ``speed`` times its full joint and Cartesian rates."""
-    from hardware.sim import ScriptedExpert
+    from robot_rl.hardware.sim import ScriptedExpert
 
     speed = check_expert_speed(speed)
     return ScriptedExpert(robot, max_joint_step=6.0 * speed, cartesian_step=0.012 * speed, careful_step=0.006 * speed)

@@ -41,9 +41,9 @@ def ensure_demos(cfg: DictConfig) -> Path:
 
 
 def train_bc(cfg: DictConfig, progress: bool = True) -> dict:
-    from policies.flow_vla import FlowVLA, FlowVLAConfig
-    from policies.flow_vla.training import fit
-    from hardware.sim import TASK_FAMILIES
+    from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
+    from robot_rl.policies.flow_vla.training import fit
+    from robot_rl.hardware.sim import TASK_FAMILIES
     from robot_rl.commands.sim_setup import make_sim, task_families
     from robot_rl.data import load_episode_arrays
     from robot_rl.edge import EdgeConfig

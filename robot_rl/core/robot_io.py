@@ -1,7 +1,7 @@
 """What crosses the robot boundary: observations, actions and their validation.
 
 These live in ``robot_rl.core`` (which imports nothing of the project) so that every robot
-backend — the sim and LeRobot robots in ``hardware``, ROS 2 arms in ``bridges.ros2`` — checks
+backend — the sim and LeRobot robots in ``hardware``, ROS 2 arms in ``robot_rl.bridges.ros2`` — checks
 actions the same way without one backend package importing another.
 """
 

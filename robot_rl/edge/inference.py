@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from policies.base import ChunkPolicy, InvalidChunkError, validate_chunk
+from robot_rl.policies.base import ChunkPolicy, InvalidChunkError, validate_chunk
 from robot_rl.core.clock import Clock
 from robot_rl.core.types import ActionChunk
 from robot_rl.edge.config import EdgeConfig

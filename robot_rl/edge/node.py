@@ -40,8 +40,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hardware.robot import InvalidActionError, Observation, Robot, validate_action
-from policies.base import ChunkPolicy
+from robot_rl.hardware.robot import InvalidActionError, Observation, Robot, validate_action
+from robot_rl.policies.base import ChunkPolicy
 from robot_rl.core.clock import Clock
 from robot_rl.core.types import Episode, Step
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction

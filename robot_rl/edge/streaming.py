@@ -1,4 +1,4 @@
-"""Glue between an EdgeNode and the learner link (``bridges.zmq.StreamingClient``).
+"""Glue between an EdgeNode and the learner link (``robot_rl.bridges.zmq.StreamingClient``).
 
 Two directions, neither of which may slow the control thread:
 
@@ -42,11 +42,11 @@ from dataclasses import dataclass
 
 import torch
 
-from bridges.zmq.client import ClientConfig
-from bridges.zmq.protocol import WeightsAnnounce
-from bridges.zmq.segments import ImageEncoding
-from bridges.zmq.streaming import StreamingClient
-from bridges.zmq.weights import TensorView, WeightsError, tensor_views
+from robot_rl.bridges.zmq.client import ClientConfig
+from robot_rl.bridges.zmq.protocol import WeightsAnnounce
+from robot_rl.bridges.zmq.segments import ImageEncoding
+from robot_rl.bridges.zmq.streaming import StreamingClient
+from robot_rl.bridges.zmq.weights import TensorView, WeightsError, tensor_views
 from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
 

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.config import LearnerConfig, TrainerConfig
 from robot_rl.learner.index import SamplingIndex
 from robot_rl.learner.publisher import PublishFn

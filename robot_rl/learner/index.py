@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from policies.flow_vla.augment import build_sample, sample_offsets
+from robot_rl.policies.flow_vla.augment import build_sample, sample_offsets
 from robot_rl.core.types import Step
 from robot_rl.learner.config import STREAMS
 from robot_rl.learner.rewards import EpisodeRewards, RewardConfig, episode_rewards, transition_fields

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridges.zmq.client import ClientConfig
-from bridges.zmq.segments import ImageEncoding
-from policies.flow_vla import FlowVLA
+from robot_rl.bridges.zmq.client import ClientConfig
+from robot_rl.bridges.zmq.segments import ImageEncoding
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.core.clock import WallClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
@@ -38,7 +38,7 @@ ROBOT_MODES = ("thread", "process")
 # (robot index) -> (robot, task or None, reset(episode) -> instruction)
 RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
 # (robot index, robot) -> an intervention hook with bind(node) and begin_episode(episode),
-# e.g. hardware.teleop.TeleopIntervention around the scripted operator
+# e.g. robot_rl.hardware.teleop.TeleopIntervention around the scripted operator
 OperatorFactory = Callable[[int, Any], Any]
 # Called on the robot's thread after each episode: (robot_id, episode, policy version in use)
 EpisodeCallback = Callable[[str, Any, int], None]
@@ -90,7 +90,7 @@ class LocalRunResult:
 
 @dataclass(frozen=True)
 class SimRobotFactory:
-    """Robots for ``run_local``: one MuJoCo SO-101 (hardware.sim) each; picklable, so a robot
+    """Robots for ``run_local``: one MuJoCo SO-101 (robot_rl.hardware.sim) each; picklable, so a robot
     process can build its own.
 
     Robot ``i`` resets episode ``e`` with seed ``seed_base + 100_000 * i + e``, so robots never
@@ -98,12 +98,12 @@ class SimRobotFactory:
     the sim draws one per seed) rotate over the episodes.
     """
 
-    sim_config: Any = None  # hardware.sim.SimConfig; None: its defaults
+    sim_config: Any = None  # robot_rl.hardware.sim.SimConfig; None: its defaults
     families: tuple[str, ...] | None = None
     seed_base: int = 0
 
     def __call__(self, index: int) -> tuple[Any, Any, Callable[[int], str]]:
-        from hardware.sim import SimConfig, SimSO101
+        from robot_rl.hardware.sim import SimConfig, SimSO101
 
         seed = self.seed_base + 100_000 * index
         sim = SimSO101(dataclasses.replace(self.sim_config or SimConfig(), seed=seed))

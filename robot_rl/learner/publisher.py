@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from bridges.zmq.weights import WeightsBlob, serialize_tensors
+from robot_rl.bridges.zmq.weights import WeightsBlob, serialize_tensors
 
 log = logging.getLogger(__name__)
 

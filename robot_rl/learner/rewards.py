@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from policies.flow_vla.encoders import images_to_float
+from robot_rl.policies.flow_vla.encoders import images_to_float
 
 # Per-sample fields that ``transition_fields`` adds to a training sample (see there).
 TRANSITION_FIELDS = ("return", "episode_return", "chunk_reward", "chunk_discount", "transition_valid",
@@ -256,7 +256,7 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
     """What the learning algorithms need for the training sample at time ``t`` with state offset ``offset``.
 
     The sample's chunk starts at ``s = t + offset`` (offset clipped as in
-    ``policies.flow_vla.augment.offset_indices``) and spans H = ``chunk_size`` steps. Returns:
+    ``robot_rl.policies.flow_vla.augment.offset_indices``) and spans H = ``chunk_size`` steps. Returns:
 
     - ``return``: discounted return-to-go from ``s`` (partial while the episode is open);
     - ``episode_return``: the discounted return of the whole episode (the same for all its steps);

@@ -58,7 +58,7 @@ class RobotJob:
     """Everything a child needs to run one edge node; picklable (``spawn`` sends it)."""
 
     index: int
-    client: Any  # bridges.zmq.client.ClientConfig
+    client: Any  # robot_rl.bridges.zmq.client.ClientConfig
     policy_dir: str  # the starting weights, saved by the parent (each robot loads its own copy)
     run: Any  # robot_rl.learner.local.LocalRunConfig
     robot_factory: Any  # robot_rl.learner.local.RobotFactory, a picklable one (e.g. SimRobotFactory)
@@ -198,7 +198,7 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
     try:
         import torch
 
-        from policies.flow_vla import FlowVLA
+        from robot_rl.policies.flow_vla import FlowVLA
         from robot_rl.learner.local import run_robot
 
         torch.set_num_threads(job.torch_threads)

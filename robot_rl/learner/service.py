@@ -13,10 +13,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bridges.zmq.keys import ServerCurve
-from bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
-from bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
-from policies.flow_vla import FlowVLA
+from robot_rl.bridges.zmq.keys import ServerCurve
+from robot_rl.bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
+from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
 from robot_rl.learner.hub import HubPusher, dataset_snapshot

@@ -5,7 +5,7 @@ Path of a segment (edge -> learner):
 1. ``ingest`` decodes and validates it (layout, finite numbers), then checks the dedup
    key (robot_id, episode_id, seq) against what is staged or committed. A duplicate is
    acknowledged as such and dropped.
-2. A new segment is appended to the *staging* log (``bridges.zmq.Spool``) as the very
+2. A new segment is appended to the *staging* log (``robot_rl.bridges.zmq.Spool``) as the very
    frames that arrived; the segments that arrived together share one fsync (group commit,
    ``ingest_many``). Only after that fsync may the learner ack them: they survive a crash.
    Then they go into the in-memory ``SamplingIndex`` -- with ``background_commit``, on its
@@ -45,9 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_message
-from bridges.zmq.segments import decode_segment
-from bridges.zmq.spool import Spool
+from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_message
+from robot_rl.bridges.zmq.segments import decode_segment
+from robot_rl.bridges.zmq.spool import Spool
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Step
 from robot_rl.learner.config import StoreConfig

@@ -8,7 +8,7 @@ thread, 4.8 with it in its own process, and 5.4 with no writing until the end (B
 "store"). In its own process the writer still costs CPU, but not the GIL the trainer needs.
 
 Both writers take an episode as its staged segments, the very frames that came over the wire
-(``bridges.zmq``), decode them with the wire's own validating codec, and report the dataset
+(``robot_rl.bridges.zmq``), decode them with the wire's own validating codec, and report the dataset
 index and the outcome columns the store tracks. Between the processes only bytes travel:
 msgpack messages over a pipe, never pickled objects.
 
@@ -30,8 +30,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from bridges.zmq.protocol import decode_message
-from bridges.zmq.segments import decode_segment
+from robot_rl.bridges.zmq.protocol import decode_message
+from robot_rl.bridges.zmq.segments import decode_segment
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Episode
 from robot_rl.data.recorder import EpisodeRecorder

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from policies.flow_vla import FlowVLA
-from policies.flow_vla.training import auto_device
+from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla.training import auto_device
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.algorithms import make_algorithm

@@ -41,7 +41,7 @@ class Scene:
 
 def task_of_instruction(instruction: str) -> tuple[str, str] | None:
     """(family, colour) of a sim instruction, or None if it is not one of the sim's tasks."""
-    from hardware.sim.tasks import PUSH_DIRECTIONS, TASK_COLORS, TASK_FAMILIES, make_task
+    from robot_rl.hardware.sim.tasks import PUSH_DIRECTIONS, TASK_COLORS, TASK_FAMILIES, make_task
 
     text = instruction.strip().lower()
     for family in TASK_FAMILIES:
@@ -68,8 +68,8 @@ def apply_scene(robot, scene: Scene, fallback_seed: int = 0) -> str:
 
 def place_arm(robot, joints: np.ndarray) -> None:
     """Set the arm's joints (sim units) at rest, servos holding there; the scene stays as it is."""
-    from hardware.sim.rendering import mujoco
-    from hardware.sim.so101_package import gripper as gripper_units
+    from robot_rl.hardware.sim.rendering import mujoco
+    from robot_rl.hardware.sim.so101_package import gripper as gripper_units
 
     lower, upper = robot.joint_limits
     target = np.clip(np.asarray(joints, dtype=np.float64), lower, upper)

@@ -44,7 +44,7 @@ class SessionConfig:
 
 @dataclass
 class TeleopConfig:
-    """Which teleop device, and how takeovers are blended (see hardware.teleop.blend).
+    """Which teleop device, and how takeovers are blended (see robot_rl.hardware.teleop.blend).
 
     ``device`` holds the fields of the device's own config dataclass (LeaderArmConfig,
     GamepadConfig, KeyboardJogConfig or ScriptedOperatorConfig).

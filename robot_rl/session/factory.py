@@ -33,15 +33,15 @@ def make_robot(cfg: DictConfig):
     values = _plain(cfg.get("robot"))
     backend = values.pop("backend", "sim")
     if backend == "lerobot":
-        from hardware.lerobot_robot import LeRobotRobot, LeRobotRobotConfig
+        from robot_rl.hardware.lerobot_robot import LeRobotRobot, LeRobotRobotConfig
 
         return LeRobotRobot(to_dataclass(values, LeRobotRobotConfig))
     if backend == "ros2":
-        from bridges.ros2 import Ros2ArmConfig, Ros2Robot
+        from robot_rl.bridges.ros2 import Ros2ArmConfig, Ros2Robot
 
         return Ros2Robot(to_dataclass(values, Ros2ArmConfig))
     if backend == "sim":
-        from hardware.sim import SimConfig, SimSO101
+        from robot_rl.hardware.sim import SimConfig, SimSO101
 
         return SimSO101(to_dataclass(values, SimConfig))
     raise ConfigError(f"robot.backend must be lerobot, ros2 or absent (sim), got {backend!r}")
@@ -78,11 +78,11 @@ def make_policy(cfg: DictConfig, action_dim: int):
             "or policy.type=hold for a dry run without a model"
         )
     if kind == "flow_vla":
-        from policies.flow_vla import FlowVLA
+        from robot_rl.policies.flow_vla import FlowVLA
 
         policy = FlowVLA.from_pretrained(path, device=device)
     elif kind == "lerobot":
-        from policies.lerobot_adapter import LeRobotChunkPolicy
+        from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 
         policy = LeRobotChunkPolicy.from_pretrained(path, device=device)
     else:
@@ -96,25 +96,25 @@ def make_teleop(config: TeleopConfig, robot):
     """The teleop device of ``config.type`` for ``robot``."""
     joints = tuple(robot.joint_names)
     if config.type == "scripted":
-        from hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
+        from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
 
         try:
             return scripted_operator_for_sim(robot, to_dataclass(config.device, ScriptedOperatorConfig))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     if config.type == "leader":
-        from hardware.teleop.leader import LeaderArmConfig, LeaderArmTeleop
+        from robot_rl.hardware.teleop.leader import LeaderArmConfig, LeaderArmTeleop
 
         return LeaderArmTeleop(joints, config=to_dataclass(config.device, LeaderArmConfig))
     if config.type == "gamepad":
-        from hardware.teleop.gamepad import GamepadConfig, GamepadTeleop
+        from robot_rl.hardware.teleop.gamepad import GamepadConfig, GamepadTeleop
 
         return GamepadTeleop(joints, config=to_dataclass(config.device, GamepadConfig))
     if config.type == "keyboard":
-        from hardware.teleop.keyboard import KeyboardJogConfig, KeyboardJogTeleop
+        from robot_rl.hardware.teleop.keyboard import KeyboardJogConfig, KeyboardJogTeleop
 
         return KeyboardJogTeleop(joints, config=to_dataclass(config.device, KeyboardJogConfig))
-    from hardware.teleop import NullTeleop
+    from robot_rl.hardware.teleop import NullTeleop
 
     return NullTeleop()
 

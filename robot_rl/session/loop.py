@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hardware.teleop import TeleopEvent, TeleopIntervention
-from hardware.teleop.keys import KeySource
+from robot_rl.hardware.teleop import TeleopEvent, TeleopIntervention
+from robot_rl.hardware.teleop.keys import KeySource
 from robot_rl.core.clock import Clock
 from robot_rl.core.types import Episode, Step
 from robot_rl.data import EpisodeRecorder

@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from hardware.teleop import TakeoverBlender, TeleopIntervention
-from hardware.teleop.keys import NoKeys, ScriptedKeys, TerminalKeys
+from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
+from robot_rl.hardware.teleop.keys import NoKeys, ScriptedKeys, TerminalKeys
 from robot_rl.config import ConfigError, to_dataclass
 from robot_rl.core.clock import VirtualClock, WallClock
 from robot_rl.data import EpisodeRecorder
@@ -87,7 +87,7 @@ def _start_streamer(learner: str | None, robot, policy, node, config: SessionCon
     if learner is None:
         return None
     try:
-        from bridges.zmq.client import ClientConfig
+        from robot_rl.bridges.zmq.client import ClientConfig
         from robot_rl.edge.streaming import EdgeStreamer
     except ImportError as exc:
         raise ConfigError(f"learner streaming is not available yet in this install: {exc}") from exc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.awr import AWR
 from robot_rl.learner.algorithms.base import Algorithm
 from robot_rl.learner.algorithms.bc import WeightedBC

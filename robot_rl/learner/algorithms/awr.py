@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.critic import (
     ValueNetwork,
     critic_inputs,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.base import Algorithm
 from robot_rl.learner.config import TrainerConfig
 

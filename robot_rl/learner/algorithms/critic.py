@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from policies.flow_vla import FlowVLA
-from policies.flow_vla.encoders import images_to_float
+from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla.encoders import images_to_float
 
 
 @contextlib.contextmanager

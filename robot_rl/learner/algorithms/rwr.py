@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.bc import WeightedBC
 from robot_rl.learner.config import STREAMS, TrainerConfig
 from robot_rl.learner.staleness import StalenessBound, StalenessConfig

@@ -1,0 +1,1 @@
+"""Checkpoints shipped with robot_rl (package data)."""
