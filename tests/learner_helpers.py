@@ -11,14 +11,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from robot_rl.core.types import Step
+from robot_rl.learner.algorithms.configs import WeightedBCConfig
+from robot_rl.learner.config import StoreConfig, TrainerConfig
 from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
 from robot_rl.policies.text_encoder import InstructionEncoder
-from robot_rl.core.types import Step
-from robot_rl.learner.config import StoreConfig, TrainerConfig
 
 JOINTS = tuple(f"j{i}" for i in range(6))
 IMG = 16
 CAMERAS = ("front",)
+BC = WeightedBCConfig()  # plain behaviour cloning: the algorithm of the tests about the loop, not the update
 
 
 def hashed_embeddings(texts: list[str]) -> np.ndarray:
@@ -35,9 +37,13 @@ TEXT = InstructionEncoder(backend=hashed_embeddings)
 
 
 def tiny_policy_config() -> FlowVLAConfig:
+    """A FlowVLA small enough for a CPU test. No state noise: the model draws it from torch's
+    global generator, and the learner tests check that updates depend on the seeds they own.
+    Raw instruction embeddings: the tests' episodes share one instruction, which standardised
+    over the instructions seen would be all zeros (no gradient for the text and FiLM weights)."""
     return FlowVLAConfig(cameras=CAMERAS, image_size=IMG, chunk_size=4, cnn_channels=(8, 8), image_grid=2,
                          d_model=16, n_heads=2, n_layers=1, n_expert_layers=1, ffn_mult=2, max_state_offset=2,
-                         num_integration_steps=2)
+                         num_integration_steps=2, state_noise_std=0.0, normalize_instruction=False)
 
 
 def tiny_policy(seed: int = 0) -> FlowVLA:
@@ -45,21 +51,21 @@ def tiny_policy(seed: int = 0) -> FlowVLA:
     return FlowVLA(tiny_policy_config(), text_encoder=TEXT).eval()
 
 
+# Push episodes of 6 ticks at 32x32: a held-out evaluation in a second, never a success.
+TINY_SIM = ["robot.image_height=32", "robot.image_width=32", "robot.max_episode_steps=6"]
+
+
 def tiny_sim_weights(directory: Path, monkeypatch) -> tuple[Path, Any]:
     """A tiny two-camera FlowVLA saved in ``directory`` and a config whose push episodes last
     6 ticks at 32x32: a held-out evaluation in a second, never a success. The sentence
     encoder is replaced by ``TEXT`` (offline)."""
-    from omegaconf import OmegaConf
+    from robot_rl.config import load_config
 
     monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)
     config = tiny_policy_config()
     config.cameras = ("front", "wrist")
     FlowVLA(config, text_encoder=TEXT).save_pretrained(directory)
-    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
-                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
-                                      "max_episode_steps": 6},
-                            "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
-    return directory, cfg
+    return directory, load_config(TINY_SIM)
 
 
 def store_config(root: Path, **overrides) -> StoreConfig:

@@ -66,9 +66,9 @@ def test_ratios_to_sync_at_the_same_latency():
 def test_bench_cells_with_the_expert_policy_show_latency_hidden_by_roll_forward():
     """End to end on the sim (virtual clock): roll-forward plus a first chunk planned before
     the start hide a 400 ms inference from the task time; sync pays for every chunk."""
+    from robot_rl.bench.async_control import measure_cells
     from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
     from robot_rl.hardware.sim.expert_policy import ExpertChunkPolicy
-    from robot_rl.bench.async_control import measure_cells
 
     robot = SimSO101(SimConfig(cameras=()))
     robot.connect()

@@ -13,19 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from robot_rl.app import sync_baseline
+from robot_rl.app.learning_curve import EpisodeRecord
+from robot_rl.app.sync_baseline import SyncRounds
 from robot_rl.bench import learning
-from robot_rl.bench.learning import (
-    ARMS,
-    ArmResult,
-    LearningBenchConfig,
-    SyncRounds,
-    build_report,
-    curve_points,
-    first_reaching,
-    parse_overrides,
-)
-from robot_rl.config import ConfigError
-from robot_rl.learning_curve import EpisodeRecord
+from robot_rl.bench.configs import ARMS, LearningBenchConfig
+from robot_rl.bench.learning import ArmResult, build_report, curve_points, first_reaching
+from robot_rl.config import ConfigError, load_config
 
 
 def records(outcomes: str, seconds_per_episode: float = 10.0) -> list[EpisodeRecord]:
@@ -58,7 +52,7 @@ def test_first_reaching_needs_a_full_window():
 
 
 def test_report_has_the_issue_keys_and_compares_sync_with_async():
-    config = LearningBenchConfig(window=2, arms=("none", "rwr", "rwr_sync"))
+    config = LearningBenchConfig(window=2, arms=["none", "rwr", "rwr_sync"])
     report = build_report([
         ArmResult("none", records("FFFF")),
         ArmResult("rwr", records("FAAA", seconds_per_episode=10.0), updates=300, weights_version=6),
@@ -77,17 +71,17 @@ def test_report_has_the_issue_keys_and_compares_sync_with_async():
 
 
 def test_heldout_evaluation_of_the_final_weights_lands_in_final_and_in_the_table(tmp_path, monkeypatch, capsys):
-    from robot_rl.bench.heldout import evaluate_weights, heldout_eval
+    from robot_rl.app.evaluation import HeldoutJob, evaluate_weights, heldout_eval
     from tests.learner_helpers import tiny_sim_weights
 
     _, cfg = tiny_sim_weights(tmp_path / "weights", monkeypatch)
-    heldout = evaluate_weights(tmp_path / "weights", cfg, 2, "held-out test")
+    heldout = evaluate_weights(tmp_path / "weights", HeldoutJob.of(cfg, 2), "held-out test")
     assert heldout["episodes"] == 2 and heldout["success"] == 0.0  # 6 ticks: too short to push anything
     assert heldout["weights"] == str(tmp_path / "weights") and heldout["ci95"][0] == 0.0 < heldout["ci95"][1]
     assert heldout_eval(tmp_path / "weights", cfg, 0, "off") is None
 
     report = build_report([ArmResult("rwr", records("FAAA"), heldout=heldout)],
-                          LearningBenchConfig(window=2, arms=("rwr",)))
+                          LearningBenchConfig(window=2, arms=["rwr"]))
     assert report["final"]["rwr"]["heldout_success"] == 0.0 and report["arms"]["rwr"]["heldout"] == heldout
     assert heldout["per_episode_success"] == [False, False]  # scene by scene, for paired comparisons
     # Against a start that solved one of the two scenes: -50 points, in the table's "vs start" column.
@@ -101,19 +95,14 @@ def test_heldout_evaluation_of_the_final_weights_lands_in_final_and_in_the_table
 
 def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_results(tmp_path):
     """The child loads the real sentence encoder (offline), so the weights get real embeddings."""
-    from omegaconf import OmegaConf
-
-    from robot_rl.bench.heldout import heldout_eval, heldout_eval_all
+    from robot_rl.app.evaluation import heldout_eval, heldout_eval_all
     from robot_rl.policies.flow_vla import FlowVLA
-    from tests.learner_helpers import tiny_policy_config
+    from tests.learner_helpers import TINY_SIM, tiny_policy_config
 
     config = tiny_policy_config()
     config.cameras = ("front", "wrist")
     FlowVLA(config).save_pretrained(tmp_path / "weights")
-    cfg = OmegaConf.create({"seed": 0, "run": {"families": ["push"]},
-                            "robot": {"name": "sim_so101", "image_height": 32, "image_width": 32,
-                                      "max_episode_steps": 4},
-                            "edge": {"fps": 30, "simulated_latency_ms": 0.0}})
+    cfg = load_config([*TINY_SIM, "robot.max_episode_steps=4"])
     heldout = heldout_eval(tmp_path / "weights", cfg, 1, "child")
     assert heldout == {"success": 0.0, "ci95": heldout["ci95"], "episodes": 1, "weights": str(tmp_path / "weights"),
                        "per_episode_success": [False]}
@@ -125,11 +114,11 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
 
 
 def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypatch):
+    from robot_rl.app import behaviour_cloning, main_job
     from robot_rl.policies.flow_vla import FlowVLA
-    from robot_rl.commands import run, train_bc
 
-    monkeypatch.setattr(run, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")
-    monkeypatch.setattr(train_bc, "ensure_demos", lambda cfg: tmp_path / "demos")
+    monkeypatch.setattr(main_job, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")
+    monkeypatch.setattr(behaviour_cloning, "ensure_demos", lambda cfg: tmp_path / "demos")
     monkeypatch.setattr(FlowVLA, "from_pretrained", classmethod(lambda cls, *a, **k: None))
 
     def fake_arm(name, *args):
@@ -138,7 +127,7 @@ def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypat
         return ArmResult(name, records("AAFA"))
 
     monkeypatch.setattr(learning, "run_arm", fake_arm)
-    bench = LearningBenchConfig(window=2, arms=("none", "rwr", "awr"), eval_episodes=0)
+    bench = LearningBenchConfig(window=2, arms=["none", "rwr", "awr"], eval_episodes=0)
     with pytest.raises(KeyboardInterrupt):
         learning.run_learning_bench(lambda algorithm: None, bench, tmp_path / "out")
     saved = json.loads((tmp_path / "out" / learning.PARTIAL_REPORT).read_text())
@@ -146,7 +135,7 @@ def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypat
 
 
 def test_sync_vs_async_is_null_when_an_arm_never_reaches_80_or_did_not_run():
-    report = build_report([ArmResult("rwr", records("FFFA"))], LearningBenchConfig(window=2, arms=("rwr",)))
+    report = build_report([ArmResult("rwr", records("FFFA"))], LearningBenchConfig(window=2, arms=["rwr"]))
     sva = report["sync_vs_async"]
     assert sva["wall_s_to_80_async"] is None and sva["wall_s_to_80_sync"] is None
     assert sva["success_at_budget_async"] == 0.5 and sva["success_at_budget_sync"] is None
@@ -154,7 +143,7 @@ def test_sync_vs_async_is_null_when_an_arm_never_reaches_80_or_did_not_run():
 
 
 def test_sync_vs_async_compares_hgdagger_with_its_own_sync_loop_when_rwr_s_pair_did_not_run():
-    config = LearningBenchConfig(window=2, arms=("rwr", "hgdagger", "hgdagger_sync"))
+    config = LearningBenchConfig(window=2, arms=["rwr", "hgdagger", "hgdagger_sync"])
     report = build_report([
         ArmResult("rwr", records("FFFA", seconds_per_episode=10.0)),
         ArmResult("hgdagger", records("FAAA", seconds_per_episode=10.0)),
@@ -163,11 +152,11 @@ def test_sync_vs_async_compares_hgdagger_with_its_own_sync_loop_when_rwr_s_pair_
     sva = report["sync_vs_async"]
     assert (sva["async_arm"], sva["sync_arm"]) == ("hgdagger", "hgdagger_sync")
     assert sva["wall_s_to_80_async"] == 30.0 and sva["wall_s_to_80_sync"] == 120.0
-    assert ARMS["hgdagger_sync"].sync and ARMS["hgdagger_sync"].algorithm == "hgdagger"
+    assert ARMS["hgdagger_sync"].sync and ARMS["hgdagger_sync"].learner == "hgdagger"
 
 
 def test_plot_and_table(tmp_path, capsys):
-    config = LearningBenchConfig(window=2, arms=tuple(ARMS))
+    config = LearningBenchConfig(window=2, arms=list(ARMS))
     report = build_report([ArmResult(name, records("FAAR")) for name in ARMS], config)
     png = learning.plot_arms(report, tmp_path / "learning.png")
     assert png.stat().st_size > 10_000
@@ -184,7 +173,7 @@ def timeline(successes: list[float | None], every_s: float = 120.0) -> list[dict
 
 def test_sync_vs_async_off_the_heldout_timeline_of_saved_weights(tmp_path, capsys):
     """The live window says async reached 80 % first; the saved weights say when each really did."""
-    config = LearningBenchConfig(window=2, arms=("rwr", "rwr_sync"), heldout_every_s=120.0)
+    config = LearningBenchConfig(window=2, arms=["rwr", "rwr_sync"], heldout_every_s=120.0)
     report = build_report([
         ArmResult("rwr", records("AAAA"), heldout_timeline=timeline([0.7, None, 0.85, 0.9])),
         ArmResult("rwr_sync", records("FFAA"), heldout_timeline=timeline([0.6, 0.7, 0.75, 0.8, 0.8])),
@@ -238,18 +227,17 @@ def test_weights_timeline_saves_the_trainer_weights_at_robot_times(tmp_path):
 # ---------------------------------------------------------------- settings
 
 
-def test_bench_overrides_are_split_from_hydra_overrides():
-    config, rest = parse_overrides(["bench.minutes_per_arm=3", "bench.arms=[none,rwr_sync]", "run.max_steps=150",
-                                    "+bench.window=7"])
-    assert (config.minutes_per_arm, config.arms, config.window) == (3.0, ("none", "rwr_sync"), 7)
-    assert rest == ["run.max_steps=150"]
-    assert parse_overrides(["bench.arms=rwr,awr"])[0].arms == ("rwr", "awr")
+def test_bench_settings_are_typed_settings_of_the_bench_group():
+    cfg = load_config(["+bench=learning", "bench.minutes_per_arm=3", "bench.arms=[none,rwr_sync]",
+                       "run.max_episode_steps=150"])
+    assert isinstance(cfg.bench, LearningBenchConfig)
+    assert (cfg.bench.minutes_per_arm, cfg.bench.arms, cfg.run.max_episode_steps) == (3.0, ["none", "rwr_sync"], 150)
 
 
-def test_quick_changes_defaults_but_explicit_settings_win():
-    quick, _ = parse_overrides(["bench.window=9"], quick=True)
+def test_quick_is_a_preset_and_explicit_settings_win():
+    quick = load_config(["+bench=learning_quick", "bench.window=9"]).bench
     assert quick.minutes_per_arm == 1.0 and quick.window == 9
-    assert parse_overrides([])[0] == LearningBenchConfig()
+    assert load_config(["+bench=learning"]).bench == LearningBenchConfig()
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -257,14 +245,20 @@ def test_quick_changes_defaults_but_explicit_settings_win():
     (["bench.minutes=3"], "minutes_per_arm"),
     (["bench.window=0"], "window"),
     (["bench.minutes_per_arm=-1"], "minutes_per_arm"),
-    (["learner=awr"], "arms choose"),
     (["bench.eval_episodes=-1"], "eval_episodes"),
     (["bench.heldout_every_s=-5"], "heldout_every_s"),
     (["bench.timeline_episodes=2.5"], "timeline_episodes"),
 ])
 def test_bad_settings_are_refused_with_what_to_change(bad, match):
     with pytest.raises(ConfigError, match=match):
-        parse_overrides(bad)
+        load_config(["+bench=learning", *bad])
+
+
+def test_the_arms_choose_the_learner(capsys):
+    from robot_rl import cli
+
+    assert cli.main(["bench", "learning", "learner=awr"]) == 2
+    assert "arms choose the learner" in capsys.readouterr().err
 
 
 def test_bench_command_dispatches_learning_and_hands_it_the_json_path(tmp_path, monkeypatch):
@@ -272,16 +266,15 @@ def test_bench_command_dispatches_learning_and_hands_it_the_json_path(tmp_path, 
 
     seen = {}
 
-    def fake_run(quick, overrides, json_path=None):
-        seen.update(quick=quick, overrides=overrides, json_path=json_path)
+    def fake_run(cfg, json_path=None, compose=None):
+        seen.update(window=cfg.bench.window, minutes=cfg.bench.minutes_per_arm, json_path=json_path)
         return {"curves": {}}
 
     monkeypatch.setattr(learning, "run_from_cli", fake_run)
     out = tmp_path / "r" / "learning.json"
     assert bench.main(["learning", "--json", str(out), "--quick", "bench.window=3"]) == 0
-    assert seen == {"quick": True, "overrides": ["bench.window=3"], "json_path": out}
-    assert json.loads(out.read_text()) == {"curves": {}}
-    assert "learning" not in bench.PLANNED
+    assert seen == {"window": 3, "minutes": 1.0, "json_path": out}
+    assert json.loads(out.read_text())["curves"] == {}
 
 
 # ---------------------------------------------------------------- the synchronous loop
@@ -331,7 +324,7 @@ def test_sync_rounds_alternate_collect_and_train_without_overlap():
     threads = [threading.Thread(target=robot) for _ in range(2)]
     for t in threads:
         t.start()
-    learning._coordinate(learner, rounds, updates=5, deadline_s=deadline)
+    sync_baseline._coordinate(learner, rounds, updates=5, deadline_s=deadline)
     for t in threads:
         t.join(5.0)
     assert not any(t.is_alive() for t in threads), "robots must stop when the budget ends"
@@ -360,8 +353,8 @@ def test_sync_rounds_stop_waiting_robots_at_the_deadline():
 
 def test_run_sync_on_the_real_learner_and_edge_runtime(tmp_path):
     """Tiny policy, kinematic robots, 12-tick episodes: rounds publish once each, data lands in the store."""
+    from robot_rl.app.local_run import LocalRunConfig
     from robot_rl.edge.config import EdgeConfig
-    from robot_rl.learner.local import LocalRunConfig
     from tests.learner_helpers import learner_config, tiny_policy
     from tests.test_stream_edge import CameraRobot
 
@@ -370,9 +363,10 @@ def test_run_sync_on_the_real_learner_and_edge_runtime(tmp_path):
                          spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30),
                          time_budget_s=4.0)
     versions: list[int] = []
-    result = learning.run_sync(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"),
-                               collect_episodes=2, updates=3,
-                               on_episode=lambda robot_id, episode, version: versions.append(version))
+    result = sync_baseline.run_sync(config, tiny_policy(), run,
+                                    lambda i: (CameraRobot(), None, lambda ep: "pick the cube"),
+                                    collect_episodes=2, updates=3,
+                                    on_episode=lambda robot_id, episode, version: versions.append(version))
     rounds = result.weights_version
     assert rounds >= 2, f"only {rounds} sync rounds in 4 s"
     assert 3 * rounds <= result.updates < 3 * (rounds + 1)  # a last, cut-short train phase publishes nothing

@@ -6,11 +6,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from robot_rl.bench.store import StoreBenchConfig, parse_overrides, run_store_bench
+from robot_rl.bench.configs import StoreBenchConfig
+from robot_rl.bench.store import run_store_bench
+from robot_rl.config import ConfigError, load_config
 
 
 def test_each_setting_stores_every_queued_episode_and_reports_ratios():
-    cfg = StoreBenchConfig(episodes=3, batches=(1, 3), writers=("thread", "process"), episode_steps=20)
+    cfg = StoreBenchConfig(episodes=3, batches=[1, 3], writers=["thread", "process"], episode_steps=20)
     report = run_store_bench(cfg, progress=lambda msg: None)
     assert [(row["writer"], row["commit_batch"]) for row in report["rows"]] == [
         ("thread", 1), ("thread", 3), ("process", 1), ("process", 3)]
@@ -20,14 +22,14 @@ def test_each_setting_stores_every_queued_episode_and_reports_ratios():
     assert report["rows"][0]["speedup_vs_first"] == 1.0
 
 
-def test_overrides_are_checked():
-    parsed = parse_overrides(["bench.batches=[2,4]", "bench.episodes=5", "bench.writers=[process]"], StoreBenchConfig())
-    assert parsed.batches == (2, 4) and parsed.writers == ("process",)
-    with pytest.raises(ValueError, match="thread and/or process"):
-        parse_overrides(["bench.writers=[fork]"], StoreBenchConfig())
-    with pytest.raises(SystemExit, match="unknown override"):
-        parse_overrides(["bench.speed=3"], StoreBenchConfig())
-    with pytest.raises(SystemExit, match="whole numbers"):
-        parse_overrides(["bench.batches=[1,x]"], StoreBenchConfig())
+def test_settings_are_checked():
+    parsed = load_config(["+bench=store", "bench.batches=[2,4]", "bench.episodes=5", "bench.writers=[process]"]).bench
+    assert parsed.batches == [2, 4] and parsed.writers == ["process"]
+    with pytest.raises(ConfigError, match="thread and/or process"):
+        load_config(["+bench=store", "bench.writers=[fork]"])
+    with pytest.raises(ConfigError, match="bench.speed is not a setting"):
+        load_config(["+bench=store", "bench.speed=3"])
+    with pytest.raises(ConfigError, match="bench.batches"):
+        load_config(["+bench=store", "bench.batches=[1,x]"])
     with pytest.raises(ValueError, match=">= 1"):
-        StoreBenchConfig(batches=(0,))
+        StoreBenchConfig(batches=[0])

@@ -43,7 +43,7 @@ def test_round_trip_two_episodes(tmp_path):
     assert [recorder.write_episode(ep) for ep in episodes] == [0, 1]
     loaded = load_episode_arrays(tmp_path / "ds")
     assert len(loaded) == 2
-    for ep, arrays in zip(episodes, loaded):
+    for ep, arrays in zip(episodes, loaded, strict=True):
         np.testing.assert_array_equal(arrays["state"], np.stack([s.state for s in ep.steps]))
         np.testing.assert_array_equal(arrays["action"], np.stack([s.action for s in ep.steps]))
         np.testing.assert_array_equal(arrays["images.front"], np.stack([s.images["front"] for s in ep.steps]))

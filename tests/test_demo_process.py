@@ -3,18 +3,17 @@ frame for frame; a child that fails reports why and leaves what was written fina
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
-from robot_rl.commands.record_demos import record_demos
+from robot_rl.app.demo_process import DemoJob, DemoProcessError, record_demos_in_child
+from robot_rl.app.demos import record_demos
 from robot_rl.config import ConfigError, load_config
 from robot_rl.data import load_episode_arrays
-from robot_rl.demo_process import DemoJob, DemoProcessError, record_demos_in_child
 
 EPISODES = 2
 
 
 def _config(directory, *overrides):
-    return load_config([f"demos.dir={directory}", f"demos.episodes_per_family={EPISODES}", "demos.expert_speed=1.0",
+    return load_config([f"demos.dir={directory}", f"demos.episodes={EPISODES}", "demos.expert_speed=1.0",
                         *overrides])
 
 
@@ -24,7 +23,7 @@ def test_child_recording_equals_the_serial_one(tmp_path):
     assert child == serial and serial.stored == EPISODES
     ours, theirs = load_episode_arrays(tmp_path / "child"), load_episode_arrays(tmp_path / "serial")
     assert len(ours) == len(theirs) == EPISODES
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         assert a.keys() == b.keys()
         for key in a:
             if isinstance(a[key], np.ndarray):
@@ -35,9 +34,9 @@ def test_child_recording_equals_the_serial_one(tmp_path):
 
 
 def test_a_failing_child_reports_its_error_and_keeps_what_was_written(tmp_path):
-    robot = load_config([]).robot
+    cfg = load_config([])
     # The second family does not exist: the child fails on its first attempt there, after one push episode.
-    job = DemoJob(OmegaConf.to_container(robot, resolve=True), 1.0, ("push", "no_such_family"), 1)
+    job = DemoJob(cfg.robot, 1.0, ("push", "no_such_family"), 1, cfg.seeds.demos, cfg.seeds.stride)
     with pytest.raises(DemoProcessError, match="no_such_family"):
         record_demos_in_child(job, tmp_path / "demos", progress=False)
     kept = load_episode_arrays(tmp_path / "demos")
@@ -45,8 +44,9 @@ def test_a_failing_child_reports_its_error_and_keeps_what_was_written(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("demos.sim_process=maybe", "demos.sim_process must be true or false"),
+    ("demos.sim_process=maybe", "demos.sim_process"),
     ("demos.expert_speed=1.5", "demos.expert_speed must be in"),
+    ("task_families=[push,juggle]", "juggle"),
 ])
 def test_bad_settings_are_refused_before_anything_starts(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):

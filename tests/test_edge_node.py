@@ -6,6 +6,7 @@ which chunk (call) and index every executed action came from.
 """
 
 import threading
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -13,7 +14,15 @@ import pytest
 from robot_rl.core.clock import VirtualClock, WallClock
 from robot_rl.edge import EdgeConfig, EdgeNode, PolicyRunner, VirtualLatencyRunner, at_tick
 from robot_rl.edge.inference import InferenceRequest, ThreadedRunner
-from tests.edge_fakes import CountingTask, EncodingPolicy, FaultyPolicy, KinematicRobot, ScriptedLatency, SlowPolicy, decode
+from tests.edge_fakes import (
+    CountingTask,
+    EncodingPolicy,
+    FaultyPolicy,
+    KinematicRobot,
+    ScriptedLatency,
+    SlowPolicy,
+    decode,
+)
 
 
 def make_node(mode="async_naive", latency_ms=200.0, policy=None, latencies=None, **cfg):
@@ -26,7 +35,8 @@ def make_node(mode="async_naive", latency_ms=200.0, policy=None, latencies=None,
     config = EdgeConfig(mode=mode, simulated_latency_ms=latency_ms, **cfg)
     worker = None
     if latencies is not None:
-        worker = VirtualLatencyRunner(PolicyRunner(policy, 0, 6), ScriptedLatency(latencies), config.effective_max_inflight)
+        worker = VirtualLatencyRunner(PolicyRunner(policy, 0, 6), ScriptedLatency(latencies),
+                                      config.effective_max_inflight)
     node = EdgeNode(robot, policy, VirtualClock(), config, worker=worker)
     return node, robot, policy
 
@@ -280,7 +290,7 @@ def test_weight_swap_applies_between_chunks_and_every_step_carries_its_version()
             assert s.policy_version == expected
             base = 50000.0 if expected == 7 else 0.0
             assert decode(s.action, base)[1] == s.chunk_index
-    changes = [b for a, b in zip(steps, steps[1:]) if a.policy_version != b.policy_version]
+    changes = [b for a, b in pairwise(steps) if a.policy_version != b.policy_version]
     assert changes and all(s.chunk_index >= 0 and s.chunk_id == swapped.chunk_id for s in changes)
     assert max(s.lateness_s for s in steps) == 0.0
 
@@ -292,6 +302,20 @@ def test_swap_in_a_whole_policy_object():
     assert step.policy_version == 2 and decode(step.action, 90000.0) == (0, 0)
     with pytest.raises(TypeError):
         node.request_policy_swap(42, version=3)
+
+
+def test_a_pending_swap_can_be_withdrawn_until_the_worker_takes_it():
+    node, _, policy = make_node(latency_ms=0.0)
+    first, second = EncodingPolicy(chunk_size=20, base=90000.0), EncodingPolicy(chunk_size=20, base=80000.0)
+    node.request_policy_swap(first, version=2)
+    assert not node.withdraw_policy_swap(second)  # only the policy that is pending
+    assert node.withdraw_policy_swap(first) and not node.withdraw_policy_swap(first)
+    step = node.tick()
+    assert step.policy_version == 0 and node.running_policy is policy  # it never ran
+    node.request_policy_swap(second, version=3)
+    versions = [node.tick().policy_version for _ in range(40)]  # two chunks: the next request takes it
+    assert versions[-1] == 3 and node.running_policy is second
+    assert not node.withdraw_policy_swap(second)  # taken: too late
 
 
 def test_intervention_overrides_the_policy_and_records_its_shadow_action():
@@ -416,9 +440,10 @@ def test_threaded_runner_computes_requests_in_flight_together():
     policy = MeetingPolicy()
     runner = ThreadedRunner(PolicyRunner(policy, 0, 6), WallClock().now, max_inflight=2)
     try:
-        requests = [InferenceRequest(chunk_id=i, request_tick=0, request_time_s=0.0, images={}, state=np.zeros(6, np.float32),
-                                     instruction="", executed_index=-1, delay_ticks=0, delay_estimate=0, start_tick=None,
-                                     rolled_state=None, generation=0) for i in range(2)]
+        requests = [InferenceRequest(chunk_id=i, request_tick=0, request_time_s=0.0, images={},
+                                     state=np.zeros(6, np.float32), instruction="", executed_index=-1, delay_ticks=0,
+                                     delay_estimate=0, start_tick=None, rolled_state=None, generation=0)
+                    for i in range(2)]
         for request in requests:
             runner.submit(request)
         with pytest.raises(RuntimeError, match="in flight"):

@@ -28,8 +28,11 @@ H, A = 4, 6
 
 
 def tiny_config(**overrides) -> FlowVLAConfig:
+    """The smallest model, with the optional architecture features (instruction standardisation,
+    keypoint tokens, FiLM) off, so that each test turns on the one it checks."""
     base = dict(cameras=("front",), image_size=16, chunk_size=H, cnn_channels=(8, 16, 16), image_grid=2,
-                d_model=32, n_heads=2, n_layers=1, n_expert_layers=2, ffn_mult=2, max_state_offset=2)
+                d_model=32, n_heads=2, n_layers=1, n_expert_layers=2, ffn_mult=2, max_state_offset=2,
+                normalize_instruction=False, keypoints=0, film_instruction=False, state_noise_std=0.0)
     return FlowVLAConfig(**{**base, **overrides})
 
 
@@ -75,7 +78,8 @@ def test_missing_camera_is_a_clear_error():
 
 def test_save_load_round_trip_gives_identical_predictions(tmp_path):
     model = tiny_model()
-    model.normalizer.fit(np.random.default_rng(1).normal(50, 10, (100, A)), np.random.default_rng(2).normal(50, 10, (100, A)))
+    model.normalizer.fit(np.random.default_rng(1).normal(50, 10, (100, A)),
+                         np.random.default_rng(2).normal(50, 10, (100, A)))
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
 
@@ -96,7 +100,8 @@ def test_instruction_normalisation_spreads_near_parallel_embeddings_and_round_tr
     def encode(texts):
         return np.stack([close[t] / np.linalg.norm(close[t]) for t in texts]).astype(np.float32)
 
-    model = FlowVLA(tiny_config(text_dim=32, normalize_instruction=True), text_encoder=InstructionEncoder(backend=encode, dim=32))
+    model = FlowVLA(tiny_config(text_dim=32, normalize_instruction=True),
+                    text_encoder=InstructionEncoder(backend=encode, dim=32))
     rng = np.random.default_rng(1)
     model.fit_normalization(rng.normal(50, 10, (100, A)), rng.normal(50, 10, (100, A)), list(close) * 5)
     raw = model.text_encoder.encode_batch(sorted(close))
@@ -219,12 +224,13 @@ def test_padded_steps_contribute_no_loss():
 # ---------------------------------------------------------------- state-offset augmentation
 
 
-def indexed_episode(T: int) -> dict:
+def indexed_episode(length: int) -> dict:
     """Arrays whose values reveal their time index: state[t] = 1000 + t, action[t] = t, image[t] = t."""
     return {
-        "state": np.repeat(1000.0 + np.arange(T, dtype=np.float32)[:, None], A, axis=1),
-        "action": np.repeat(np.arange(T, dtype=np.float32)[:, None], A, axis=1),
-        "images.front": np.repeat(np.arange(T, dtype=np.uint8)[:, None, None, None], 16, 1).repeat(16, 2).repeat(3, 3),
+        "state": np.repeat(1000.0 + np.arange(length, dtype=np.float32)[:, None], A, axis=1),
+        "action": np.repeat(np.arange(length, dtype=np.float32)[:, None], A, axis=1),
+        "images.front": np.repeat(np.arange(length, dtype=np.uint8)[:, None, None, None], 16, 1)
+                          .repeat(16, 2).repeat(3, 3),
         "instruction": "count",
     }
 
@@ -286,11 +292,11 @@ def test_sampler_batches_are_consistent_with_their_offsets():
 # ---------------------------------------------------------------- learning
 
 
-def ramp_episode(direction: float, brightness: int, instruction: str, T: int = 12) -> dict:
+def ramp_episode(direction: float, brightness: int, instruction: str, length: int = 12) -> dict:
     """A deterministic task: the arm ramps up or down; state[t] = action[t - 1] (perfect tracking)."""
-    positions = 50.0 + direction * 4.0 * np.arange(T + 1, dtype=np.float32)
+    positions = 50.0 + direction * 4.0 * np.arange(length + 1, dtype=np.float32)
     return {
-        "images.front": np.full((T, 16, 16, 3), brightness, np.uint8),
+        "images.front": np.full((length, 16, 16, 3), brightness, np.uint8),
         "state": np.repeat(positions[:-1, None], A, axis=1),
         "action": np.repeat(positions[1:, None], A, axis=1),
         "instruction": instruction,
@@ -444,3 +450,15 @@ def test_film_lets_the_instruction_change_the_image_features_and_starts_as_ident
     model = tiny_model(film_instruction=True)
     chunk = model.predict_chunk(observation(), np.zeros(A, np.float32), "x", seed=0)
     assert chunk.shape == (H, A) and np.isfinite(chunk).all()
+
+
+def test_a_checkpoint_keeps_the_architecture_it_was_saved_with_when_defaults_change():
+    """A config.json written before a feature existed lacks its key: it loads with the feature off
+    (what it was trained with), not with today's default, which would not fit its weights."""
+    saved = {k: v for k, v in tiny_config().to_dict().items()
+             if k not in ("normalize_instruction", "keypoints", "film_instruction")}
+    loaded = FlowVLAConfig.from_checkpoint(saved)
+    assert (loaded.normalize_instruction, loaded.keypoints, loaded.film_instruction) == (False, 0, False)
+    assert FlowVLAConfig().film_instruction and FlowVLAConfig().keypoints == 32  # today's defaults differ
+    with pytest.raises(ValueError, match="unknown FlowVLAConfig field"):
+        FlowVLAConfig.from_checkpoint({**saved, "image_sise": 16})

@@ -196,7 +196,7 @@ def run_learner(overrides: list[str]) -> int:
     from tests.learner_helpers import tiny_policy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    command.build_policy = lambda cfg, init_checkpoint: tiny_policy()  # offline text encoder, tiny net
+    command.build_policy = lambda config: tiny_policy()  # offline text encoder, tiny net
     return command.main(overrides)
 
 

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from robot_rl.learner.trainer import Trainer
-from tests.learner_helpers import trainer_config, tiny_policy
+from tests.learner_helpers import BC, tiny_policy, trainer_config
 
 REPO = Path(__file__).resolve().parents[1]
 UPDATES = 4
@@ -71,7 +71,7 @@ def test_matches_a_single_process_on_the_same_batches(ddp_run, tmp_path):
     """
     from tests.test_learner_trainer import filled_index
 
-    single = Trainer(tiny_policy(seed=0), filled_index(), ddp_trainer_config(tmp_path, 0))
+    single = Trainer(tiny_policy(seed=0), filled_index(), ddp_trainer_config(tmp_path, 0), BC)
     params = dict(single.policy.named_parameters())
     loss_free = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in params.items()}
     losses = []
@@ -141,7 +141,7 @@ def worker(out: Path) -> None:
     index = filled_index() if ctx.is_leader else SamplingIndex(CAMERAS)
     published: list[int] = []
     losses: list[float] = []
-    trainer = DistributedTrainer(tiny_policy(seed=ctx.rank), index, ddp_trainer_config(out, ctx.rank), ctx,
+    trainer = DistributedTrainer(tiny_policy(seed=ctx.rank), index, ddp_trainer_config(out, ctx.rank), BC, ctx,
                                  publish=lambda blob: published.append(blob.version))
     update = trainer.algorithm.update
     trainer.algorithm.update = lambda batch: _record(update(batch), losses)  # this rank's shard loss

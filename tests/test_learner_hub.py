@@ -22,7 +22,7 @@ from robot_rl.learner.config import HubConfig
 from robot_rl.learner.hub import HubPusher, HubSchedule, dataset_snapshot
 from robot_rl.learner.store import ReplayStore
 from robot_rl.learner.trainer import Trainer
-from tests.learner_helpers import make_steps, store_config, tiny_policy, trainer_config, wait_for
+from tests.learner_helpers import BC, make_steps, store_config, tiny_policy, trainer_config, wait_for
 from tests.test_learner_trainer import filled_index
 
 
@@ -35,10 +35,10 @@ class FakeHub:
         self.fail_next = 0
         self.lock = threading.Lock()
 
-    def create_repo(self, api, repo_id, *, repo_type=None, private=None, exist_ok=False, **_):  # noqa: ANN001
+    def create_repo(self, api, repo_id, *, repo_type=None, private=None, exist_ok=False, **_):
         self.repos.append((repo_id, repo_type, private))
 
-    def upload_folder(self, api, *, repo_id, folder_path, repo_type=None, path_in_repo=None, **kwargs):  # noqa: ANN001
+    def upload_folder(self, api, *, repo_id, folder_path, repo_type=None, path_in_repo=None, **kwargs):
         with self.lock:
             if self.fail_next:
                 self.fail_next -= 1
@@ -90,7 +90,7 @@ def test_hub_config_is_off_by_default_and_refuses_nowhere_to_push():
 
 
 def test_pushes_the_checkpoint_and_store_snapshot_to_their_repos(tmp_path, hub):
-    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt"))
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt"), BC)
     trainer.update_once()
     checkpoint = trainer.checkpoint()
     store_dir = tmp_path / "fake_dataset"
@@ -123,7 +123,7 @@ def test_failed_uploads_are_logged_retried_and_never_stop_training(tmp_path, hub
     pusher = HubPusher(HubConfig(enabled=True, checkpoints_repo_id="me/ckpts", every_checkpoints=2,
                                  every_minutes=0, poll_s=0.02)).start()
     config = trainer_config(tmp_path / "ckpt", checkpoint_every_updates=1, keep_checkpoints=2)
-    trainer = Trainer(tiny_policy(), filled_index(), config, on_checkpoint=pusher.notify_checkpoint)
+    trainer = Trainer(tiny_policy(), filled_index(), config, BC, on_checkpoint=pusher.notify_checkpoint)
     with caplog.at_level(logging.ERROR, logger="robot_rl.learner.hub"):
         for _ in range(10):
             assert trainer.update_once() is not None  # training never waits for, nor fails with, the hub

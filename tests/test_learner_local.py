@@ -1,5 +1,5 @@
 """`run_local`: a learner and 4 edge nodes (real EdgeNode + EdgeStreamer, wall clock) in one process;
-plus the keys command and config parsing."""
+plus the keys command."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from robot_rl.config import ConfigError
+from robot_rl.app.local_run import LocalRunConfig, run_local
 from robot_rl.edge.config import EdgeConfig
-from robot_rl.learner.config import learner_config_from
-from robot_rl.learner.local import LocalRunConfig, run_local
 from tests.learner_helpers import learner_config, stored_triples, tiny_policy
 from tests.test_stream_edge import CameraRobot
 
@@ -58,9 +56,9 @@ def test_min_updates_does_not_wait_for_data_that_can_never_come(tmp_path):
     assert result.episodes == 1 and result.updates == 0
 
 
-def test_min_updates_must_not_be_negative():
+def test_min_updates_must_not_be_negative(tmp_path):
     with pytest.raises(ValueError, match="min_updates"):
-        LocalRunConfig(min_updates=-1)
+        LocalRunConfig(1, 1, 10, str(tmp_path), EdgeConfig(), min_updates=-1)
 
 
 def test_keys_command_writes_learner_and_robot_pairs(tmp_path):
@@ -71,10 +69,3 @@ def test_keys_command_writes_learner_and_robot_pairs(tmp_path):
     assert load_keypair(tmp_path / "learner.key_secret").public
     assert len(load_public_keys(tmp_path / "robots")) == 2
     assert keys.main(["--out", str(tmp_path), "--robots", "a"]) == 2  # refuses to overwrite without --force
-
-
-def test_learner_config_refuses_unknown_keys():
-    config = learner_config_from({"trainer": {"batch_size": 8}, "store": {"cameras": ["front"]}})
-    assert config.trainer.batch_size == 8 and config.store.cameras == ("front",)
-    with pytest.raises(ConfigError, match="batch_sise"):
-        learner_config_from({"trainer": {"batch_sise": 8}})

@@ -1,4 +1,5 @@
-"""The store's dataset writer in its own process: same dataset as in-process, errors come back, a dead one loses nothing."""
+"""The store's dataset writer in its own process: same dataset as in-process, errors come back,
+a dead one loses nothing."""
 
 from __future__ import annotations
 

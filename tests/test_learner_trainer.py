@@ -16,7 +16,7 @@ from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import DEMO_ROBOT, SampleSpec, SamplingIndex, steps_to_columns
 from robot_rl.learner.publisher import PublishSchedule
 from robot_rl.learner.trainer import Trainer
-from tests.learner_helpers import CAMERAS, make_steps, tiny_policy, trainer_config, wait_for
+from tests.learner_helpers import BC, CAMERAS, make_steps, tiny_policy, trainer_config, wait_for
 
 
 def filled_index() -> SamplingIndex:
@@ -37,7 +37,7 @@ def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("ema_decay", [None, 0.9])
 def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_decay):
     config = trainer_config(tmp_path / "ckpt", ema_decay=ema_decay)
-    a = Trainer(tiny_policy(), filled_index(), config)
+    a = Trainer(tiny_policy(), filled_index(), config, BC)
     for _ in range(3):
         a.update_once()
     saved = a.checkpoint()
@@ -55,7 +55,7 @@ def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_d
             for s in steps[4:7]:
                 s.is_intervention = True
         index.append(key, steps_to_columns(steps, CAMERAS), "pick the cube")
-    b = Trainer(tiny_policy(seed=7), index, config)
+    b = Trainer(tiny_policy(seed=7), index, config, BC)
     b.resume()
     assert b.step == 3
     metrics_b = [b.update_once() for _ in range(2)]
@@ -69,7 +69,7 @@ def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_d
 
 def test_checkpoint_write_is_atomic_and_pruned(tmp_path):
     config = trainer_config(tmp_path / "ckpt", keep_checkpoints=2)
-    trainer = Trainer(tiny_policy(), filled_index(), config)
+    trainer = Trainer(tiny_policy(), filled_index(), config, BC)
     for _ in range(3):
         trainer.update_once()
         trainer.checkpoint()
@@ -82,22 +82,21 @@ def test_checkpoint_write_is_atomic_and_pruned(tmp_path):
 
 def test_resume_refuses_another_policy_architecture(tmp_path):
     config = trainer_config(tmp_path / "ckpt")
-    trainer = Trainer(tiny_policy(), filled_index(), config)
+    trainer = Trainer(tiny_policy(), filled_index(), config, BC)
     trainer.update_once()
     trainer.checkpoint()
     from robot_rl.policies.flow_vla import FlowVLA
-
     from tests.learner_helpers import TEXT, tiny_policy_config
     other = FlowVLA(tiny_policy_config().__class__(**{**tiny_policy_config().to_dict(), "d_model": 32}),
                     text_encoder=TEXT)
     with pytest.raises(ValueError, match="policy config"):
-        Trainer(other, filled_index(), config).resume()
+        Trainer(other, filled_index(), config, BC).resume()
 
 
 def test_publishes_every_n_updates_with_growing_versions(tmp_path):
     blobs = []
     config = trainer_config(tmp_path / "ckpt", publish_every_updates=2)
-    trainer = Trainer(tiny_policy(), filled_index(), config, publish=blobs.append)
+    trainer = Trainer(tiny_policy(), filled_index(), config, BC, publish=blobs.append)
     for _ in range(5):
         trainer.update_once()
     assert [b.version for b in blobs] == [1, 2]
@@ -149,7 +148,7 @@ def test_ticks_where_the_runtime_held_the_arm_are_never_online_samples():
 
 
 def test_trainer_waits_for_data_without_blocking(tmp_path):
-    trainer = Trainer(tiny_policy(), SamplingIndex(CAMERAS), trainer_config(tmp_path, min_steps_to_train=5))
+    trainer = Trainer(tiny_policy(), SamplingIndex(CAMERAS), trainer_config(tmp_path, min_steps_to_train=5), BC)
     assert trainer.update_once() is None and trainer.step == 0
 
 
@@ -157,10 +156,11 @@ def test_a_learner_that_imitates_only_corrections_and_demos_waits_for_them(tmp_p
     # hgdagger's mix: the robots' own steps (36 here) do not count towards min_steps_to_train.
     index = SamplingIndex(CAMERAS)
     for ep in range(3):
-        index.append((f"r{ep}", ep, 0), steps_to_columns(make_steps(12, episode=ep, robot=ep), CAMERAS), "pick the cube")
+        index.append((f"r{ep}", ep, 0), steps_to_columns(make_steps(12, episode=ep, robot=ep), CAMERAS),
+                     "pick the cube")
     config = trainer_config(tmp_path, min_steps_to_train=5, online_ratio=0.0, intervention_ratio=0.5,
                             demonstration_ratio=0.5)
-    trainer = Trainer(tiny_policy(), index, config)
+    trainer = Trainer(tiny_policy(), index, config, BC)
     with caplog.at_level("INFO", logger="robot_rl.learner.trainer"):
         assert trainer.update_once() is None and trainer.step == 0  # waits: no LookupError from the sampler
         assert trainer.update_once() is None
@@ -176,7 +176,7 @@ def test_with_ema_robots_and_checkpoints_get_the_average_and_training_goes_on_th
     blobs = []
     decay = 0.8
     config = trainer_config(tmp_path / "ckpt", publish_every_updates=3, ema_decay=decay)
-    trainer = Trainer(tiny_policy(), filled_index(), config, publish=blobs.append)
+    trainer = Trainer(tiny_policy(), filled_index(), config, BC, publish=blobs.append)
     start = params(trainer.policy)
     expected = {k: v.clone() for k, v in start.items()}
     for _ in range(3):
@@ -204,7 +204,7 @@ def test_save_deployed_writes_the_weights_robots_would_get_now(tmp_path):
     from robot_rl.policies.flow_vla import FlowVLA
     from tests.learner_helpers import TEXT
 
-    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt", ema_decay=0.9))
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt", ema_decay=0.9), BC)
     for _ in range(2):
         trainer.update_once()
     assert trainer.save_deployed(tmp_path / "now") == (2, 0)
@@ -224,7 +224,7 @@ def test_set_threads_is_applied_by_the_training_thread_itself(tmp_path, monkeypa
     real = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads",
                         lambda n: (calls.append((n, threading.current_thread().name)), real(torch.get_num_threads())))
-    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path, max_updates=1000)).start()
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path, max_updates=1000), BC).start()
     try:
         trainer.set_threads(3)
         step = trainer.step

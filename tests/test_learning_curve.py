@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from robot_rl.learning_curve import LearningCurve
+from robot_rl.app.learning_curve import LearningCurve
 
 
 def episode(steps: int, driven: int, success: bool):

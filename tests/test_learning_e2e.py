@@ -11,7 +11,7 @@ marked ``long`` and runs with ``make test-long``, not in ``make test``.
 
 The start is a deliberately weak FlowVLA: a tiny model behaviour-cloned for a few hundred
 steps on a dozen scripted-expert push demonstrations. It is judged closed-loop through
-the EdgeNode (``robot_rl.evaluation.evaluate_policy``, virtual clock) on held-out scenes,
+the EdgeNode (``robot_rl.app.evaluation.evaluate_policy``, virtual clock) on held-out scenes,
 before and after the run. The measure is the sim's task progress at the end of each
 episode (1.0 on success, else the partial progress of the push): at this CPU budget
 success itself is too rare to compare reliably on a few episodes, progress is not.
@@ -20,11 +20,10 @@ What drives the improvement here, said plainly: at ~0 % initial success RWR reje
 failed online episodes, so the gradient comes from the operator's corrections and the
 demonstrations; the test proves the loop (store -> index -> rewards -> rwr -> publish ->
 robots) turns data into a better policy on the robots. The weights' own math is tested in
-test_algorithms.py. Without the operator, 500 updates and 16 evaluation scenes (the test until
-the tenth session), it passed 1 run in 3 once the dataset writer moved to its own process (the
-learner trains faster, the robots bring fewer episodes per update, and demonstrations alone did
-not lift the start); with the operator, 1,000 updates and 32 scenes it passed 3 of 3 (task
-progress 0.087 -> 0.165-0.202).
+test_algorithms.py. Without the operator, 500 updates and 16 evaluation scenes, it passed 1 run
+in 3 once the dataset writer moved to its own process (the learner trains faster, the robots
+bring fewer episodes per update, and demonstrations alone did not lift the start); with the
+operator, 1,000 updates and 32 scenes it passed 3 of 3 (task progress 0.087 -> 0.165-0.202).
 """
 
 from __future__ import annotations
@@ -41,18 +40,19 @@ import numpy as np
 import pytest
 import torch
 
+from robot_rl.app.demos import DatasetLayout, expert_attempts, store_demos
+from robot_rl.app.evaluation import evaluate_policy
+from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
+from robot_rl.app.main_job import ScriptedOperatorFactory
+from robot_rl.data import load_episode_arrays
+from robot_rl.edge import EdgeConfig
 from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.hardware.sim.scene import JOINT_NAMES
+from robot_rl.learner.algorithms.configs import RWRConfig
+from robot_rl.learner.checkpoint import read_checkpoint
+from robot_rl.learner.config import LearnerConfig, ServiceConfig, StalenessConfig, StoreConfig, TrainerConfig
 from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
 from robot_rl.policies.flow_vla.training import fit
-from robot_rl.data import load_episode_arrays
-from robot_rl.demos import record_expert_demos
-from robot_rl.edge import EdgeConfig
-from robot_rl.evaluation import evaluate_policy
-from robot_rl.learner.checkpoint import read_checkpoint
-from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig, TrainerConfig
-from robot_rl.commands.run import operator_factory
-from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local
 from tests.learner_helpers import TEXT
 
 FAMILY = "push"
@@ -68,7 +68,8 @@ EVAL_EDGE = EdgeConfig(mode="async_rollforward", simulated_latency_ms=0.0, infer
 def policy_config() -> FlowVLAConfig:
     return FlowVLAConfig(cameras=SIM.cameras, image_size=48, chunk_size=8, cnn_channels=(16, 32, 32), image_grid=3,
                          d_model=48, n_heads=4, n_layers=1, n_expert_layers=1, ffn_mult=2, max_state_offset=2,
-                         num_integration_steps=4)
+                         num_integration_steps=4, normalize_instruction=False, keypoints=0, film_instruction=False,
+                         state_noise_std=0.0)
 
 
 def weak_policy(demos: Path) -> FlowVLA:
@@ -89,15 +90,15 @@ def final_progress(robot: SimSO101, policy: FlowVLA) -> tuple[float, float]:
 def learner_config(root: Path, demos: Path) -> LearnerConfig:
     store = StoreConfig(root=str(root / "store"), joint_names=SIM_JOINTS, cameras=SIM.cameras,
                         image_height=SIM.image_height, image_width=SIM.image_width, demonstrations=str(demos))
-    trainer = TrainerConfig(algorithm="rwr", batch_size=32, lr=1e-3, min_steps_to_train=1,
+    trainer = TrainerConfig(batch_size=32, lr=1e-3, min_steps_to_train=1,
                             online_ratio=0.25, intervention_ratio=0.25, demonstration_ratio=0.5,
                             max_updates=LEARNER_UPDATES, publish_every_updates=50, publish_every_s=1e9,
                             checkpoint_dir=str(root / "checkpoints"), checkpoint_every_updates=10**9,
-                            device="cpu", seed=0, log_every_updates=10,
-                            algorithm_params={"staleness": {"max_staleness": 3, "mode": "downweight"}})
+                            device="cpu", seed=0, log_every_updates=10)
     service = ServiceConfig(router_endpoint="tcp://127.0.0.1:*", pub_endpoint="tcp://127.0.0.1:*",
                             heartbeat_interval_s=0.2)
-    return LearnerConfig(store=store, trainer=trainer, service=service)
+    algorithm = RWRConfig(staleness=StalenessConfig(max_staleness=3, mode="downweight"))
+    return LearnerConfig(store=store, trainer=trainer, service=service, algorithm=algorithm)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,8 @@ def robot():
 def test_rwr_through_the_learner_loop_improves_a_weak_policy_on_held_out_scenes(tmp_path, robot):
     started = time.monotonic()
     demos = tmp_path / "demos"
-    summary = record_expert_demos(robot, ScriptedExpert(robot), demos, [FAMILY], DEMO_EPISODES, progress=False)
+    attempts = expert_attempts(robot, ScriptedExpert(robot), [FAMILY], DEMO_EPISODES)
+    summary = store_demos(attempts, DatasetLayout.of(robot), demos, [FAMILY], DEMO_EPISODES, progress=False)
     assert summary.stored == DEMO_EPISODES
     phases = {"demos": time.monotonic() - started}
     policy = weak_policy(demos)
@@ -125,7 +127,7 @@ def test_rwr_through_the_learner_loop_improves_a_weak_policy_on_held_out_scenes(
                          spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=SIM.fps),
                          until_trained=True)
     result = run_local(config, copy.deepcopy(policy), run, make_sim_robot_factory(SIM, [FAMILY], seed_base=20_000),
-                       operator_factory=operator_factory(SIM.fps, True))
+                       operator_factory=ScriptedOperatorFactory(SIM.fps))
     phases["learner_loop"] = time.monotonic() - started - sum(phases.values())
 
     # The loop ran as a whole: robots streamed episodes, the learner trained and published,

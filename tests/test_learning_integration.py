@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from robot_rl.learner.algorithms import ALGORITHMS, AWR, RWR, ChunkQLearning, WeightedBC
-from robot_rl.learner.config import TrainerConfig
+from robot_rl.config import ConfigError, load_config
+from robot_rl.learner.algorithms.awr import AWR
+from robot_rl.learner.algorithms.bc import WeightedBC
+from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RLConfig, RWRConfig, WeightedBCConfig
+from robot_rl.learner.algorithms.rl import ChunkQLearning
+from robot_rl.learner.algorithms.rwr import RWR
+from robot_rl.learner.config import LearnerConfig, RewardConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex, dataset_episode_to_columns, steps_to_columns
 from robot_rl.learner.metrics import LearningLogger, OutcomeTracker, outcome_from_columns, staleness_values
-from robot_rl.learner.rewards import RewardConfig
 from robot_rl.learner.store import ReplayStore
 from robot_rl.learner.trainer import Trainer
 from tests.learner_helpers import CAMERAS, make_steps, store_config, tiny_policy, trainer_config
@@ -33,36 +37,57 @@ def sample_all(index: SamplingIndex, n: int = 64) -> dict:
 # ---------------------------------------------------------------- registry and configs
 
 
-def test_every_algorithm_is_registered_and_selectable_from_the_yaml_configs():
-    from robot_rl.config import load_config
-    from robot_rl.learner.algorithms import make_algorithm
-    from robot_rl.learner.config import learner_config_from
+@pytest.mark.parametrize("recipe,cls", [("bc", WeightedBC), ("hgdagger", WeightedBC), ("rwr", RWR), ("awr", AWR),
+                                        ("rl", ChunkQLearning)])
+def test_each_learner_recipe_builds_its_algorithm(recipe, cls):
+    learner = load_config([f"learner={recipe}"]).learner
+    algorithm = ALGORITHMS.build(learner.algorithm, tiny_policy(), learner.trainer, torch.device("cpu"))
+    assert type(algorithm) is cls and algorithm.params is learner.algorithm
 
-    assert ALGORITHMS == {"bc": WeightedBC, "rwr": RWR, "awr": AWR, "rl": ChunkQLearning}
-    for name, cls in ALGORITHMS.items():
-        trainer = learner_config_from(load_config([f"learner={name}"]).learner).trainer
-        trainer.device = "cpu"
-        algorithm = make_algorithm(tiny_policy(), trainer, torch.device("cpu"))
-        assert type(algorithm) is cls
-    rwr = learner_config_from(load_config(["learner=rwr", "learner.trainer.algorithm_params.beta=0.25"]).learner)
-    algorithm = make_algorithm(tiny_policy(), rwr.trainer, torch.device("cpu"))
-    assert algorithm.params.beta == 0.25 and algorithm.params.staleness.max_staleness == 20  # nested YAML read
-    assert algorithm.params.score_streams == ("online",)  # a YAML list becomes the dataclass's tuple
+
+def test_an_algorithm_setting_on_the_command_line_reaches_the_algorithm():
+    learner = load_config(["learner=rwr", "learner.algorithm.beta=0.25",
+                           "learner.algorithm.staleness.max_staleness=3"]).learner
+    algorithm = ALGORITHMS.build(learner.algorithm, tiny_policy(), learner.trainer, torch.device("cpu"))
+    assert algorithm.params.beta == 0.25 and algorithm.staleness.config.max_staleness == 3
+    assert algorithm.params.score_streams == ("online",)  # the config's list becomes the dataclass's tuple
+
+
+def test_the_algorithm_is_chosen_apart_from_the_recipe():
+    learner = load_config(["learner=hgdagger", "learner/algorithm=awr", "learner.algorithm.beta=2"]).learner
+    assert isinstance(learner.algorithm, AWRConfig) and learner.algorithm.beta == 2.0
+    assert learner.trainer.stream_ratios == {"online": 0.0, "intervention": 0.5, "demonstration": 0.5}
+    assert isinstance(load_config(["learner/algorithm=rl"]).learner.algorithm, RLConfig)
 
 
 def test_hgdagger_is_behaviour_cloning_on_corrections_and_demonstrations_only():
-    from robot_rl.config import load_config
-    from robot_rl.learner.config import learner_config_from
-
-    trainer = learner_config_from(load_config(["learner=hgdagger"]).learner).trainer
-    assert trainer.algorithm == "bc"
-    assert trainer.stream_ratios == {"online": 0.0, "intervention": 0.5, "demonstration": 0.5}
+    learner = load_config(["learner=hgdagger"]).learner
+    assert ALGORITHMS.name_of(learner.algorithm) == "bc"
+    assert learner.trainer.stream_ratios == {"online": 0.0, "intervention": 0.5, "demonstration": 0.5}
 
 
-def test_reward_settings_are_checked_when_the_config_is_built():
-    assert TrainerConfig(rewards={"gamma": 0.9}).reward_config().gamma == 0.9
-    with pytest.raises(ValueError, match="gama"):
-        TrainerConfig(rewards={"gama": 0.9})
+def test_the_critic_recipes_shape_rewards_with_the_sims_progress():
+    assert load_config(["learner=awr"]).learner.trainer.rewards.dense_scale == 0.5
+    assert load_config(["learner=rwr"]).learner.trainer.rewards == RewardConfig()
+
+
+@pytest.mark.parametrize("override,named", [
+    (["learner=rwr", "learner.algorithm.betaa=1"], "learner.algorithm.betaa"),  # not an RWR setting
+    (["learner=bc", "learner.algorithm.beta=1"], "learner.algorithm.beta"),  # bc has no beta
+    (["learner.trainer.rewards.gama=0.9"], "gamma"),
+    (["learner=rwr", "learner.algorithm.score=reward"], "score"),  # RWRConfig's own check
+    (["learner.algorithm.staleness.mode=ignore", "learner=rwr"], "mode"),
+    (["learner/algorithm=ppo"], "awr, bc, rl, rwr"),
+])
+def test_a_wrong_learner_setting_is_refused_with_what_is_valid(override, named):
+    with pytest.raises(ConfigError, match=named):
+        load_config(override)
+
+
+def test_a_learner_config_without_a_registered_algorithm_is_refused():
+    with pytest.raises(TypeError, match="registered"):
+        LearnerConfig(algorithm={"beta": 0.5})
+    assert isinstance(LearnerConfig().algorithm, WeightedBCConfig)  # a LearnerConfig in code: plain BC
 
 
 # ---------------------------------------------------------------- reward fields in batches
@@ -109,9 +134,9 @@ def test_the_trainer_reports_each_published_and_resumed_version_to_the_algorithm
     index = SamplingIndex(CAMERAS)
     for episode in range(2):
         index.append(("r", episode, 0), steps_to_columns(make_steps(12, episode=episode), CAMERAS), "pick the cube")
-    config = trainer_config(tmp_path / "ckpt", algorithm="rwr", publish_every_updates=2,
-                            algorithm_params={"drop_unfinished": False, "failures": "keep"})
-    trainer = Trainer(tiny_policy(), index, config, publish=lambda snapshot: None)
+    config = trainer_config(tmp_path / "ckpt", publish_every_updates=2)
+    rwr = RWRConfig(drop_unfinished=False, failures="keep")
+    trainer = Trainer(tiny_policy(), index, config, rwr, publish=lambda snapshot: None)
     assert trainer.algorithm.staleness.current_version == 0
     for _ in range(5):
         metrics = trainer.update_once()  # publishes after updates 2 and 4
@@ -119,7 +144,7 @@ def test_the_trainer_reports_each_published_and_resumed_version_to_the_algorithm
     assert metrics["staleness/known"] == 1.0 and metrics["staleness/count_2"] > 0  # steps were made by v0
     trainer.checkpoint()
 
-    resumed = Trainer(tiny_policy(), index, config)
+    resumed = Trainer(tiny_policy(), index, config, rwr)
     resumed.resume()
     assert resumed.algorithm.staleness.current_version == 2
 

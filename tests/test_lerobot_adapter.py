@@ -9,7 +9,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be downloaded in tests
 import numpy as np
 import pytest
 import torch
-
 from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
 from lerobot.policies.utils import prepare_observation_for_inference

@@ -12,10 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
+from robot_rl.app.demos import expert_episode
 from robot_rl.config import ConfigError
 from robot_rl.data import EpisodeRecorder
-from robot_rl.demos import expert_episode
+from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.replay import (
     JointMapping,
     JointMappingError,
@@ -91,7 +91,7 @@ def test_replay_reproduces_own_recording_and_writes_video(robot, recorded, tmp_p
     config = ReplayConfig(out_dir=str(tmp_path / "same"))
     run = replay_dataset(robot, dataset, config, progress=False)
 
-    for result, episode in zip(run.episodes, episodes):
+    for result, episode in zip(run.episodes, episodes, strict=True):
         np.testing.assert_allclose(result.tracking.logged, np.stack([s.state for s in episode.steps]))
         assert max(result.tracking.max_abs().values()) <= SAME_PHYSICS_TOLERANCE
         assert result.tracking.scene_recreated
@@ -142,22 +142,22 @@ def write_other_robot_dataset(root, episode) -> None:
 
 
 def test_other_robot_layout_needs_a_mapping_then_replays(recorded, tmp_path):
-    from robot_rl.commands.replay import run_replay
-    from robot_rl.replay.cli_config import load_group_config
+    from robot_rl.app.dataset_replay import run_replay
+    from robot_rl.config import load_config
 
     _, episodes = recorded
     root = tmp_path / "other"
     write_other_robot_dataset(root, episodes[0])
-    common = [f"dataset={root}", f"output_dir={tmp_path / 'out'}", f"robot.image_height={IMAGE}",
+    common = [f"replay.dataset={root}", f"output_dir={tmp_path / 'out'}", f"robot.image_height={IMAGE}",
               f"robot.image_width={IMAGE}", "replay.plots=false"]
 
     with pytest.raises(ConfigError) as excinfo:
-        run_replay(load_group_config(common, "replay", ["dataset", "seeds"]), progress=False)
+        run_replay(load_config(common), progress=False)
     message = str(excinfo.value)
     assert "['shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex', 'wrist_roll', 'gripper']" in message
     assert "joint1" in message and "replay.mapping.names" in message
 
-    cfg = load_group_config(["replay=radians_6dof", f"seeds=[{EPISODES[0][0]}]", *common], "replay", ["dataset", "seeds"])
+    cfg = load_config(["replay=radians_6dof", f"replay.seeds=[{EPISODES[0][0]}]", *common])
     (result,) = run_replay(cfg, progress=False).episodes
     # Radians and 0..1 round-trip through float32, so the commands differ from the
     # recorded ones by ~1e-5 deg; the states then agree to well under a hundredth of a degree.
@@ -175,6 +175,52 @@ def test_mapping_errors_name_the_problem():
         build_mapper(JointMapping(names={"nope": "a"}), ["a", "b"], sim)
     mapper = build_mapper(JointMapping(names={"x": "b"}, scale={"b": 2.0}, offset=1.0), ["x", "a"], sim)
     np.testing.assert_allclose(mapper.to_sim(np.array([10.0, 3.0])), [4.0, 21.0])
+
+
+def test_the_replay_settings_and_their_errors_are_one_line_each(tmp_path):
+    """`robot-rl replay` composes the root config only: its settings are spelled replay.*, a selection
+    of episodes is replay.episode_indices, and what cannot be replayed is a ConfigError naming the fix."""
+    from robot_rl.app.dataset_replay import run_replay
+    from robot_rl.config import load_config
+
+    cfg = load_config([f"output_dir={tmp_path}", "replay.episode_indices=[0,2]"])
+    assert cfg.replay.out_dir == f"{tmp_path}/replay" and cfg.replay.episode_indices == [0, 2]
+    with pytest.raises(ConfigError, match=r"replay\.episodes is not a setting.*did you mean replay.episode_indices"):
+        load_config(["replay.episodes=[0,2]"])
+    with pytest.raises(ConfigError, match=r"replay\.dataset=DIR"):
+        run_replay(cfg)  # no dataset: say how to name one
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "meta").mkdir(parents=True)
+    (corrupt / "meta" / "info.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"could not read dataset .*corrupt.* with lerobot \(JSONDecodeError"):
+        run_replay(load_config([f"replay.dataset={corrupt}"]))
+
+
+def test_a_joint_mapping_takes_a_number_or_one_per_joint():
+    assert JointMapping(scale=2, offset={"a": -1.5}).offset == {"a": -1.5}
+    for bad in ("fast", [1.0, 2.0], {"a": "x"}, True):
+        with pytest.raises(ValueError, match="mapping.scale must be a number or"):
+            JointMapping(scale=bad)
+    with pytest.raises(ConfigError, match="mapping.offset must be a number or"):
+        from robot_rl.config import load_config
+
+        load_config(["replay.mapping.offset=[1,2]"])
+
+
+def test_the_help_examples_use_settings_that_exist():
+    """`robot-rl replay --help` / `eval --help` (the CLI prints HELP and GROUPS): their examples compose."""
+    from dataclasses import fields
+
+    from robot_rl.commands import evaluate, replay
+    from robot_rl.config import RobotRLConfig, load_config
+
+    root = {f.name for f in fields(RobotRLConfig)}
+    for module in (replay, evaluate):
+        assert set(module.GROUPS) <= root
+        examples = [line.split()[2:] for line in module.HELP.splitlines() if line.strip().startswith("robot-rl ")]
+        assert examples
+        for overrides in examples:
+            load_config(overrides)  # an unknown or ill-typed key would raise ConfigError
 
 
 def test_hub_ids_go_through_lerobot():
@@ -240,10 +286,10 @@ def test_counterfactual_error_is_zero_where_policy_agrees_and_large_where_it_dev
 
 
 def test_counterfactual_cli_with_a_flow_vla_checkpoint(recorded, tmp_path, monkeypatch):
-    """`replay counterfactual=true policy.path=...` end to end: loads the checkpoint, writes plot and JSON."""
+    """`replay replay.counterfactual=true policy.path=...` end to end: loads the checkpoint, writes plot and JSON."""
+    from robot_rl.commands import replay as replay_command
     from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.policies.text_encoder import InstructionEncoder
-    from robot_rl.commands import replay as replay_command
     from tests.learner_helpers import TEXT, tiny_policy_config
 
     monkeypatch.setattr(InstructionEncoder, "_shared", TEXT)  # offline stand-in: skip the 90 MB encoder load
@@ -253,9 +299,9 @@ def test_counterfactual_cli_with_a_flow_vla_checkpoint(recorded, tmp_path, monke
     FlowVLA(config, text_encoder=TEXT).save_pretrained(checkpoint)
     root, episodes = recorded
     out = tmp_path / "out"
-    code = replay_command.main([f"dataset={root}", "episodes=[1]", "counterfactual=true", f"policy.path={checkpoint}",
-                                f"output_dir={out}", f"robot.image_height={IMAGE}", f"robot.image_width={IMAGE}",
-                                "replay.video=false", f"seeds=[{EPISODES[1][0]}]"])
+    code = replay_command.main([f"replay.dataset={root}", "replay.episode_indices=[1]", "replay.counterfactual=true",
+                                f"policy.path={checkpoint}", f"output_dir={out}", f"robot.image_height={IMAGE}",
+                                f"robot.image_width={IMAGE}", "replay.video=false", f"replay.seeds=[{EPISODES[1][0]}]"])
     assert code == 0
     summary = json.loads((out / "replay" / "replay.json").read_text())
     (episode,) = summary["episodes"]

@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
-from robot_rl.commands import policy_loading
-from robot_rl.commands import run as run_command
-from robot_rl.config import load_config, to_dataclass
-from tests.learner_helpers import hashed_embeddings
+from robot_rl.app import main_job as run_command
+from robot_rl.app import policies as policy_loading
+from robot_rl.config import ConfigError, load_config
+from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.policies.text_encoder import InstructionEncoder
+from tests.learner_helpers import hashed_embeddings
 
 
 @pytest.fixture
 def shipped(tmp_path, monkeypatch):
     """A checkpoint with the default model config, standing in for checkpoints/bc_push."""
     cfg = load_config([])
-    model = FlowVLA(to_dataclass(cfg.policy.model, FlowVLAConfig), text_encoder=InstructionEncoder(backend=hashed_embeddings))
+    model = FlowVLA(cfg.policy.model, text_encoder=InstructionEncoder(backend=hashed_embeddings))
     directory = tmp_path / "bc_push"
     model.save_pretrained(directory)
     monkeypatch.setattr(policy_loading, "SHIPPED_BC", directory)
@@ -120,29 +120,17 @@ def test_the_synchronous_loop_trains_with_a_thread_per_core(monkeypatch):
                                              ("run.eval_episodes=lots", "run.eval_episodes"),
                                              ("run.min_updates=-5", "run.min_updates"),
                                              ("run.min_updates=1.5", "run.min_updates"),
-                                             ("run.operator_settings={stuck_tick: 3}", "stuck_tick")])
-def test_bad_run_settings_fail_before_anything_runs(override, match, monkeypatch):
-    from robot_rl.config import ConfigError
-
-    def must_not_run(cfg):
-        raise AssertionError("the BC start was looked for before the settings were checked")
-
-    monkeypatch.setattr(run_command, "ensure_bc_checkpoint", must_not_run)
+                                             ("run.torch_threads=0", "run.torch_threads"),
+                                             ("run.torch_threads=two", "run.torch_threads"),
+                                             ("run.operator.stuck_tick=3", "stuck_tick")])
+def test_bad_run_settings_are_refused_when_the_config_is_read(override, match):
+    """Before anything runs: a run may train a BC start for minutes first."""
     with pytest.raises(ConfigError, match=match):
-        run_command.run_main_job(load_config([override]))
-    run_command.check_run_settings(load_config([]))  # the defaults pass
-
-
-@pytest.mark.parametrize("bad", ["0", "-2", "two"])
-def test_a_bad_torch_thread_count_is_a_clear_error(bad):
-    from robot_rl.config import ConfigError
-
-    with pytest.raises(ConfigError, match="run.torch_threads"):
-        run_command.share_cpu_with_robots(load_config([f"run.torch_threads={bad}"]))
+        load_config([override])
 
 
 def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_scenes(tmp_path, monkeypatch, capsys):
-    from robot_rl.bench import heldout
+    from robot_rl.app import evaluation as heldout
 
     calls = []
 
@@ -180,8 +168,8 @@ def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_sc
 def test_run_operator_settings_reach_every_robots_operator_with_its_own_seed():
     from robot_rl.hardware.sim import SimConfig, SimSO101
 
-    cfg = load_config(["run.operator_settings={stuck_ticks: 30, drive_ticks: 90, seed: 7}"])
-    factory = run_command.operator_factory(30, True, 0.5, cfg.run.operator_settings)
+    cfg = load_config(["run.operator.stuck_ticks=30", "run.operator.drive_ticks=90", "run.operator.seed=7"])
+    factory = run_command.operator_factory(cfg)
     robot = SimSO101(SimConfig(seed=1))
     robot.connect()
     try:
@@ -191,13 +179,7 @@ def test_run_operator_settings_reach_every_robots_operator_with_its_own_seed():
     assert [op.config.stuck_ticks for op in operators] == [30, 30]
     assert [op.config.drive_ticks for op in operators] == [90, 90]
     assert [op.config.seed for op in operators] == [7, 8]
-    assert run_command.operator_factory(30, False, 0.5, cfg.run.operator_settings) is None
-
-
-def test_a_misspelt_operator_setting_fails_before_any_robot_starts():
-    cfg = load_config(["run.operator_settings={stuck_tick: 30}"])
-    with pytest.raises(run_command.ConfigError, match="stuck_tick"):
-        run_command.operator_factory(30, True, 0.5, cfg.run.operator_settings)
+    assert run_command.operator_factory(load_config(["run.operator=null"])) is None
 
 
 def test_the_run_names_its_learner_with_the_data_it_imitates():

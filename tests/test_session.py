@@ -1,10 +1,12 @@
-"""`robot-rl session` end to end in the sim, through the real CLI in a subprocess: the scripted
-operator takes over from a policy that is stuck, episodes are recorded (LeRobotDataset v3),
-and a scripted e-stop ends the session with exit code 3 after saving what was recorded."""
+"""`robot-rl session`: end to end in the sim through the real CLI in a subprocess (the scripted
+operator takes over from a policy that is stuck, episodes are recorded as a LeRobotDataset v3,
+a scripted e-stop ends the session with exit code 3 after saving what was recorded); in-process,
+its settings, its refusals, and streaming to a learner set by ``link.learner``."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,7 @@ def test_scripted_operator_session_in_sim_with_estop_writes_a_dataset(tmp_path):
     root = tmp_path / "session"
     cmd = [
         sys.executable, "-m", "robot_rl.cli", "session",
-        "robot=sim_so101", "policy.type=hold", "teleop=scripted",
+        "robot=sim_so101", "policy=hold", "teleop=scripted", "teleop.stuck_ticks=20",
         "session.episodes=3", "session.max_episode_steps=90", "session.realtime=false",
         f"session.dataset_root={root}", "session.keys=script", "session.key_script=[1:30:e]",
         "robot.image_height=32", "robot.image_width=32", "robot.cameras=[front]",
@@ -66,18 +68,79 @@ def test_terminal_keys_read_single_keys_without_enter():
     os.close(master)
 
 
-def test_session_without_a_policy_path_says_what_to_do(tmp_path):
-    from robot_rl.commands.session import compose
-    from robot_rl.config import ConfigError
-    from robot_rl.session import factory
+def test_a_real_robot_runs_only_a_named_checkpoint():
+    """The sim jobs fall back to the BC or the shipped checkpoint; a real arm never does."""
+    from robot_rl.config import ConfigError, load_config
+    from robot_rl.session.runner import check_policy_choice
 
-    cfg = compose(["robot=sim_so101", "policy.path=null"])
-    with pytest.raises(ConfigError, match="policy.type=hold"):
-        factory.make_policy(cfg, 6)
+    with pytest.raises(ConfigError, match="policy=hold"):
+        check_policy_choice(load_config(["robot=so101"]))
+    check_policy_choice(load_config(["robot=so101", "policy.path=outputs/bc_policy"]))
+    check_policy_choice(load_config(["robot=so101", "policy=hold"]))
+    check_policy_choice(load_config(["robot=sim_so101"]))
 
 
-def test_learner_url_is_taken_out_of_the_hydra_overrides():
-    from robot_rl.commands.session import split_learner
+def test_session_settings_are_typed_and_composed_with_the_link(tmp_path):
+    from robot_rl.config import load_config
+    from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
 
-    learner, rest = split_learner(["robot=so101", "learner=tcp://127.0.0.1:5555", "policy.path=x"])
-    assert learner == "tcp://127.0.0.1:5555" and rest == ["robot=so101", "policy.path=x"]
+    cfg = load_config(["teleop=scripted", "teleop.stuck_ticks=20", "link.learner=tcp://127.0.0.1:5555",
+                       f"output_dir={tmp_path}"])
+    assert isinstance(cfg.teleop, ScriptedOperatorConfig) and cfg.teleop.stuck_ticks == 20
+    assert load_config(["teleop=scripted", "teleop.max_step_per_tick=6"]).teleop.max_step_per_tick == 6.0
+    assert cfg.session.dataset_root == f"{tmp_path}/session"
+    assert cfg.link.client_config("sim_so101", cfg.output_dir).pub_endpoint == "tcp://127.0.0.1:5556"
+
+
+def test_a_misspelled_session_setting_is_one_line_naming_the_right_one(capsys):
+    from robot_rl.cli import main
+
+    assert main(["session", "session.episdes=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "session.episdes is not a setting" in err, err
+    assert re.search(r"did you mean session\.episodes\?", err) and "'session' has episodes" in err, err
+
+
+@pytest.mark.parametrize("command", ["session", "calibrate"])
+def test_session_and_calibrate_answer_help(command, capsys):
+    import importlib
+
+    from robot_rl.cli import main
+
+    assert main([command, "--help"]) == 0
+    assert main([command, "-h"]) == 0
+    module = importlib.import_module(f"robot_rl.commands.{command}")
+    assert "examples:" in module.HELP and "robot" in module.GROUPS
+    assert "robot-rl " + command in capsys.readouterr().out
+
+
+def test_a_session_with_link_learner_streams_its_episodes_to_that_learner(tmp_path, monkeypatch):
+    """In-process: the sim, a tiny flow policy, and a learner on loopback that stores what the
+    session streams (the policy's config hash admits it); the session also records locally."""
+    from robot_rl.commands import session
+    from robot_rl.learner.service import LearnerService
+    from robot_rl.policies.flow_vla import FlowVLA
+    from tests.learner_helpers import learner_config, store_config, tiny_sim_weights, wait_for
+
+    weights, _ = tiny_sim_weights(tmp_path / "policy", monkeypatch)
+    config = learner_config(tmp_path / "learner")
+    config.store = store_config(tmp_path / "learner" / "store", background_commit=True, cameras=("front", "wrist"),
+                                image_height=32, image_width=32,
+                                joint_names=("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex",
+                                             "wrist_roll", "gripper"))
+    learner = LearnerService(config, FlowVLA.from_pretrained(weights), train=False).start()
+    try:
+        code = session.main([
+            "robot=sim_so101", f"policy.path={weights}", "teleop=none", f"output_dir={tmp_path / 'out'}",
+            "session.episodes=1", "session.max_episode_steps=12", "session.realtime=false", "session.keys=none",
+            "robot.image_height=32", "robot.image_width=32",
+            f"link.learner={learner.router_endpoint}", f"link.weights={learner.pub_endpoint}",
+        ])
+        assert code == 0
+        wait_for(lambda: learner.store.stats()["episodes_stored"] == 1, timeout_s=60, what="the episode stored")
+    finally:
+        learner.stop(checkpoint=False)
+    assert "sim_so101" in learner.robots  # streamed as the robot's name (link.robot_id unset)
+    from robot_rl.data import load_episode_arrays
+
+    assert len(load_episode_arrays(tmp_path / "out" / "session", repo_id="local/robot_rl_session")) == 1

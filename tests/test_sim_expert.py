@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from robot_rl.hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
 from robot_rl.core import VirtualClock, WallClock
+from robot_rl.hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
 
 SEEDS = range(100, 106)
 
@@ -103,9 +103,9 @@ def test_expert_plans_a_rate_limited_chunk_from_the_given_state_without_moving_t
 
 
 def test_expert_chunk_policy_completes_tasks_through_the_async_edge_at_200ms(robot):
-    from robot_rl.hardware.sim.expert_policy import ExpertChunkPolicy
+    from robot_rl.app.evaluation import evaluate_policy
     from robot_rl.edge import EdgeConfig
-    from robot_rl.evaluation import evaluate_policy
+    from robot_rl.hardware.sim.expert_policy import ExpertChunkPolicy
 
     policy = ExpertChunkPolicy(ScriptedExpert(robot, max_joint_step=3.0, cartesian_step=0.006, careful_step=0.003))
     config = EdgeConfig(mode="async_rollforward", simulated_latency_ms=200.0, inference_runner="virtual")

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import socket
 
 import numpy as np
+import pytest
 
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import VirtualClock
@@ -51,7 +52,7 @@ def test_control_rate_holds_while_learner_is_down_and_every_step_arrives_later(t
     clock = VirtualClock()
     node = EdgeNode(CameraRobot(), policy, clock, EdgeConfig(fps=30, simulated_latency_ms=50), robot_id="edge-a")
     streamer.attach(node)
-    # The link thread is not even running yet: its queue (2 segments) fills after 20 ticks, and
+    # The link thread is not even running yet: its queue (2 segments) fills after 21 ticks, and
     # the sink must keep the rest itself instead of blocking the control thread or dropping them.
     streamer.begin_episode(1)
     episode = node.run_episode(120, "pick the cube")
@@ -107,6 +108,54 @@ def test_weight_swap_during_an_episode_lands_between_chunks(tmp_path):
     assert node.stats.late_ticks == 0 and node.stats.swaps == 1 and node.stats.swap_failures == 0
     # The swapped-in weights are the learner's, not the edge's initial ones.
     served = learner.trainer.policy.state_dict()
-    running = node.worker.runner.policy.state_dict() if hasattr(node.worker, "runner") else None
-    if running is not None:
-        assert all(np.allclose(served[k].cpu(), running[k].cpu()) for k in served)
+    running = node.running_policy.state_dict()
+    assert all(np.allclose(served[k].cpu(), running[k].cpu()) for k in served)
+
+
+# ----------------------------------------------------------------------------- the link's settings
+
+
+def test_link_settings_make_the_client_config(tmp_path):
+    from robot_rl.bridges.zmq.keys import generate_keypair
+    from robot_rl.bridges.zmq.link import LinkConfig
+
+    client = LinkConfig(learner="tcp://127.0.0.1:6000").client_config("so101", str(tmp_path), config_hash="abc")
+    assert (client.router_endpoint, client.pub_endpoint) == ("tcp://127.0.0.1:6000", "tcp://127.0.0.1:6001")
+    assert client.robot_id == "so101" and client.spool_dir == tmp_path / "edge" / "so101" / "spool"
+    assert client.config_hash == "abc" and client.curve is None
+    named = LinkConfig(learner="tcp://127.0.0.1:6000", weights="tcp://127.0.0.1:7000", robot_id="arm-2",
+                       spool_dir=str(tmp_path / "spool")).client_config("so101", str(tmp_path))
+    assert (named.pub_endpoint, named.robot_id, named.spool_dir) == ("tcp://127.0.0.1:7000", "arm-2",
+                                                                     str(tmp_path / "spool"))
+    # Off loopback: refused without keys, before anything starts; with them, CURVE.
+    with pytest.raises(ValueError, match="link.secret_key=keys/robots/arm-2.key_secret link.learner_key"):
+        LinkConfig(learner="tcp://10.0.0.7:5555", robot_id="arm-2").client_config("so101", str(tmp_path))
+    generate_keypair(tmp_path, "learner")
+    generate_keypair(tmp_path, "arm-2")
+    keyed = LinkConfig(learner="tcp://10.0.0.7:5555", robot_id="arm-2", secret_key=str(tmp_path / "arm-2.key_secret"),
+                       learner_key=str(tmp_path / "learner.key")).client_config("so101", str(tmp_path))
+    assert keyed.curve is not None
+    with pytest.raises(ValueError, match="both link.secret_key and link.learner_key"):
+        LinkConfig(learner="tcp://10.0.0.7:5555", secret_key="x")
+    with pytest.raises(ValueError, match="explicit port"):
+        LinkConfig(learner="tcp://learner.lab").weights_endpoint()
+
+
+def test_edge_command_needs_a_learner_and_keys_off_loopback(capsys):
+    from robot_rl.cli import main
+
+    assert main(["edge", "session.episodes=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "link.learner=tcp://HOST:5555" in err
+    assert main(["edge", "link.learner=tcp://10.0.0.7:5555"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "link.secret_key" in err
+
+
+def test_edge_command_answers_help(capsys):
+    from robot_rl.cli import main
+    from robot_rl.commands import edge
+
+    assert main(["edge", "--help"]) == 0
+    assert "link.learner" in capsys.readouterr().out
+    assert edge.GROUPS == ("robot", "policy", "edge", "link", "session")

@@ -110,7 +110,7 @@ def test_swaps_reuse_one_shadow_policy(tmp_path, monkeypatch):
             blob = snapshot(learner, version, "")
             streamer._on_weights(blob.announce(), bytearray(blob.data))
             wait_for(lambda v=version: node.tick().policy_version == v, what=f"swap to v{version}")
-            running.append(node.worker.runner.policy)
+            running.append(node.running_policy)
             assert same_weights(running[-1], learner)
         # Newer weights before the node took the pending swap: withdrawn and superseded, same shadow.
         for version in (5, 6):
@@ -120,12 +120,11 @@ def test_swaps_reuse_one_shadow_policy(tmp_path, monkeypatch):
             streamer._on_weights(blob.announce(), bytearray(blob.data))
             wait_for(lambda v=version: streamer.swaps_requested == v, what=f"v{version} loaded")
         wait_for(lambda: node.tick().policy_version == 6, what="swap to v6")
-        assert same_weights(node.worker.runner.policy, learner)
+        assert same_weights(node.running_policy, learner)
     finally:
         streamer.stop()
         node.close()
     assert deepcopies == []  # no module copied per swap
-    assert streamer.shadow_allocations == 1
     assert len({id(p) for p in running}) == 2 and running[0] is running[2] and running[1] is running[3]
     assert policy in running  # the caller's policy is one of the two buffers
     assert streamer.shadow_recycled >= 3 and streamer.swaps_withdrawn == 1

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from robot_rl.hardware.teleop import TakeoverBlender, TeleopEvent, TeleopIntervention, TeleopReading
-from robot_rl.hardware.teleop.keys import ScriptedKeys
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge import EdgeConfig, EdgeNode
+from robot_rl.hardware.teleop import TakeoverBlender, TeleopEvent, TeleopIntervention, TeleopReading
+from robot_rl.hardware.teleop.keys import ScriptedKeys
 from tests.edge_fakes import EncodingPolicy, KinematicRobot, decode
 
 
@@ -86,9 +86,9 @@ def test_blender_keeps_bounding_a_jumpy_device_after_the_ramp():
 
 def test_blender_rejects_bad_settings():
     with pytest.raises(ValueError):
-        TakeoverBlender(30, max_step_per_tick=0.0)
+        TakeoverBlender(30, blend_time_s=0.5, max_step_per_tick=0.0)
     with pytest.raises(RuntimeError, match="start"):
-        TakeoverBlender(30)(np.zeros(3))
+        TakeoverBlender(30, blend_time_s=0.5, max_step_per_tick=3.0)(np.zeros(3))
 
 
 # ----------------------------------------------------------------------------- node integration
@@ -233,8 +233,9 @@ def test_gamepad_maps_lerobot_events_and_jogs_joints():
 def test_lerobot_keyboard_and_gamepad_modules_import_headless():
     import importlib
 
-    for module in ("robot_rl.hardware.teleop.gamepad", "robot_rl.hardware.teleop.keyboard", "robot_rl.hardware.teleop.leader",
-                   "lerobot.teleoperators.keyboard", "lerobot.teleoperators.gamepad"):
+    for module in ("robot_rl.hardware.teleop.gamepad", "robot_rl.hardware.teleop.keyboard",
+                   "robot_rl.hardware.teleop.leader", "lerobot.teleoperators.keyboard",
+                   "lerobot.teleoperators.gamepad"):
         importlib.import_module(module)
 
 
@@ -282,7 +283,7 @@ def run_watched_episode(seed: int, ticks: int = 150):
     robot.connect()
     try:
         instruction = robot.reset(seed=3)
-        operator = scripted_operator_for_sim(robot, ScriptedOperatorConfig(seed=seed, drive_ticks=40))
+        operator = scripted_operator_for_sim(ScriptedOperatorConfig(seed=seed, drive_ticks=40), robot)
         hook = TeleopIntervention(operator, TakeoverBlender(robot.fps, blend_time_s=0.3, max_step_per_tick=6.0))
         config = EdgeConfig(mode="async_rollforward", simulated_latency_ms=100.0)
         node = EdgeNode(robot, HoldPolicy(), VirtualClock(), config, intervention=hook)
@@ -331,7 +332,7 @@ def test_scripted_operator_leaves_a_correct_push_alone():
         noticed = {}
         for seed in (5003, 5004, 5006, 5018):  # seeds whose pushes used to be called "a dropped cube"
             robot.reset(seed=seed, family="push")
-            operator = scripted_operator_for_sim(robot, expert=expert)
+            operator = scripted_operator_for_sim(None, robot, expert=expert)
             operator.reset_episode(0)
             for _ in range(robot.config.max_episode_steps):
                 if robot.is_success():

@@ -119,7 +119,8 @@ def test_streamed_segments_are_acked_stored_and_exact(tmp_path):
         assert sorted(ingest.stored) == [("so101-a", 11, seq) for seq in range(3)]
         got = [s for seq in range(3) for s in ingest.stored[("so101-a", 11, seq)]]
         assert [s.tick for s in got] == list(range(12))
-        assert np.array_equal(got[5].state, np.full(6, 1, np.float32)) and np.array_equal(got[5].images["front"], make_steps(1)[0].images["front"])
+        assert np.array_equal(got[5].state, np.full(6, 1, np.float32))
+        assert np.array_equal(got[5].images["front"], make_steps(1)[0].images["front"])
         assert stats["segments_acked"] == 3 and stats["pending"] == 0 and stats["queue_rejections"] == 0
 
 
@@ -185,11 +186,10 @@ def test_config_hash_mismatch_is_refused_with_a_clear_error(tmp_path, caplog):
 
 
 def test_heartbeats_report_the_policy_version_in_use(tmp_path):
-    with serving() as server:
-        with StreamingClient(client_config(server, tmp_path)) as link:
-            link.set_policy_version(7)
-            assert wait_until(lambda: [p.policy_version for p in server.peers()] == [7], timeout_s=5)
-            assert server.peers()[0].robot_id == "so101-a"
+    with serving() as server, StreamingClient(client_config(server, tmp_path)) as link:
+        link.set_policy_version(7)
+        assert wait_until(lambda: [p.policy_version for p in server.peers()] == [7], timeout_s=5)
+        assert server.peers()[0].robot_id == "so101-a"
 
 
 # ---------------------------------------------------------------- weights
@@ -210,12 +210,12 @@ class CorruptingBlob(WeightsBlob):
 def test_weights_are_announced_fetched_in_chunks_and_verified(tmp_path):
     received: list[tuple[WeightsAnnounce, bytes]] = []
     data = os.urandom(50_000)
-    with serving() as server:
-        with StreamingClient(client_config(server, tmp_path), on_weights=lambda a, b: received.append((a, b))) as link:
-            assert link.wait_connected(5)
-            server.publish_weights(WeightsBlob(version=3, data=data, config_hash="", chunk_size=4096))
-            assert wait_until(lambda: len(received) == 1)
-            assert link.stats()["weights_received"] == 1
+    with (serving() as server,
+          StreamingClient(client_config(server, tmp_path), on_weights=lambda a, b: received.append((a, b))) as link):
+        assert link.wait_connected(5)
+        server.publish_weights(WeightsBlob(version=3, data=data, config_hash="", chunk_size=4096))
+        assert wait_until(lambda: len(received) == 1)
+        assert link.stats()["weights_received"] == 1
     announce, payload = received[0]
     assert announce.version == 3 and announce.num_chunks == 13 and payload == data
 
@@ -224,7 +224,8 @@ def test_a_corrupted_chunk_is_refused_and_the_weights_never_delivered(tmp_path):
     received: list[bytes] = []
     with serving() as server:
         server.publish_weights(CorruptingBlob(version=1, data=os.urandom(10_000), config_hash="", chunk_size=4096))
-        client = ZmqClient(client_config(server, tmp_path, weights_chunk_retries=2), on_weights=lambda a, b: received.append(b))
+        client = ZmqClient(client_config(server, tmp_path, weights_chunk_retries=2),
+                           on_weights=lambda a, b: received.append(b))
         assert wait_until(lambda: client.stats.weights_rejected >= 1, tick=lambda: client.poll(10))
         client.close()
     assert received == []
@@ -234,7 +235,8 @@ def test_a_corrupted_chunk_is_refused_and_the_weights_never_delivered(tmp_path):
 def test_weights_for_another_config_are_ignored(tmp_path):
     received: list[bytes] = []
     with serving() as server:
-        client = ZmqClient(client_config(server, tmp_path, config_hash="cfg-a"), on_weights=lambda a, b: received.append(b))
+        client = ZmqClient(client_config(server, tmp_path, config_hash="cfg-a"),
+                           on_weights=lambda a, b: received.append(b))
         server.publish_weights(WeightsBlob(version=1, data=b"x" * 100, config_hash="cfg-b"))
         assert wait_until(lambda: client.latest_announce is not None, tick=lambda: client.poll(10))
         for _ in range(10):
@@ -283,7 +285,8 @@ def test_curve_keys_are_bound_to_the_robot_id_their_file_names(tmp_path):
     generate_keypair(tmp_path, "so101-a")
     generate_keypair(tmp_path, "so101-b")
     generate_keypair(tmp_path, "learner")
-    curve = ServerCurve.from_files(tmp_path / "learner.key_secret", [tmp_path / "so101-a.key", tmp_path / "so101-b.key"])
+    curve = ServerCurve.from_files(tmp_path / "learner.key_secret",
+                                   [tmp_path / "so101-a.key", tmp_path / "so101-b.key"])
     key_a = next(k for k, name in curve.client_names.items() if name == "so101-a")
     assert curve.robot_id_refusal(key_a.decode(), "so101-a") is None
     assert "cannot speak for robot 'so101-b'" in curve.robot_id_refusal(key_a.decode(), "so101-b")
@@ -291,7 +294,8 @@ def test_curve_keys_are_bound_to_the_robot_id_their_file_names(tmp_path):
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "so101-c.key").write_bytes((tmp_path / "so101-a.key").read_bytes())
     with pytest.raises(ValueError, match="same public key"):
-        ServerCurve.from_files(tmp_path / "learner.key_secret", [tmp_path / "so101-a.key", tmp_path / "copy" / "so101-c.key"])
+        ServerCurve.from_files(tmp_path / "learner.key_secret",
+                               [tmp_path / "so101-a.key", tmp_path / "copy" / "so101-c.key"])
 
 
 # ---------------------------------------------------------------- many robots
@@ -300,7 +304,8 @@ def test_curve_keys_are_bound_to_the_robot_id_their_file_names(tmp_path):
 def test_four_robots_stream_at_once(tmp_path):
     ingest = MemoryIngest()
     with serving(handlers=ingest) as server:
-        links = [StreamingClient(client_config(server, tmp_path / f"r{i}", robot_id=f"robot-{i}")).start() for i in range(4)]
+        links = [StreamingClient(client_config(server, tmp_path / f"r{i}", robot_id=f"robot-{i}")).start()
+                 for i in range(4)]
         try:
             for seq in range(5):
                 for link in links:
@@ -345,7 +350,8 @@ def test_fuzzed_frames_get_an_error_reply_and_the_server_keeps_serving(live_serv
 
 def test_after_fuzzing_the_server_still_serves_valid_requests(live_server):
     server, sock = live_server
-    reply = _request(sock, [bytes(f) for f in encode_message(Hello(robot_id="fuzzer", config_hash="", policy_version=-1))])
+    hello = Hello(robot_id="fuzzer", config_hash="", policy_version=-1)
+    reply = _request(sock, [bytes(f) for f in encode_message(hello)])
     assert reply.TYPE == "hello_ok"
     oversized = encode_message(WeightsChunk(version=1, chunk=0, sha256="", data=np.zeros(1000, np.uint8)))
     server.config.limits = type(server.config.limits)(max_message_bytes=2000, max_envelope_bytes=500)

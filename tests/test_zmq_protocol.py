@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -49,14 +50,16 @@ pytestmark = pytest.mark.timeout(60)
 
 SAMPLES = [
     Hello(robot_id="so101-a", config_hash="abc123", policy_version=-1),
-    HelloOk(server_id="learner", config_hash="abc123", latest_version=3, heartbeat_interval_s=1.0, max_message_bytes=1 << 20),
+    HelloOk(server_id="learner", config_hash="abc123", latest_version=3, heartbeat_interval_s=1.0,
+            max_message_bytes=1 << 20),
     Error(code="bad_message", message="what went wrong", in_reply_to="segment"),
     Segment(robot_id="r", episode_id=7, seq=2, episode_done=True, num_steps=0, columns={}, images={},
             arrays={"state": np.arange(12, dtype=np.float32).reshape(2, 6)}),
     Ack(robot_id="r", episode_id=7, seq=2, duplicate=True),
     Heartbeat(sender="r", policy_version=4, time_s=12.5, stats={"sent": 3, "ok": True, "rate": 0.5, "mode": "x"}),
     Stats(sender="r", stats={"stalls": 2}),
-    WeightsAnnounce(version=5, sha256="ab" * 32, size=10, num_chunks=1, chunk_size=16, config_hash="h", dtype="float16"),
+    WeightsAnnounce(version=5, sha256="ab" * 32, size=10, num_chunks=1, chunk_size=16, config_hash="h",
+                    dtype="float16"),
     WeightsFetch(version=5, chunk=0),
     WeightsChunk(version=5, chunk=0, sha256="cd" * 32, data=np.arange(10, dtype=np.uint8)),
 ]
@@ -70,7 +73,8 @@ def _equal(a, b) -> bool:
     return a == b
 
 
-def _envelope(type_: str = "ack", body: dict | None = None, arrays: list | None = None, v: int = PROTOCOL_VERSION) -> bytes:
+def _envelope(type_: str = "ack", body: dict | None = None, arrays: list | None = None,
+              v: int = PROTOCOL_VERSION) -> bytes:
     body = {"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": False} if body is None else body
     return msgpack.packb({"v": v, "type": type_, "body": body, "arrays": arrays or []})
 
@@ -122,13 +126,19 @@ def test_big_endian_arrays_are_sent_little_endian():
         ([msgpack.packb({"type": "ack"})], "protocol version mismatch"),
         ([_envelope("teleport")], "unknown message type 'teleport'"),
         ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0})], "missing fields ['duplicate']"),
-        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": False, "x": 1})], "unexpected fields ['x']"),
-        ([_envelope(body={"robot_id": "r", "episode_id": "1", "seq": 0, "duplicate": False})], "ack.episode_id must be an int"),
-        ([_envelope(body={"robot_id": "r", "episode_id": True, "seq": 0, "duplicate": False})], "ack.episode_id must be an int"),
-        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": 1})], "ack.duplicate must be a bool"),
+        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": False, "x": 1})],
+         "unexpected fields ['x']"),
+        ([_envelope(body={"robot_id": "r", "episode_id": "1", "seq": 0, "duplicate": False})],
+         "ack.episode_id must be an int"),
+        ([_envelope(body={"robot_id": "r", "episode_id": True, "seq": 0, "duplicate": False})],
+         "ack.episode_id must be an int"),
+        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": 1})],
+         "ack.duplicate must be a bool"),
         ([_envelope(), b"extra"], "describes 0 arrays but the message has 1"),
-        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "ack", "body": {}, "arrays": [], "more": 1})], "unexpected ['more']"),
-        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "ack", "body": msgpack.ExtType(5, b"x"), "arrays": []})], "extension type"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "ack", "body": {}, "arrays": [], "more": 1})],
+         "unexpected ['more']"),
+        ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "ack", "body": msgpack.ExtType(5, b"x"), "arrays": []})],
+         "extension type"),
         (
             [_envelope("weights_chunk", {"version": 1, "chunk": 0, "sha256": ""},
                        [{"name": "data", "dtype": "|O", "shape": [1], "frame": 1}]), b"\x00" * 8],
@@ -184,10 +194,8 @@ def test_encoder_refuses_dtypes_the_wire_does_not_carry():
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.binary(max_size=200), min_size=0, max_size=4))
 def test_fuzz_random_frames_only_ever_raise_protocol_error(frames):
-    try:
+    with contextlib.suppress(ProtocolError):
         decode_message(frames)
-    except ProtocolError:
-        pass
 
 
 @settings(max_examples=200, deadline=None)
@@ -200,10 +208,8 @@ def test_fuzz_mutated_valid_messages_only_ever_raise_protocol_error(msg, data):
         frames[which][pos] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(frames[0])))
     frames[0] = frames[0][:cut] if data.draw(st.booleans()) else frames[0]
-    try:
+    with contextlib.suppress(ProtocolError):
         decode_message([bytes(f) for f in frames])
-    except ProtocolError:
-        pass
 
 
 # ---------------------------------------------------------------- segments
@@ -222,7 +228,8 @@ def _steps(n: int = 6, cameras: tuple[str, ...] = ("front", "wrist")) -> list[St
             tick=100 + i, time_s=3.0 + i / 30, state=rng.normal(size=6).astype(np.float32),
             action=rng.normal(size=6).astype(np.float32),
             images={c: _smooth_image(48, 64, i + k) for k, c in enumerate(cameras)},
-            instruction="pick the red cube", policy_action=None if i % 3 == 0 else rng.normal(size=6).astype(np.float32),
+            instruction="pick the red cube",
+            policy_action=None if i % 3 == 0 else rng.normal(size=6).astype(np.float32),
             is_intervention=i == 2, reward=0.25 * i, done=i == n - 1, success=i == n - 1, policy_version=4,
             chunk_id=i // 2, chunk_index=i % 2, delay_ticks=3, rolled_state=rng.normal(size=6).astype(np.float32),
             stall=i == 1, lateness_s=0.001 * i,
@@ -265,7 +272,8 @@ def test_segment_jpeg_images_are_close_and_everything_else_exact():
 
 
 def test_segment_without_cameras_or_optional_arrays():
-    steps = [Step(tick=i, time_s=float(i), state=np.zeros(3, np.float32), action=np.ones(2, np.float32)) for i in range(2)]
+    steps = [Step(tick=i, time_s=float(i), state=np.zeros(3, np.float32), action=np.ones(2, np.float32))
+             for i in range(2)]
     out = _round_trip_steps(steps, ImageEncoding())
     assert out[1].images == {} and out[1].policy_action is None and out[1].rolled_state is None
 
@@ -305,7 +313,8 @@ def test_weights_torch_bfloat16_transfer():
     torch = pytest.importorskip("torch")
     sd = {"layer.weight": torch.randn(4, 4), "count": torch.tensor([3])}
     back = deserialize_tensors(serialize_tensors(sd, transfer_dtype="bfloat16"), framework="pt", cast_to="float32")
-    assert back["layer.weight"].dtype == torch.float32 and torch.allclose(back["layer.weight"], sd["layer.weight"], atol=0.05)
+    assert back["layer.weight"].dtype == torch.float32
+    assert torch.allclose(back["layer.weight"], sd["layer.weight"], atol=0.05)
     assert back["count"].dtype == torch.int64
 
 
@@ -314,7 +323,8 @@ def _reassemble(blob: WeightsBlob, tamper: dict[int, bytes] | None = None) -> Ch
     for i in range(blob.num_chunks):
         chunk = blob.chunk_message(i)
         if tamper and i in tamper:
-            chunk = WeightsChunk(version=chunk.version, chunk=i, sha256=chunk.sha256, data=np.frombuffer(tamper[i], np.uint8))
+            chunk = WeightsChunk(version=chunk.version, chunk=i, sha256=chunk.sha256,
+                                 data=np.frombuffer(tamper[i], np.uint8))
         asm.add(chunk)
     return asm
 
@@ -379,7 +389,8 @@ def test_plain_tcp_off_loopback_is_refused_unless_explicitly_allowed():
     check_endpoint_security("tcp://127.0.0.1:5555", None, allow_insecure=False)
 
 
-_SEGMENT_FRAMES = [bytes(f) for f in encode_message(encode_segment("r", 1, 0, _steps(2), image_encoding=ImageEncoding("png")))]
+_SEGMENT_FRAMES = [bytes(f) for f in encode_message(encode_segment("r", 1, 0, _steps(2),
+                                                                  image_encoding=ImageEncoding("png")))]
 _JPEG_FRAMES = [bytes(f) for f in encode_message(encode_segment("r", 1, 0, _steps(1, ("front",))))]
 
 
@@ -392,7 +403,5 @@ def test_fuzz_corrupted_segments_only_ever_raise_protocol_error(frames, data):
         if frames[which]:
             pos = data.draw(st.integers(0, len(frames[which]) - 1))
             frames[which][pos] = data.draw(st.integers(0, 255))
-    try:
+    with contextlib.suppress(ProtocolError):
         decode_segment(decode_message([bytes(f) for f in frames]))
-    except ProtocolError:
-        pass

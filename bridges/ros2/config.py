@@ -1,8 +1,10 @@
-"""Settings of a ROS 2 arm: topics, joint names, units, command style. Plain types for Hydra."""
+"""Settings of a ROS 2 arm: topics, joint names, units, command style."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from robot_rl.core.registry import ROBOTS
 
 COMMAND_TYPES = ("trajectory", "forward")
 
@@ -17,9 +19,10 @@ class Ros2CameraConfig:
     width: int = 640
 
 
+@ROBOTS.register("ros2_arm", builder="robot_rl.bridges.ros2.robot:Ros2Robot")
 @dataclass
 class Ros2ArmConfig:
-    """A ROS 2 arm as a robot_rl Robot (mirrored by ``configs/robot/ros2_arm.yaml``).
+    """A ROS 2 arm as a robot_rl Robot (``robot=ros2_arm``).
 
     command_type: "trajectory" publishes trajectory_msgs/JointTrajectory to a
         joint_trajectory_controller (the remaining plan, one point per tick, so ros2_control

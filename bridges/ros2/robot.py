@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -58,11 +59,12 @@ class Ros2Robot:
         self._state_time = 0.0
         self._images: dict[str, np.ndarray] = {}
         self._image_errors = 0
-        self._context = None
-        self._node = None
-        self._executor = None
+        # rclpy's objects (imported at connect, so the config works without ROS 2 installed).
+        self._context: Any = None
+        self._node: Any = None
+        self._executor: Any = None
         self._thread: threading.Thread | None = None
-        self._publisher = None
+        self._publisher: Any = None
 
     # -- description -----------------------------------------------------------------
 
@@ -112,7 +114,8 @@ class Ros2Robot:
         except BaseException:
             self.disconnect()
             raise
-        log.info("connected to ROS 2 arm %r (%s -> %s)", self.name, self.config.joint_state_topic, self.config.command_topic)
+        log.info("connected to ROS 2 arm %r (%s -> %s)", self.name, self.config.joint_state_topic,
+                 self.config.command_topic)
 
     def disconnect(self) -> None:
         if self._executor is not None:
@@ -161,16 +164,18 @@ class Ros2Robot:
     # -- internals --------------------------------------------------------------------
 
     def _create_endpoints(self) -> None:
-        from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data
+        from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
         from sensor_msgs.msg import CompressedImage, Image, JointState
         from std_msgs.msg import Float64MultiArray
         from trajectory_msgs.msg import JointTrajectory
 
         node = self._node
-        node.create_subscription(JointState, self.config.joint_state_topic, self._on_joint_state, qos_profile_sensor_data)
+        node.create_subscription(JointState, self.config.joint_state_topic, self._on_joint_state,
+                                 qos_profile_sensor_data)
         for name, cam in self._cameras.items():
             msg_type = CompressedImage if cam.compressed else Image
-            node.create_subscription(msg_type, cam.topic, self._image_callback(name, cam.compressed), qos_profile_sensor_data)
+            node.create_subscription(msg_type, cam.topic, self._image_callback(name, cam.compressed),
+                                     qos_profile_sensor_data)
         command_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
         msg_type = JointTrajectory if self.config.command_type == "trajectory" else Float64MultiArray
         self._publisher = node.create_publisher(msg_type, self.config.command_topic, command_qos)
@@ -193,7 +198,8 @@ class Ros2Robot:
         with self._lock:
             have_state = self._state is not None
             missing = [self._cameras[c].topic for c in self.camera_names if c not in self._images]
-        what = [] if have_state else [f"JointState on {self.config.joint_state_topic} with joints {list(self.joint_names)}"]
+        state = f"JointState on {self.config.joint_state_topic} with joints {list(self.joint_names)}"
+        what = [] if have_state else [state]
         what += [f"images on {t}" for t in missing]
         if self._publisher.get_subscription_count() == 0:
             what.append(f"a controller subscribed to {self.config.command_topic}")

@@ -29,50 +29,114 @@ Typical use::
     link.start(); link.submit_steps(episode_id, steps)
 """
 
-from robot_rl.bridges.zmq.client import ClientConfig, ClientStats, ZmqClient
-from robot_rl.bridges.zmq.codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits, ProtocolError
-from robot_rl.bridges.zmq.keys import (
-    ClientCurve,
-    InsecureEndpointError,
-    KeyPair,
-    ServerCurve,
-    generate_keypair,
-    is_loopback,
-    load_keypair,
-    load_public_key,
-    load_public_keys,
-)
-from robot_rl.bridges.zmq.protocol import (
-    MESSAGE_TYPES,
-    Ack,
-    Error,
-    Heartbeat,
-    Hello,
-    HelloOk,
-    Message,
-    Segment,
-    Stats,
-    WeightsAnnounce,
-    WeightsChunk,
-    WeightsFetch,
-    config_hash,
-    decode_message,
-    encode_message,
-)
-from robot_rl.bridges.zmq.segments import ImageEncoding, decode_segment, encode_segment
-from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
-from robot_rl.bridges.zmq.spool import Spool, SpoolError
-from robot_rl.bridges.zmq.streaming import StreamingClient
-from robot_rl.bridges.zmq.weights import (
-    ChunkAssembler,
-    TensorView,
-    WeightsBlob,
-    WeightsError,
-    deserialize_tensors,
-    serialize_tensors,
-    sha256_hex,
-    tensor_views,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from robot_rl.core.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:  # what the lazy exports below are, for type checkers
+    from robot_rl.bridges.zmq.client import ClientConfig, ClientStats, ZmqClient
+    from robot_rl.bridges.zmq.codec import ALLOWED_DTYPES, PROTOCOL_VERSION, Limits, ProtocolError
+    from robot_rl.bridges.zmq.keys import (
+        ClientCurve,
+        InsecureEndpointError,
+        KeyPair,
+        ServerCurve,
+        generate_keypair,
+        is_loopback,
+        load_keypair,
+        load_public_key,
+        load_public_keys,
+    )
+    from robot_rl.bridges.zmq.protocol import (
+        MESSAGE_TYPES,
+        Ack,
+        Error,
+        Heartbeat,
+        Hello,
+        HelloOk,
+        Message,
+        Segment,
+        Stats,
+        WeightsAnnounce,
+        WeightsChunk,
+        WeightsFetch,
+        config_hash,
+        decode_message,
+        encode_message,
+    )
+    from robot_rl.bridges.zmq.segments import ImageEncoding, decode_segment, encode_segment
+    from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+    from robot_rl.bridges.zmq.spool import Spool, SpoolError
+    from robot_rl.bridges.zmq.streaming import StreamingClient
+    from robot_rl.bridges.zmq.weights import (
+        ChunkAssembler,
+        TensorView,
+        WeightsBlob,
+        WeightsError,
+        deserialize_tensors,
+        serialize_tensors,
+        sha256_hex,
+        tensor_views,
+    )
+
+# Exported lazily: the configuration reads ``link.LinkConfig``, and a config must not import the
+# codecs (OpenCV for JPEG frames) and sockets with it.
+_EXPORTS = {
+    "ClientConfig": "client",
+    "ClientStats": "client",
+    "ZmqClient": "client",
+    "ALLOWED_DTYPES": "codec",
+    "PROTOCOL_VERSION": "codec",
+    "Limits": "codec",
+    "ProtocolError": "codec",
+    "ClientCurve": "keys",
+    "InsecureEndpointError": "keys",
+    "KeyPair": "keys",
+    "ServerCurve": "keys",
+    "generate_keypair": "keys",
+    "is_loopback": "keys",
+    "load_keypair": "keys",
+    "load_public_key": "keys",
+    "load_public_keys": "keys",
+    "MESSAGE_TYPES": "protocol",
+    "Ack": "protocol",
+    "Error": "protocol",
+    "Heartbeat": "protocol",
+    "Hello": "protocol",
+    "HelloOk": "protocol",
+    "Message": "protocol",
+    "Segment": "protocol",
+    "Stats": "protocol",
+    "WeightsAnnounce": "protocol",
+    "WeightsChunk": "protocol",
+    "WeightsFetch": "protocol",
+    "config_hash": "protocol",
+    "decode_message": "protocol",
+    "encode_message": "protocol",
+    "ImageEncoding": "segments",
+    "decode_segment": "segments",
+    "encode_segment": "segments",
+    "Peer": "server",
+    "ServerConfig": "server",
+    "ServerHandlers": "server",
+    "ZmqServer": "server",
+    "Spool": "spool",
+    "SpoolError": "spool",
+    "StreamingClient": "streaming",
+    "ChunkAssembler": "weights",
+    "TensorView": "weights",
+    "WeightsBlob": "weights",
+    "WeightsError": "weights",
+    "deserialize_tensors": "weights",
+    "serialize_tensors": "weights",
+    "sha256_hex": "weights",
+    "tensor_views": "weights",
+}
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+
 
 __all__ = [
     "ALLOWED_DTYPES",

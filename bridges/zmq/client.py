@@ -37,7 +37,6 @@ from robot_rl.bridges.zmq.protocol import (
     Message,
     ProtocolError,
     Segment,
-    Stats,
     WeightsAnnounce,
     WeightsChunk,
     WeightsFetch,
@@ -113,7 +112,8 @@ class _WeightsFetch:
 class ZmqClient:
     """One edge node's connection to the learner. Single-threaded; drive it with ``poll``."""
 
-    def __init__(self, config: ClientConfig, on_weights: WeightsCallback | None = None, spool: Spool | None = None) -> None:
+    def __init__(self, config: ClientConfig, on_weights: WeightsCallback | None = None,
+                 spool: Spool | None = None) -> None:
         for endpoint in (config.router_endpoint, config.pub_endpoint):
             if endpoint:
                 check_endpoint_security(endpoint, config.curve, config.allow_insecure)
@@ -135,7 +135,7 @@ class ZmqClient:
         self._last_heard_s = now
         self._ctx = zmq.Context()
         self._dealer = self._new_dealer()
-        self._sub = self._new_sub() if config.pub_endpoint else None
+        self._sub = self._new_sub(config.pub_endpoint) if config.pub_endpoint else None
         self.stats.pending = len(self._spool)
 
     # ------------------------------------------------------------ sockets
@@ -151,7 +151,7 @@ class ZmqClient:
         sock.connect(self.config.router_endpoint)
         return sock
 
-    def _new_sub(self) -> zmq.Socket:
+    def _new_sub(self, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.SUB)
         sock.linger = 0
         sock.setsockopt(zmq.CONFLATE, 1)  # only the newest announcement matters
@@ -159,7 +159,7 @@ class ZmqClient:
         if self.config.curve:
             apply_client_curve(sock, self.config.curve)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.connect(self.config.pub_endpoint)  # type: ignore[arg-type]
+        sock.connect(endpoint)
         return sock
 
     def _send(self, msg: Message | list) -> bool:
@@ -192,9 +192,6 @@ class ZmqClient:
         self.stats.segments_spooled += 1
         self.stats.pending = len(self._spool)
         self._pump_segments(time.monotonic())
-
-    def send_stats(self, stats: dict[str, int | float | str | bool]) -> bool:
-        return self.connected and self._send(Stats(sender=self.config.robot_id, stats=stats))
 
     def poll(self, timeout_ms: int = 10) -> None:
         """Wait up to ``timeout_ms`` for messages, handle them, run timers and sends."""
@@ -312,7 +309,8 @@ class ZmqClient:
         except WeightsError as exc:
             self._download_failed(msg.version, str(exc))
             return
-        log.info("robot %s: fetching weights v%d (%d bytes, %d chunks)", cfg.robot_id, msg.version, msg.size, msg.num_chunks)
+        log.info("robot %s: fetching weights v%d (%d bytes, %d chunks)", cfg.robot_id, msg.version, msg.size,
+                 msg.num_chunks)
 
     def _on_chunk(self, msg: WeightsChunk) -> None:
         fetch = self._fetch
@@ -338,8 +336,10 @@ class ZmqClient:
             return
         self._delivered_version = announce.version
         self.stats.weights_received += 1
+        if self.on_weights is None:  # a fetch starts only with a callback (_on_announce)
+            return
         try:
-            self.on_weights(announce, data)  # type: ignore[misc]
+            self.on_weights(announce, data)
         except Exception:
             log.exception("robot %s: weights callback failed on v%d", self.config.robot_id, announce.version)
 
@@ -378,19 +378,21 @@ class ZmqClient:
     def _timers(self, now: float) -> None:
         cfg = self.config
         if self.connected and now - self._last_heard_s > cfg.server_timeout_s:
-            log.warning("robot %s: learner silent for %.1f s; resetting the link", cfg.robot_id, now - self._last_heard_s)
+            log.warning("robot %s: learner silent for %.1f s; resetting the link", cfg.robot_id,
+                        now - self._last_heard_s)
             self.stats.link_resets += 1
             self._drop_session(reset_socket=True)
         if not self.connected:
             if now - self._last_hello_s >= cfg.hello_retry_s:
                 self._last_hello_s = now
-                self._send(Hello(robot_id=cfg.robot_id, config_hash=cfg.config_hash, policy_version=self.policy_version))
+                self._send(Hello(robot_id=cfg.robot_id, config_hash=cfg.config_hash,
+                                 policy_version=self.policy_version))
             return
         if now - self._last_heartbeat_s >= cfg.heartbeat_interval_s:
             self._last_heartbeat_s = now
             self.stats.pending = len(self._spool)
             self._send(Heartbeat(sender=cfg.robot_id, policy_version=self.policy_version, time_s=now,
-                                 stats=self.stats.as_map()))
+                                 stats=dict(self.stats.as_map())))
         self._pump_segments(now)
         self._pump_weights(now)
 
@@ -402,7 +404,7 @@ class ZmqClient:
             if now - sent > self.config.ack_timeout_s:
                 del self._in_flight[key]  # sent again below
                 self.stats.segments_resent += 1
-        for key in self._spool.keys():
+        for key in self._spool.keys():  # noqa: SIM118 - Spool is no dict: keys() is a snapshot list, and no __iter__
             if len(self._in_flight) >= self.config.max_in_flight:
                 return
             if key in self._in_flight:

@@ -50,7 +50,8 @@ class ServerCurve:
     client_names: Mapping[bytes, str] = field(default_factory=dict)
 
     @classmethod
-    def from_files(cls, secret_file: str | os.PathLike[str], clients: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> ServerCurve:
+    def from_files(cls, secret_file: str | os.PathLike[str],
+                   clients: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> ServerCurve:
         """``clients``: a directory of ``NAME.key`` files, or an iterable of key files."""
         names = load_named_public_keys(clients)
         return cls(load_keypair(secret_file), frozenset(names), names)

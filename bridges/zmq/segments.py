@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import cv2
 import numpy as np
@@ -227,6 +227,14 @@ def _check_columns(msg: Segment) -> None:
             raise ProtocolError(f"segment column {name!r} must hold {kind.__name__} values")
 
 
+@overload
+def _check_array(msg: Segment, name: str, required: Literal[True]) -> np.ndarray: ...
+
+
+@overload
+def _check_array(msg: Segment, name: str, required: bool) -> np.ndarray | None: ...
+
+
 def _check_array(msg: Segment, name: str, required: bool) -> np.ndarray | None:
     arr = msg.arrays.get(name)
     if arr is None:
@@ -234,7 +242,8 @@ def _check_array(msg: Segment, name: str, required: bool) -> np.ndarray | None:
             raise ProtocolError(f"segment is missing array {name!r}")
         return None
     if arr.dtype != np.float32 or arr.ndim < 1 or arr.shape[0] != msg.num_steps:
-        raise ProtocolError(f"segment array {name!r} must be float32 [{msg.num_steps}, ...], got {arr.dtype} {arr.shape}")
+        raise ProtocolError(f"segment array {name!r} must be float32 [{msg.num_steps}, ...], "
+                            f"got {arr.dtype} {arr.shape}")
     return arr
 
 
@@ -247,10 +256,12 @@ def _decode_images(msg: Segment) -> list[dict[str, np.ndarray]]:
         fmt, shape = info["format"], info["shape"]
         if fmt not in IMAGE_FORMATS:
             raise ProtocolError(f"camera {cam!r}: image format {fmt!r} unknown; known {IMAGE_FORMATS}")
-        if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == 3 and all(type(d) is int and d > 0 for d in shape)):
+        if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == 3
+                and all(type(d) is int and d > 0 for d in shape)):
             raise ProtocolError(f"camera {cam!r}: shape {shape!r} must be [H, W, 3]")
         if shape[0] * shape[1] > MAX_IMAGE_PIXELS:
-            raise ProtocolError(f"camera {cam!r}: {shape[0]}x{shape[1]} exceeds {MAX_IMAGE_PIXELS} pixels", code="too_large")
+            raise ProtocolError(f"camera {cam!r}: {shape[0]}x{shape[1]} exceeds {MAX_IMAGE_PIXELS} pixels",
+                                code="too_large")
         for i in range(msg.num_steps):
             key = f"image/{cam}/{i}"
             expected_keys.add(key)
@@ -284,7 +295,7 @@ def decode_segment(msg: Segment) -> list[Step]:
     steps = []
     for i in range(msg.num_steps):
         scalars = {name: kind(msg.columns[name][i]) for name, kind in SCALAR_COLUMNS.items()}
-        extras = {
+        extras: dict[str, Any] = {  # Step's optional arrays, None where a step has none
             name: (arr[i] if arr is not None and msg.columns[_MASKS[name]][i] else None)
             for name, arr in optional.items()
         }

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -144,8 +144,8 @@ class ZmqServer:
         self._router = self._bind(zmq.ROUTER, config.router_endpoint)
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
         self._pub = self._bind(zmq.PUB, config.pub_endpoint)
-        self.router_endpoint: str = self._router.last_endpoint.decode()
-        self.pub_endpoint: str = self._pub.last_endpoint.decode()
+        self.router_endpoint: str = cast(bytes, self._router.last_endpoint).decode()
+        self.pub_endpoint: str = cast(bytes, self._pub.last_endpoint).decode()
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         log.info("learner server %s: requests on %s, weights on %s, CURVE %s", config.server_id,
@@ -262,7 +262,7 @@ class ZmqServer:
             replies = list(self.handlers.on_segments([(peer, msg) for _, peer, msg in batch]))
             if len(replies) != len(batch):
                 raise RuntimeError(f"on_segments returned {len(replies)} replies for {len(batch)} segments")
-        except Exception as exc:  # a handler bug must not take the learner down; every segment is retried
+        except Exception as exc:  # noqa: BLE001 - a handler bug must not take the learner down; every segment is retried
             replies = [exc] * len(batch)
         for (identity, _, msg), reply in zip(batch, replies, strict=True):
             if isinstance(reply, ProtocolError):
@@ -305,10 +305,11 @@ class ZmqServer:
         return Error(code="unexpected", message=f"the learner does not accept {msg.TYPE!r} messages",
                      in_reply_to=msg.TYPE)
 
-    def _on_hello(self, identity: bytes, msg: Hello) -> Message:
+    def _on_hello(self, identity: bytes, msg: Hello) -> Message | None:
         cfg = self.config
         if cfg.config_hash and msg.config_hash != cfg.config_hash:
-            log.error("robot %s refused: config hash %s, learner has %s", msg.robot_id, msg.config_hash, cfg.config_hash)
+            log.error("robot %s refused: config hash %s, learner has %s", msg.robot_id, msg.config_hash,
+                      cfg.config_hash)
             return Error(code="config_mismatch", in_reply_to=msg.TYPE, message=(
                 f"config hash {msg.config_hash!r} differs from the learner's {cfg.config_hash!r}: "
                 "run the edge with the same policy/robot config as the learner"))
@@ -374,6 +375,6 @@ class ZmqServer:
 def _authenticated_key(frames: list[zmq.Frame]) -> str | None:
     """The z85 public key ZAP authenticated this message's connection with (its User-Id), or None."""
     try:
-        return frames[0].get("User-Id") if frames else None
+        return cast(str, frames[0].get("User-Id")) if frames else None  # a string property
     except zmq.ZMQError:
         return None

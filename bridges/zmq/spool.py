@@ -15,11 +15,11 @@ its bytes are moved aside to ``torn-<offset>.bin`` and the file is truncated the
 so earlier records are never touched and later appends start clean.
 
 Appends are fsynced; ``append(..., sync=False)`` + ``sync()`` groups several appends
-under one fsync (group commit: none of them counts as durable before ``sync`` returns). Acks are not (a lost ack only means one duplicate re-send,
-which the learner drops). When everything is acked the log is truncated to zero;
-when acked records dominate a big log it is rewritten (tmp file + atomic rename).
-The spool is used by one thread of one process (an exclusive flock enforces the
-process part).
+under one fsync (group commit: none of them counts as durable before ``sync`` returns).
+Acks are not (a lost ack only means one duplicate re-send, which the learner drops).
+When everything is acked the log is truncated to zero; when acked records dominate a
+big log it is rewritten (tmp file + atomic rename). The spool is used by one thread of
+one process (an exclusive flock enforces the process part).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SpoolError(RuntimeError):
 
 def _pack_frames(frames: Sequence[bytes | memoryview]) -> bytes:
     """count u32, then each frame as len u64 + bytes."""
-    parts = [_COUNT.pack(len(frames))]
+    parts: list[bytes | memoryview] = [_COUNT.pack(len(frames))]
     for frame in frames:
         view = memoryview(frame).cast("B")
         parts += [_FRAME_LEN.pack(view.nbytes), view]
@@ -200,9 +200,10 @@ class Spool:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             os.close(fd)
-            raise SpoolError(f"spool {self.path} is in use by another process; give each edge node its own directory")
+            raise SpoolError(f"spool {self.path} is in use by another process; "
+                             "give each edge node its own directory") from exc
         if created:
             self._sync_dir()
         return fd

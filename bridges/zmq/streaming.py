@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from robot_rl.bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
@@ -150,7 +150,7 @@ class StreamingClient:
         """Wait until everything submitted so far is acked by the learner."""
         return self._drained.wait(timeout_s)
 
-    def _wait_for(self, predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
+    def _wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not predicate():
             if time.monotonic() >= deadline:
@@ -170,7 +170,7 @@ class StreamingClient:
         try:
             spool = Spool(self.config.spool_dir)
             client = ZmqClient(self.config, self._on_weights, spool)
-        except BaseException as exc:  # reported to start()'s caller
+        except BaseException as exc:  # noqa: BLE001 - re-raised by start() in its caller's thread
             self._startup_error = exc
             self._started.set()
             return

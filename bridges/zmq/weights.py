@@ -15,6 +15,7 @@ torch is only imported (through ``safetensors.torch``) when torch tensors are gi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import struct
@@ -55,8 +56,8 @@ def serialize_tensors(
         raise WeightsError(f"transfer_dtype {transfer_dtype!r} unknown; use one of {TRANSFER_DTYPES}")
     meta = {**(metadata or {}), _META_DTYPE: transfer_dtype}
     if any(_is_torch(v) for v in tensors.values()):
-        import torch  # noqa: PLC0415 - only when the caller already uses torch
-        from safetensors.torch import save as save_torch  # noqa: PLC0415
+        import torch
+        from safetensors.torch import save as save_torch
 
         target = getattr(torch, transfer_dtype)
         out = {}
@@ -80,8 +81,8 @@ def deserialize_tensors(data: bytes, *, framework: str = "numpy", cast_to: str |
     """
     try:
         if framework == "pt":
-            import torch  # noqa: PLC0415
-            from safetensors.torch import load as load_torch  # noqa: PLC0415
+            import torch
+            from safetensors.torch import load as load_torch
 
             loaded = load_torch(bytes(data))
             if cast_to:
@@ -149,7 +150,8 @@ def tensor_views(data: bytes | bytearray | memoryview) -> dict[str, TensorView]:
         except (TypeError, KeyError, ValueError) as exc:
             raise WeightsError(f"not valid safetensors bytes: tensor {name!r} entry {info!r}") from exc
         if dtype not in SAFETENSORS_DTYPE_SIZES:
-            raise WeightsError(f"tensor {name!r}: dtype {dtype!r} not supported; known {sorted(SAFETENSORS_DTYPE_SIZES)}")
+            raise WeightsError(f"tensor {name!r}: dtype {dtype!r} not supported; "
+                               f"known {sorted(SAFETENSORS_DTYPE_SIZES)}")
         if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
             raise WeightsError(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
         if not (type(begin) is int and type(end) is int and 0 <= begin <= end <= body):
@@ -158,7 +160,7 @@ def tensor_views(data: bytes | bytearray | memoryview) -> dict[str, TensorView]:
             raise WeightsError(f"tensor {name!r}: {end - begin} bytes do not hold {dtype} {shape}")
         views[name] = TensorView(dtype, tuple(shape), base + begin, end - begin)
     spans = sorted((v.offset, v.offset + v.nbytes) for v in views.values() if v.nbytes)
-    if any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])):
+    if any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans)):
         raise WeightsError("not valid safetensors bytes: tensors overlap")
     return views
 
@@ -238,13 +240,16 @@ class ChunkAssembler:
         """Store one chunk; raise ``WeightsError`` if it does not belong or is corrupt."""
         a = self.announce
         if msg.version != a.version or not 0 <= msg.chunk < a.num_chunks:
-            raise WeightsError(f"chunk {msg.chunk} of v{msg.version} does not belong to v{a.version} ({a.num_chunks} chunks)")
+            raise WeightsError(f"chunk {msg.chunk} of v{msg.version} does not belong to v{a.version} "
+                               f"({a.num_chunks} chunks)")
         start = msg.chunk * a.chunk_size
         expected_len = min(a.chunk_size, a.size - start)
         if msg.data.size != expected_len:
-            raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: {msg.data.size} bytes, expected {expected_len}")
+            raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: {msg.data.size} bytes, "
+                               f"expected {expected_len}")
         if sha256_hex(msg.data) != msg.sha256:
-            raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: sha256 mismatch (corrupted in transit); refetch it")
+            raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: sha256 mismatch (corrupted in transit); "
+                               "refetch it")
         self._buffer[start : start + expected_len] = memoryview(msg.data).cast("B")  # one memcpy
         self._missing.discard(msg.chunk)
 

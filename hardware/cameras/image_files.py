@@ -39,6 +39,11 @@ class ImageFilesCameraConfig(CameraConfig):
 class ImageFilesCamera(Camera):
     """LeRobot ``Camera`` over image files; a background thread "captures" at ``fps``."""
 
+    # Set by LeRobot's Camera from the config; filled in from the first file when not given.
+    height: int | None
+    width: int | None
+    fps: int | None
+
     def __init__(self, config: ImageFilesCameraConfig) -> None:
         super().__init__(config)
         self.config = config
@@ -80,7 +85,8 @@ class ImageFilesCamera(Camera):
             raise ConnectionError(f"cannot read image file {path}")
         image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
         if self.height and self.width and image.shape[:2] != (self.height, self.width):
-            raise RuntimeError(f"{path} is {image.shape[1]}x{image.shape[0]}, camera configured {self.width}x{self.height}")
+            raise RuntimeError(f"{path} is {image.shape[1]}x{image.shape[0]}, "
+                               f"camera configured {self.width}x{self.height}")
         return image
 
     def _loop(self) -> None:

@@ -1,16 +1,18 @@
 """Configuration of the simulated SO-101 world.
 
-Plain types only (ints, floats, strings, tuples of strings) so that the Hydra YAML in
-``configs/robot/`` can mirror it field by field.
+``robot=sim_so101`` selects it (the default robot of every command).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from robot_rl.core.registry import ROBOTS
+
 RENDER_QUALITIES = ("fast", "full")
 
 
+@ROBOTS.register("sim_so101", builder="robot_rl.hardware.sim.robot:SimSO101")
 @dataclass
 class SimConfig:
     """Everything that shapes one simulated SO-101 cell.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from robot_rl.core.clock import Clock
 from robot_rl.hardware.sim.expert import ScriptedExpert
 from robot_rl.hardware.sim.robot import SimSO101
-from robot_rl.core.clock import Clock
 
 
 def run_expert_episode(

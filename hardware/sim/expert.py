@@ -26,7 +26,7 @@ from robot_rl.hardware.sim.rendering import mujoco
 from robot_rl.hardware.sim.robot import HOME_DEG, SimSO101
 from robot_rl.hardware.sim.scene import CUBE_HALF, JAW_PADS, PAN_AXIS_XY
 from robot_rl.hardware.sim.so101_package import ik_control
-from robot_rl.hardware.sim.tasks import PICK_LIFT, PUSH_DIRECTIONS, PUSH_DISTANCE, WorldSnapshot, bowl_top_z, in_bowl
+from robot_rl.hardware.sim.tasks import PICK_LIFT, PUSH_DISTANCE, WorldSnapshot, bowl_top_z, in_bowl
 
 # Heights of the grasp point above the table (z = 0), metres.
 Z_GRASP = CUBE_HALF + 0.004  # pads pinch the cube a little above its middle
@@ -156,7 +156,7 @@ class ScriptedExpert:
         (kinematic: no sliding, no spin), where it rides during a real push.
         """
         task = self.robot.task
-        d = PUSH_DIRECTIONS[task.direction]
+        d = task.push_vector
         n = np.array([-d[1], d[0]])
         cube = world.cube_position[task.color]
         rel = tip[:2] - cube[:2]
@@ -238,7 +238,7 @@ class ScriptedExpert:
         """The cube has gone the push distance, with a margin (then the jaws lift away)."""
         task = self.robot.task
         moved = world.cube_position[task.color][:2] - self.robot.progress.start_position[:2]
-        return float(moved @ PUSH_DIRECTIONS[task.direction]) >= PUSH_DISTANCE + 0.012
+        return float(moved @ task.push_vector) >= PUSH_DISTANCE + 0.012
 
     def _plan_push(self, world: WorldSnapshot, p: np.ndarray, done: bool) -> Goal:
         """Closed jaws down behind the cube, then slide it along the table.
@@ -247,7 +247,7 @@ class ScriptedExpert:
         direction so the flat sides of both jaws meet the cube.
         """
         task = self.robot.task
-        d = PUSH_DIRECTIONS[task.direction]
+        d = task.push_vector
         n = np.array([-d[1], d[0]])
         cube = world.cube_position[task.color]
         jaw = (n, -n)

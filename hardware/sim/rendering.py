@@ -11,8 +11,8 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import mujoco  # noqa: E402  (must come after MUJOCO_GL is set)
-import numpy as np  # noqa: E402
+import mujoco
+import numpy as np
 
 
 class CameraRenderer:

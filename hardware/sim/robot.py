@@ -127,6 +127,7 @@ class SimSO101:
         """Images of ``cameras`` (default: the configured ones) as uint8 HxWx3."""
         self._require_connected()
         cameras = self.camera_names if cameras is None else tuple(cameras)
+        assert self._renderer is not None  # connected
         return self._renderer.render(self.data, cameras) if cameras else {}
 
     def send_action(self, action: np.ndarray) -> np.ndarray:
@@ -143,7 +144,8 @@ class SimSO101:
             mujoco.mj_step(self.model, self.data)
         self._last_action = executed
         self._step += 1
-        self._progress.update(self.world(), self._task)
+        task, progress = self._require_task()
+        progress.update(self.world(), task)
         return executed.copy()
 
     # ------------------------------------------------------------------ units
@@ -196,8 +198,7 @@ class SimSO101:
 
     @property
     def task(self) -> TaskSpec:
-        self._require_task()
-        return self._task
+        return self._require_task()[0]
 
     @property
     def step_count(self) -> int:
@@ -215,16 +216,13 @@ class SimSO101:
 
     @property
     def progress(self) -> TaskProgress:
-        self._require_task()
-        return self._progress
+        return self._require_task()[1]
 
     def reward(self) -> float:
-        self._require_task()
-        return reward(self.world(), self._task, self._progress)
+        return reward(self.world(), *self._require_task())
 
     def is_success(self) -> bool:
-        self._require_task()
-        return is_success(self.world(), self._task, self._progress)
+        return is_success(self.world(), *self._require_task())
 
     def move_target(self, rng_or_seed: np.random.Generator | int | None = None) -> np.ndarray:
         """Teleport the task's cube to a new free, reachable spot (at rest); return it.
@@ -232,18 +230,15 @@ class SimSO101:
         A perturbation for measuring how fast a policy reacts. The cube is dropped if
         it was held; for push tasks the displacement is measured from the new spot.
         """
-        self._require_task()
-        if isinstance(rng_or_seed, np.random.Generator):
-            rng = rng_or_seed
-        else:
-            rng = np.random.default_rng(rng_or_seed)
-        current = self._cube_position(self._task.color)
-        others = [self._cube_position(c) for c in self.ids.cube_qpos if c != self._task.color]
+        task, _ = self._require_task()
+        rng = rng_or_seed if isinstance(rng_or_seed, np.random.Generator) else np.random.default_rng(rng_or_seed)
+        current = self._cube_position(task.color)
+        others = [self._cube_position(c) for c in self.ids.cube_qpos if c != task.color]
         bowl = self.data.mocap_pos[self.ids.bowl_mocap][:2].copy()
         x, y, yaw = self._free_spot_away_from(current, rng, others, bowl)
-        self._place_cube(self._task.color, np.array([x, y, CUBE_HALF]), yaw)
+        self._place_cube(task.color, np.array([x, y, CUBE_HALF]), yaw)
         mujoco.mj_forward(self.model, self.data)
-        new_position = self._cube_position(self._task.color)
+        new_position = self._cube_position(task.color)
         self._progress = TaskProgress(start_position=new_position.copy())
         return new_position
 
@@ -283,13 +278,13 @@ class SimSO101:
         held: pick - a point PICK_LIFT + 3 cm above where the cube started; place - the
         bowl centre at carrying height.
         """
-        self._require_task()
+        task, progress = self._require_task()
         world = self.world()
-        cube = world.cube_position[self._task.color]
-        if not world.cube_held[self._task.color] or self._task.family == "push":
+        cube = world.cube_position[task.color]
+        if not world.cube_held[task.color] or task.family == "push":
             return cube
-        if self._task.family == "pick":
-            return self._progress.start_position + np.array([0.0, 0.0, PICK_LIFT + 0.03])
+        if task.family == "pick":
+            return progress.start_position + np.array([0.0, 0.0, PICK_LIFT + 0.03])
         return world.bowl_position + np.array([0.0, 0.0, 0.06])
 
     def ee_position(self) -> np.ndarray:
@@ -309,11 +304,11 @@ class SimSO101:
     # ------------------------------------------------------------------ snapshots
 
     def get_state(self) -> SimState:
-        self._require_task()
+        task, progress = self._require_task()
         size = mujoco.mj_stateSize(self.model, _STATE_SPEC)
         physics = np.empty(size, dtype=np.float64)
         mujoco.mj_getState(self.model, self.data, physics, _STATE_SPEC)
-        return SimState(physics, self._task, self._progress.copy(), self._last_action.copy(), self._step)
+        return SimState(physics, task, progress.copy(), self._last_action.copy(), self._step)
 
     def set_state(self, state: SimState) -> None:
         mujoco.mj_setState(self.model, self.data, state.physics, _STATE_SPEC)
@@ -376,9 +371,11 @@ class SimSO101:
         if not self._connected:
             raise RuntimeError(f"{self.name} is not connected; call connect() first")
 
-    def _require_task(self) -> None:
-        if self._task is None:
+    def _require_task(self) -> tuple[TaskSpec, TaskProgress]:
+        """The episode's task and progress (set together by ``reset``)."""
+        if self._task is None or self._progress is None:
             raise RuntimeError(f"{self.name} has no episode yet; call reset() (or connect()) first")
+        return self._task, self._progress
 
 
 __all__ = ["InvalidActionError", "SimSO101", "SimState"]

@@ -63,6 +63,13 @@ class TaskSpec:
     instruction: str
     direction: str | None = None
 
+    @property
+    def push_vector(self) -> np.ndarray:
+        """Unit (x, y) direction of a push task."""
+        if self.direction is None:
+            raise ValueError(f"{self.family} task {self.instruction!r} has no push direction")
+        return PUSH_DIRECTIONS[self.direction]
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -165,7 +172,7 @@ def sample_cube_spot(
 
 
 def _push_path_clear(xy: np.ndarray, task: TaskSpec, others: list[np.ndarray], bowl_xy: np.ndarray) -> bool:
-    d = PUSH_DIRECTIONS[task.direction]
+    d = task.push_vector
     end = xy + d * PUSH_TRAVEL
     behind = xy - d * 0.04  # where the closed jaws start the push
     if not (reachable(end) and reachable(behind)):
@@ -208,7 +215,7 @@ def sample_layout(rng: np.random.Generator, task: TaskSpec, max_tries: int = 200
 
 def _push_displacement(world: WorldSnapshot, task: TaskSpec, progress: TaskProgress) -> float:
     delta = world.cube_position[task.color][:2] - progress.start_position[:2]
-    return float(delta @ PUSH_DIRECTIONS[task.direction])
+    return float(delta @ task.push_vector)
 
 
 def in_bowl(world: WorldSnapshot, color: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from robot_rl.core.registry import TELEOPS
 from robot_rl.hardware.robot import Observation
 
 
@@ -58,6 +59,30 @@ class Teleop(Protocol):
     def read(self, observation: Observation) -> TeleopReading: ...
 
     def disconnect(self) -> None: ...
+
+
+@dataclass
+class TeleopConfig:
+    """What every teleop device's config has: how its takeovers are blended into the follower's
+    commands (``hardware.teleop.blend``). ``teleop=NAME`` chooses the device; its config adds its own fields."""
+
+    blend_time_s: float = 0.5  # a takeover eases from the policy's target to the operator's over this long
+    max_step_per_tick: float = 3.0  # degrees (gripper units) per tick while blending: 90 deg/s at 30 Hz
+
+    def __post_init__(self) -> None:
+        if self.blend_time_s < 0 or self.max_step_per_tick <= 0:
+            raise ValueError(f"teleop: blend_time_s must be >= 0 and max_step_per_tick > 0, got "
+                             f"{self.blend_time_s}, {self.max_step_per_tick}")
+
+
+@TELEOPS.register("none", builder="robot_rl.hardware.teleop.base:null_teleop")
+@dataclass
+class NoTeleopConfig(TeleopConfig):
+    """No device: the policy always drives; the session's keys still give verdicts and the e-stop."""
+
+
+def null_teleop(config: NoTeleopConfig, robot: object) -> NullTeleop:
+    return NullTeleop()
 
 
 class NullTeleop:

@@ -30,7 +30,8 @@ import numpy as np
 class TakeoverBlender:
     """Ramp from the follower's pose to the teleop pose, bounded in time and per-tick step."""
 
-    def __init__(self, fps: int, blend_time_s: float = 0.5, max_step_per_tick: float | list[float] = 3.0) -> None:
+    def __init__(self, fps: int, blend_time_s: float, max_step_per_tick: float | list[float]) -> None:
+        """The two settings come from the device's ``TeleopConfig`` (their defaults live there)."""
         if fps <= 0:
             raise ValueError(f"fps must be > 0, got {fps}")
         if blend_time_s < 0:

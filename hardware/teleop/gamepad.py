@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from robot_rl.core.registry import TELEOPS
 from robot_rl.hardware.robot import Observation
-from robot_rl.hardware.teleop.base import TeleopEvent, TeleopReading
+from robot_rl.hardware.teleop.base import TeleopConfig, TeleopEvent, TeleopReading
 
 # LeRobot's GripperAction: 0 close, 1 stay, 2 open.
 _GRIPPER_DIRECTION = {0: -1.0, 1: 0.0, 2: 1.0}
 
 
+@TELEOPS.register("gamepad", builder="robot_rl.hardware.teleop.gamepad:gamepad_teleop")
 @dataclass
-class GamepadConfig:
+class GamepadConfig(TeleopConfig):
     """Which joint each stick axis jogs, and how fast (degrees or gripper units per tick)."""
 
     axis_joints: dict[str, str] = field(
@@ -42,7 +44,8 @@ class GamepadTeleop:
     def __init__(self, joint_names: tuple[str, ...], config: GamepadConfig | None = None, device=None) -> None:
         self.joint_names = tuple(joint_names)
         self.config = config or GamepadConfig()
-        unknown = [j for j in [*self.config.axis_joints.values(), self.config.gripper_joint] if j not in self.joint_names]
+        driven = [*self.config.axis_joints.values(), self.config.gripper_joint]
+        unknown = [j for j in driven if j not in self.joint_names]
         if unknown:
             raise ValueError(f"gamepad jogs joints {unknown} that the robot does not have ({list(self.joint_names)})")
         self.device = device if device is not None else self._make_device()
@@ -96,3 +99,7 @@ class GamepadTeleop:
 
     def disconnect(self) -> None:
         self.device.disconnect()
+
+
+def gamepad_teleop(config: GamepadConfig, robot) -> GamepadTeleop:
+    return GamepadTeleop(tuple(robot.joint_names), config=config)

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from robot_rl.core.registry import TELEOPS
 from robot_rl.hardware.robot import Observation
-from robot_rl.hardware.teleop.base import TeleopReading
+from robot_rl.hardware.teleop.base import TeleopConfig, TeleopReading
 
 
 def _default_bindings() -> dict[str, list]:
@@ -26,8 +27,9 @@ def _default_bindings() -> dict[str, list]:
     }  # fmt: skip
 
 
+@TELEOPS.register("keyboard", builder="robot_rl.hardware.teleop.keyboard:keyboard_teleop")
 @dataclass
-class KeyboardJogConfig:
+class KeyboardJogConfig(TeleopConfig):
     """key -> [joint, direction]; each press moves the joint by ``step`` (degrees / gripper units)."""
 
     bindings: dict[str, list] = field(default_factory=_default_bindings)
@@ -68,3 +70,7 @@ class KeyboardJogTeleop:
 
     def disconnect(self) -> None:
         pass
+
+
+def keyboard_teleop(config: KeyboardJogConfig, robot) -> KeyboardJogTeleop:
+    return KeyboardJogTeleop(tuple(robot.joint_names), config=config)

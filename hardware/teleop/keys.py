@@ -51,7 +51,7 @@ class TerminalKeys:
         tty.setcbreak(self.fd)
 
     def poll(self, episode: int, tick: int) -> list[str]:
-        keys = []
+        keys: list[str] = []
         while select.select([self.fd], [], [], 0)[0]:
             data = os.read(self.fd, 32).decode(errors="ignore")
             if not data:

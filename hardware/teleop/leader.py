@@ -14,15 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from robot_rl.core.registry import TELEOPS
 from robot_rl.hardware.lerobot_registry import config_class
 from robot_rl.hardware.robot import Observation
-from robot_rl.hardware.teleop.base import TeleopReading
+from robot_rl.hardware.teleop.base import TeleopConfig, TeleopReading
 
 log = logging.getLogger(__name__)
 
 
+@TELEOPS.register("leader", builder="robot_rl.hardware.teleop.leader:leader_teleop")
 @dataclass
-class LeaderArmConfig:
+class LeaderArmConfig(TeleopConfig):
     """Which LeRobot teleoperator to open. ``type`` is its LeRobot registry name."""
 
     type: str = "so101_leader"
@@ -72,3 +74,7 @@ class LeaderArmTeleop:
     def disconnect(self) -> None:
         if self.device.is_connected:
             self.device.disconnect()
+
+
+def leader_teleop(config: LeaderArmConfig, robot) -> LeaderArmTeleop:
+    return LeaderArmTeleop(tuple(robot.joint_names), config=config)

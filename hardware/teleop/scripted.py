@@ -23,8 +23,9 @@ from typing import Protocol
 
 import numpy as np
 
+from robot_rl.core.registry import TELEOPS
 from robot_rl.hardware.robot import Observation
-from robot_rl.hardware.teleop.base import TeleopEvent, TeleopReading
+from robot_rl.hardware.teleop.base import TeleopConfig, TeleopEvent, TeleopReading
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,10 @@ class Expert(Protocol):
     def act(self) -> np.ndarray: ...
 
 
+@TELEOPS.register("scripted", builder="robot_rl.hardware.teleop.scripted:scripted_operator_for_sim")
 @dataclass
-class ScriptedOperatorConfig:
-    """Reaction, judgement and budget of the simulated person (ticks are control ticks)."""
+class ScriptedOperatorConfig(TeleopConfig):
+    """Reaction, judgement and budget of the simulated person (ticks are control ticks; sim only)."""
 
     seed: int = 0
     reaction_ticks: int = 9  # ~0.3 s at 30 Hz: a human's reaction time
@@ -126,7 +128,8 @@ class ScriptedOperator:
             reason = self._trouble()
             if reason is not None:
                 self.reasons.append(reason)
-                self._react_at = t + max(0, self.config.reaction_ticks + self._jitter(self.config.reaction_jitter_ticks))
+                reaction = self.config.reaction_ticks + self._jitter(self.config.reaction_jitter_ticks)
+                self._react_at = t + max(0, reaction)
                 log.info("scripted operator noticed %s at tick %d; takes over at tick %d", reason, t, self._react_at)
         return TeleopReading(events=events)
 
@@ -210,12 +213,12 @@ class _SimView:
         return bool(self.robot.world().cube_held.get(self.robot.task.color, False))
 
 
-def scripted_operator_for_sim(robot, config: ScriptedOperatorConfig | None = None,
+def scripted_operator_for_sim(config: ScriptedOperatorConfig | None, robot,
                               expert: Expert | None = None) -> ScriptedOperator:
     """A scripted operator watching ``robot`` (a ``SimSO101``) and driving it with ``expert``
     (default: a full-speed ScriptedExpert). Give it the demonstrator's expert so that its
     corrections move like the demonstrations: mixed speeds in one replay confuse the policy."""
-    from robot_rl.hardware.sim import ScriptedExpert
+    from robot_rl.hardware.sim.expert import ScriptedExpert
 
     missing = [m for m in ("ee_position", "target_position", "world", "reset") if not hasattr(robot, m)]
     if missing:

@@ -88,7 +88,8 @@ def offset_probabilities(max_offset: int, weights: tuple[float, ...] | None = No
         return np.full(max_offset + 1, 1.0 / (max_offset + 1))
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (max_offset + 1,) or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"offset weights must be {max_offset + 1} non-negative numbers with a positive sum, got {weights}")
+        raise ValueError(f"offset weights must be {max_offset + 1} non-negative numbers with a positive sum, "
+                         f"got {weights}")
     return w / w.sum()
 
 

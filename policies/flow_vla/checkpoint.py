@@ -61,7 +61,8 @@ def read_config(directory: Path) -> FlowVLAConfig:
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); the checkpoint is corrupt, re-save or re-download it") from e
+        raise CheckpointError(f"{path} is not valid JSON ({e}); the checkpoint is corrupt, "
+                              "re-save or re-download it") from e
     if not isinstance(meta, dict) or meta.get("policy_type") != POLICY_TYPE:
         found = meta.get("policy_type") if isinstance(meta, dict) else type(meta).__name__
         raise CheckpointError(f"{path} describes policy type {found!r}, not {POLICY_TYPE!r}; "
@@ -71,7 +72,7 @@ def read_config(directory: Path) -> FlowVLAConfig:
         raise CheckpointError(f"{path} has format_version {version!r}; this code reads versions <= {FORMAT_VERSION}. "
                               "Upgrade robot_rl to load it.")
     try:
-        return FlowVLAConfig.from_dict(meta["config"])
+        return FlowVLAConfig.from_checkpoint(meta["config"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path} holds an unusable config: {e}") from e
 

@@ -1,10 +1,14 @@
-"""FlowVLAConfig: every knob of the flow-matching VLA, as plain types a Hydra YAML can mirror.
+"""FlowVLAConfig: every knob of the flow-matching VLA; FlowVLAPolicyConfig: ``policy=flow_vla``.
 
 Fields are split into two kinds, marked in their metadata:
 - *architecture* fields decide tensor shapes; they enter ``config_hash`` so the wire
   protocol refuses weights from an incompatible model;
 - all other fields (dropout, integration steps, augmentation) can change without
   invalidating a checkpoint.
+
+The defaults are the model that ``robot-rl train-bc`` trains and that ships in
+``checkpoints/bc_push``. A checkpoint carries its own config (``from_checkpoint``): fields it
+predates take the value that means "that feature off", never today's default.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from robot_rl.core.registry import POLICIES
 
 _ARCH = {"architecture": True}
 
@@ -26,20 +32,21 @@ def _arch(default: Any) -> Any:
 class FlowVLAConfig:
     # --- inputs and outputs (architecture) ---
     cameras: tuple[str, ...] = _arch(("front", "wrist"))
-    image_size: int = _arch(96)  # images are resized to image_size x image_size
+    # Images are resized to image_size x image_size: 64 trains 2.4x faster than 96 on a CPU.
+    image_size: int = _arch(64)
     state_dim: int = _arch(6)
     action_dim: int = _arch(6)
-    chunk_size: int = _arch(20)  # H, actions per predicted chunk
+    chunk_size: int = _arch(20)  # H, actions per predicted chunk: 0.67 s at 30 Hz
     text_dim: int = _arch(384)  # sentence-embedding size (all-MiniLM-L6-v2)
-    # Standardise instruction embeddings over the training instructions (normalization.py);
-    # False in the dataclass so checkpoints saved before it existed load unchanged.
-    normalize_instruction: bool = _arch(False)
+    # Standardise instruction embeddings over the training instructions (normalization.py): task
+    # words differ by ~1 % of the raw vector, too little for the network to see.
+    normalize_instruction: bool = _arch(True)
 
     # --- network size (architecture) ---
-    cnn_channels: tuple[int, ...] = _arch((32, 64, 128, 128))
+    cnn_channels: tuple[int, ...] = _arch((16, 32, 64, 64))
     image_grid: int = _arch(4)  # each camera becomes image_grid**2 tokens
-    keypoints: int = _arch(0)  # spatial-softmax keypoints per camera, as one extra token; 0 = none
-    film_instruction: bool = _arch(False)  # the instruction modulates the CNN features (FiLM)
+    keypoints: int = _arch(32)  # spatial-softmax keypoints per camera, as one extra token (where the cube is); 0 = none
+    film_instruction: bool = _arch(True)  # the instruction modulates the CNN features (FiLM): which cube to look at
     d_model: int = _arch(128)
     n_heads: int = _arch(4)
     n_layers: int = _arch(3)  # context transformer (images + instruction + state)
@@ -49,11 +56,12 @@ class FlowVLAConfig:
     # --- training / inference behaviour (not architecture) ---
     dropout: float = 0.0
     image_shift_pixels: int = 0  # training-time random shift of every image (DrQ); 0 = off
-    state_noise_std: float = 0.0  # training-time Gaussian noise on the normalised state; 0 = off
+    state_noise_std: float = 0.1  # training-time Gaussian noise on the normalised state (lean on the images); 0 = off
     num_integration_steps: int = 10  # Euler steps from noise to actions at inference
     flow_time_sampling: str = "uniform"  # "uniform" or "beta" (more samples near the noise end)
     inference_seed: int | None = None  # fixed noise seed for deterministic chunks; None = fresh noise
-    max_state_offset: int = 5  # state-offset augmentation: offsets 0..max_state_offset ticks
+    # State-offset augmentation: offsets 0..max_state_offset ticks (roll-forward up to ~170 ms).
+    max_state_offset: int = 5
     offset_weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
 
     def __post_init__(self) -> None:
@@ -104,21 +112,47 @@ class FlowVLAConfig:
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FlowVLAConfig:
-        """Inverse of ``to_dict``; unknown keys are an error so typos in YAML/JSON do not pass silently."""
+    def from_checkpoint(cls, data: dict[str, Any]) -> FlowVLAConfig:
+        """The config a checkpoint's ``config.json`` describes (inverse of ``to_dict``).
+
+        Unknown keys are an error (a newer or a corrupt checkpoint). A field the checkpoint
+        predates takes ``FEATURE_OFF``'s value, what the checkpoint was trained with, so a
+        change of default never changes a saved model.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown FlowVLAConfig field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**data)
+        return cls(**{**FEATURE_OFF, **data})
 
     def architecture_dict(self) -> dict[str, Any]:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata.get("architecture")}
+        return {f.name: _jsonable(getattr(self, f.name))
+                for f in dataclasses.fields(self) if f.metadata.get("architecture")}
 
     def config_hash(self) -> str:
         """sha256 of the shape-defining fields: equal hashes mean state_dicts are interchangeable."""
         blob = json.dumps({"policy_type": "flow_vla", **self.architecture_dict()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# Architecture features added after the first checkpoints were written, as those checkpoints lack them.
+FEATURE_OFF: dict[str, Any] = {"normalize_instruction": False, "keypoints": 0, "film_instruction": False}
+
+
+@POLICIES.register("flow_vla", builder="robot_rl.policies.flow_vla.model:FlowVLA.from_policy_config")
+@dataclass
+class FlowVLAPolicyConfig:
+    """``policy=flow_vla``: the project's flow-matching VLA.
+
+    ``path`` is a checkpoint (a local directory or a Hugging Face Hub id), whose own config
+    decides the architecture; with none, a command uses its default checkpoint (the BC start)
+    or, where one starts from scratch (train-bc, a learner without a checkpoint), a new model
+    of ``model``'s architecture.
+    """
+
+    path: str | None = None
+    device: str | None = None  # null: CUDA when present, else CPU
+    model: FlowVLAConfig = field(default_factory=FlowVLAConfig)
 
 
 def _jsonable(value: Any) -> Any:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 - PyTorch's convention
 from torch import nn
 
 
@@ -102,7 +102,8 @@ class ImageEncoder(nn.Module):
         self.keypoints = None
         if keypoints > 0:
             self.keypoints = SpatialSoftmax(c_in, keypoints)
-            self.keypoint_proj = nn.Sequential(nn.Linear(2 * keypoints, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
+            self.keypoint_proj = nn.Sequential(nn.Linear(2 * keypoints, d_model), nn.SiLU(),
+                                               nn.Linear(d_model, d_model))
         # FiLM (Perez et al. 2018; as in RT-1): the instruction scales and shifts every feature map,
         # so the keypoints can follow "the red cube" rather than every cube. Zero-initialised: identity.
         self.film = None

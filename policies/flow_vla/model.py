@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from robot_rl.policies.flow_vla import checkpoint
-from robot_rl.policies.flow_vla.config import FlowVLAConfig
+from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
 from robot_rl.policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float, random_shift
 from robot_rl.policies.flow_vla.normalization import Normalizer
 from robot_rl.policies.text_encoder import InstructionEncoder
@@ -201,7 +201,8 @@ class FlowVLA(nn.Module):
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
                       *, seed: int | None = None) -> np.ndarray:
         """Images by camera (uint8 HxWx3), state (robot units) -> float32[H, action_dim] in robot units."""
-        return self.predict_chunks([observation], np.asarray(state, dtype=np.float32)[None], [instruction], seed=seed)[0]
+        states = np.asarray(state, dtype=np.float32)[None]
+        return self.predict_chunks([observation], states, [instruction], seed=seed)[0]
 
     def predict_chunks(self, observations: Sequence[dict[str, np.ndarray]], states: np.ndarray,
                        instructions: Sequence[str], *, seed: int | None = None) -> np.ndarray:
@@ -260,6 +261,14 @@ class FlowVLA(nn.Module):
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``model.safetensors`` + ``config.json`` (Hugging Face layout) into ``directory``."""
         checkpoint.write_checkpoint(directory, self.config, self.state_dict(), self.normalizer.to_dict())
+
+    @classmethod
+    def from_policy_config(cls, config: FlowVLAPolicyConfig) -> FlowVLA:
+        """``policy=flow_vla``: the checkpoint at ``config.path``, or a new model of ``config.model``."""
+        if config.path:
+            return cls.from_pretrained(config.path, device=config.device)
+        model = cls(config.model)
+        return model.to(config.device) if config.device is not None else model
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,

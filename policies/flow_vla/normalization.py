@@ -24,6 +24,15 @@ TEXT_STD_FLOOR = 0.5  # x the mean per-dimension spread
 
 
 class Normalizer(nn.Module):
+    # The buffers registered below (text_* only when the model normalises instructions).
+    text_mean: torch.Tensor
+    text_std: torch.Tensor
+    state_mean: torch.Tensor
+    state_std: torch.Tensor
+    action_mean: torch.Tensor
+    action_std: torch.Tensor
+    is_fitted: torch.Tensor
+
     def __init__(self, state_dim: int, action_dim: int, text_dim: int | None = None):
         super().__init__()
         self.normalizes_text = text_dim is not None

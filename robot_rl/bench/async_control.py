@@ -17,15 +17,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from robot_rl.app.config import Seeds
+from robot_rl.app.evaluation import evaluate_policy, run_scene_episode
+from robot_rl.bench.configs import AsyncBenchConfig
 from robot_rl.bench.reaction import commanded_ee, reaction_time
 from robot_rl.edge import EdgeConfig
-from robot_rl.evaluation import evaluate_policy, run_sim_episode
+from robot_rl.replay.scenes import Scene
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
 
 MODES = ("sync", "async_naive", "async_rollforward")
 # Variants of a mode, benchmarked side by side with it. "pipelined": re-plan continuously
@@ -76,16 +83,17 @@ def measure_reaction(robot, policy, config: EdgeConfig, seeds: list[int],
         moved_to: dict[str, np.ndarray] = {}
         at = perturb_tick(i)
 
-        def perturb(node, tick, seed=seed, at=at):
+        def perturb(node, tick, seed=seed, at=at, moved_to=moved_to):
             if tick == at:
                 before = robot.target_position().copy()
                 after = robot.move_target(seed)
                 moved_to["direction"] = np.asarray(after) - before
 
         steps = at + REACTION_WINDOW_TICKS
-        moved, _ = run_sim_episode(robot, policy, config, seed, family, on_tick=perturb, max_steps=steps)
+        moved, _ = run_scene_episode(robot, policy, config, Scene(seed, family=family), on_tick=perturb,
+                                     max_steps=steps)
         ee_moved = commanded_ee(robot, moved)
-        baseline, _ = run_sim_episode(robot, policy, config, seed, family, max_steps=steps)
+        baseline, _ = run_scene_episode(robot, policy, config, Scene(seed, family=family), max_steps=steps)
         ee_base = commanded_ee(robot, baseline)
         if "direction" not in moved_to:
             continue  # the episode ended (success) before the perturbation
@@ -150,9 +158,8 @@ def run_async_bench(
     robot,
     policy,
     base: EdgeConfig,
-    episodes: int = 20,
-    reaction_episodes: int = 6,
-    realtime_episodes: int = 2,
+    settings: AsyncBenchConfig,
+    seeds: Seeds,
     latencies_ms=LATENCIES_MS,
     modes=(*MODES, *VARIANTS),
     families: Sequence[str] | None = None,
@@ -162,17 +169,18 @@ def run_async_bench(
     """The checkpoint in every cell; then, if given, the privileged ``expert_policy`` (see
     ``robot_rl.hardware.sim.expert_policy``) in every cell, which isolates the runtime's timing from
     the learned policy's perception; then late ticks in real time."""
-    seeds = [2_000_000 + i for i in range(episodes)]
-    reaction_seeds = [3_000_000 + i for i in range(reaction_episodes)]
+    episodes = settings.episodes
+    scenes = [seeds.eval + i for i in range(episodes)]
+    reaction_seeds = [seeds.reaction + i for i in range(settings.reaction_episodes)]
     report: dict = {
-        "results": measure_cells(robot, policy, base, seeds, reaction_seeds, latencies_ms, modes, families,
+        "results": measure_cells(robot, policy, base, scenes, reaction_seeds, latencies_ms, modes, families,
                                  "bench async (checkpoint)", progress),
     }
     if expert_policy is not None:
         report["results_expert_policy"] = measure_cells(
-            robot, expert_policy, base, seeds, reaction_seeds, latencies_ms, modes, families,
+            robot, expert_policy, base, scenes, reaction_seeds, latencies_ms, modes, families,
             "bench async (expert policy)", progress)
-    realtime_seeds = [4_000_000 + i for i in range(realtime_episodes)]
+    realtime_seeds = [seeds.realtime + i for i in range(settings.realtime_episodes)]
     report["realtime_late_tick_frac"] = measure_late_ticks(
         robot, policy, mode_config(base, "async_rollforward", 0), realtime_seeds)
     # Continuous re-planning runs the policy several times as often: does the control loop still keep time?
@@ -181,7 +189,7 @@ def run_async_bench(
                                  realtime_seeds)
         for mode in VARIANTS if mode in modes
     } | {"async_rollforward": report["realtime_late_tick_frac"]}
-    report.update(episodes_per_cell=episodes, reaction_episodes_per_cell=reaction_episodes, fps=robot.fps)
+    report.update(episodes_per_cell=episodes, reaction_episodes_per_cell=settings.reaction_episodes, fps=robot.fps)
     return report
 
 
@@ -223,23 +231,17 @@ def print_cells(results: dict, title: str) -> None:
     Console(width=140).print(table)
 
 
-def run_from_cli(quick: bool, overrides: list[str]) -> dict:
-    from robot_rl.hardware.sim import TASK_FAMILIES
+def run_from_cli(cfg: RobotRLConfig) -> dict:
+    from robot_rl.app.policies import load_policy, policy_source
+    from robot_rl.app.sim import demo_expert, make_sim, task_families
     from robot_rl.hardware.sim.expert_policy import ExpertChunkPolicy
-    from robot_rl.commands.policy_loading import load_policy, policy_source
-    from robot_rl.commands.sim_setup import demo_expert, make_sim, task_families
-    from robot_rl.config import load_config, to_dataclass
 
-    cfg = load_config(overrides)
-    policy = load_policy(cfg)  # episodes are reproducible: run_sim_episode seeds the policy's noise per episode
+    policy = load_policy(cfg)  # episodes are reproducible: run_scene_episode seeds the policy's noise per episode
     robot = make_sim(cfg)
-    expert = ExpertChunkPolicy(demo_expert(robot, float(cfg.demos.expert_speed)), getattr(policy, "chunk_size", 20))
+    expert = ExpertChunkPolicy(demo_expert(robot, cfg.demos.expert_speed), getattr(policy, "chunk_size", 20))
     try:
-        report = run_async_bench(
-            robot, policy, to_dataclass(cfg.edge, EdgeConfig),
-            episodes=4 if quick else 30, reaction_episodes=2 if quick else 12, realtime_episodes=1 if quick else 2,
-            families=task_families(cfg.task_families, TASK_FAMILIES), expert_policy=expert,
-        )
+        report = run_async_bench(robot, policy, cfg.edge, cfg.bench, cfg.seeds, families=task_families(cfg),
+                                 expert_policy=expert)
     finally:
         robot.disconnect()
     report["policy"] = policy_source(cfg)

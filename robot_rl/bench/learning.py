@@ -26,30 +26,15 @@ count), as a rolling rate over the last ``window`` episodes of the arm (all robo
 of completion). ``episodes_to_80`` is the first episode count, with a full window behind
 it, at which that rate reaches 80 %.
 
-Settings, as ``bench.NAME=VALUE`` overrides (stripped before the rest go to Hydra):
-
-==========================  =======  =========  =========================================
-name                        default  --quick    meaning
-==========================  =======  =========  =========================================
-``minutes_per_arm``         6        1          wall-clock budget of each arm
-``arms``                    all      all        e.g. ``bench.arms=[none,rwr,rwr_sync]``
-``num_robots``              2        2          simulated SO-101s per arm
-``window``                  20       5          episodes in the rolling success rate
-``sync_collect_episodes``   4        2          sync arm: episodes per collect phase
-``sync_updates``            50       20         sync arm: updates per train phase
-``eval_episodes``           40       4          held-out evaluation of each arm's final
-                                                weights (0 = off)
-``heldout_every_s``         0        0          save each training arm's weights this often
-                                                (robot time) and score every copy held-out
-                                                afterwards (0 = off; ``robot_rl.bench.timeline``)
-``timeline_episodes``       40       4          held-out scenes per saved copy
-==========================  =======  =========  =========================================
+Settings: ``bench.*`` (``robot_rl.bench.configs.LearningBenchConfig``: arms, minutes per arm,
+robots, window, the sync loop's round, held-out scenes; ``--quick`` is the preset
+``configs/bench/learning_quick.yaml``).
 
 Held-out evaluation: after each arm, its final weights (the start for ``none``) run
-``eval_episodes`` episodes without the operator on scenes no arm trained on (seeds from
-``seed + 9,000,000``; the arms' robots use ``seed + 5,000,000`` onwards), with the same
+``eval_episodes`` episodes without the operator on scenes no arm trained on (``seeds.heldout``
+onwards; the arms' robots use ``seeds.robots`` onwards), with the same
 flow-noise stream per scene for every arm, in virtual time, in a fresh process
-(``robot_rl.bench.heldout`` says why). A rolling window of 20
+(``robot_rl.app.evaluation`` says why). A rolling window of 20
 live episodes cannot tell 25 % from 40 %; this paired comparison on 40 fixed scenes can
 tell larger gaps, and it measures the weights alone, not the weights plus a watching operator.
 With ``heldout_every_s`` every training arm also gets a held-out curve over robot time (the
@@ -57,7 +42,7 @@ first ``timeline_episodes`` of those scenes), and ``sync_vs_async`` reads each s
 80 % and 90 % off it (``heldout_wall_s_to_80_*``, ``_90_*``) as well as 80 % off the live window.
 
 Any other override goes to the composed config as usual (e.g. ``output_dir=/tmp/x``,
-``run.max_steps=150``, ``learner.trainer.batch_size=16``); ``learner=...`` is refused
+``run.max_episode_steps=150``, ``learner.trainer.batch_size=16``); ``learner=...`` is refused
 because the arms choose the algorithm. Outputs go under
 ``<output_dir>/bench_learning/<time>/<arm>/``; the comparison plot is written next to the
 JSON (same name, ``.png``).
@@ -65,11 +50,8 @@ JSON (same name, ``.png``).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -80,27 +62,16 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from robot_rl.bench.heldout import format_paired, format_score, heldout_eval, heldout_eval_all, paired_scores
-from robot_rl.bench.settings import split_bench_settings
+from robot_rl.app.evaluation import format_paired, format_score, heldout_eval, heldout_eval_all, paired_scores
+from robot_rl.app.learning_curve import EpisodeRecord, LearningCurve
+from robot_rl.bench.configs import ARMS, LearningBenchConfig
 from robot_rl.bench.timeline import WeightsTimeline, first_heldout_reaching
-from robot_rl.config import ConfigError
-from robot_rl.learning_curve import EpisodeRecord, LearningCurve
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.config import RobotRLConfig
     from robot_rl.learner.config import LearnerConfig
-    from robot_rl.learner.local import (
-        EpisodeCallback,
-        LocalRunConfig,
-        LocalRunResult,
-        OperatorFactory,
-        RobotFactory,
-    )
     from robot_rl.learner.service import LearnerService
-    from robot_rl.learner.store import ReplayStore
-    from robot_rl.learner.trainer import Trainer
+    from robot_rl.policies.flow_vla import FlowVLA
 
 log = logging.getLogger(__name__)
 
@@ -112,85 +83,8 @@ HELDOUT_THRESHOLDS = (80, 90)
 # (async arm, its synchronous twin) pairs sync_vs_async compares: the first pair of which both arms ran.
 SYNC_PAIRS = (("rwr", "rwr_sync"), ("hgdagger", "hgdagger_sync"))
 ASYNC_ARM, SYNC_ARM = SYNC_PAIRS[0]  # the pair reported when no pair ran whole
-LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"
-PARTIAL_REPORT = "partial.json"  # in the run's directory, rewritten after every arm  # never collide with a `robot-rl run` on the default ports
-
-
-# ---------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One side of the comparison: which learner, whether it trains, operator on/off, sync or async."""
-
-    algorithm: str  # the ``learner=`` config group
-    train: bool = True
-    operator: bool = True
-    sync: bool = False
-
-
-ARMS: dict[str, Arm] = {
-    "none": Arm("rwr", train=False),
-    "rwr": Arm("rwr"),
-    "awr": Arm("awr"),
-    "rl": Arm("rl"),
-    "hgdagger": Arm("hgdagger"),
-    "rwr_no_intervention": Arm("rwr", operator=False),
-    SYNC_ARM: Arm("rwr", sync=True),
-    "hgdagger_sync": Arm("hgdagger", sync=True),
-}
-
-
-@dataclass
-class LearningBenchConfig:
-    """The benchmark's own settings (``bench.*`` overrides); see the module docstring."""
-
-    minutes_per_arm: float = 6.0
-    arms: tuple[str, ...] = tuple(ARMS)
-    num_robots: int = 2
-    window: int = 20
-    sync_collect_episodes: int = 4
-    sync_updates: int = 50
-    eval_episodes: int = 40
-    heldout_every_s: float = 0.0
-    timeline_episodes: int = 40
-
-    def __post_init__(self) -> None:
-        self.arms = (self.arms,) if isinstance(self.arms, str) else tuple(self.arms)
-        unknown = [a for a in self.arms if a not in ARMS]
-        if unknown or not self.arms:
-            raise ConfigError(f"bench.arms: unknown arm(s) {unknown or '(none given)'}; known: {list(ARMS)}")
-        if isinstance(self.minutes_per_arm, bool) or not isinstance(self.minutes_per_arm, int | float) \
-                or not self.minutes_per_arm > 0:
-            raise ConfigError(f"bench.minutes_per_arm must be a number > 0, got {self.minutes_per_arm!r}")
-        self.minutes_per_arm = float(self.minutes_per_arm)
-        for name in ("num_robots", "window", "sync_collect_episodes", "sync_updates"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"bench.{name} must be an integer >= 1, got {value!r}")
-        for name in ("eval_episodes", "timeline_episodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"bench.{name} must be an integer >= 0, got {value!r}")
-        if isinstance(self.heldout_every_s, bool) or not isinstance(self.heldout_every_s, int | float) \
-                or self.heldout_every_s < 0:
-            raise ConfigError(f"bench.heldout_every_s must be a number of seconds >= 0, got {self.heldout_every_s!r}")
-        self.heldout_every_s = float(self.heldout_every_s)
-
-
-QUICK = {"minutes_per_arm": 1.0, "window": 5, "sync_collect_episodes": 2, "sync_updates": 20, "eval_episodes": 4,
-         "timeline_episodes": 4}
-
-
-def parse_overrides(overrides: Sequence[str], quick: bool = False) -> tuple[LearningBenchConfig, list[str]]:
-    """Split ``bench.*`` settings from the Hydra overrides; ``--quick`` changes the defaults only."""
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        if key.lstrip("+") == "learner" and "://" not in raw:
-            raise ConfigError(f"{item!r}: the arms choose the algorithm (bench.arms=[...]); drop learner=...")
-    explicit, rest = split_bench_settings(overrides, LearningBenchConfig, list_fields=("arms",))
-    base = QUICK if quick else {}
-    return LearningBenchConfig(**{**base, **explicit}), rest
+LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"  # never collide with a `robot-rl run` on the default ports
+PARTIAL_REPORT = "partial.json"  # in the run's directory, rewritten after every arm
 
 
 # ---------------------------------------------------------------- curves (pure)
@@ -329,213 +223,39 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-# ---------------------------------------------------------------- the synchronous loop
-
-
-class SyncRounds:
-    """Turn-taking for the synchronous baseline: robots collect a round, then the trainer trains, never both.
-
-    Robots call ``robot_should_stop`` before each episode (it is ``run_edge``'s ``stop``):
-    it hands out at most ``episodes_per_round`` episodes per round and blocks the robot
-    while the round is full and the trainer works. The coordinator waits for the round
-    (``wait_collected``), trains, then opens the next one (``next_round``).
-    """
-
-    def __init__(self, episodes_per_round: int, deadline_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.episodes_per_round = episodes_per_round
-        self.deadline_s = deadline_s
-        self.clock = clock
-        self.round = 0
-        self._claimed = 0
-        self._finished = 0
-        self._steps = 0  # steps of every finished episode, all rounds
-        self._closed = False
-        self._cond = threading.Condition()
-
-    def _over(self) -> bool:
-        return self._closed or self.clock() >= self.deadline_s
-
-    def robot_should_stop(self) -> bool:
-        """Before an episode: False (go) when the round has room; waits while it is full; True when over."""
-        with self._cond:
-            while not self._over():
-                if self._claimed < self.episodes_per_round:
-                    self._claimed += 1
-                    return False
-                self._cond.wait(0.05)
-            return True
-
-    def episode_finished(self, steps: int) -> None:
-        with self._cond:
-            self._finished += 1
-            self._steps += steps
-            self._cond.notify_all()
-
-    def wait_collected(self) -> bool:
-        """Wait until every episode of this round is done; False if the budget ended (or ``close``) first."""
-        with self._cond:
-            while self._finished < self.episodes_per_round:
-                if self._over():
-                    return False
-                self._cond.wait(0.05)
-            return True
-
-    def next_round(self) -> None:
-        with self._cond:
-            self.round += 1
-            self._claimed = self._finished = 0
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def steps_collected(self) -> int:
-        with self._cond:
-            return self._steps
-
-
-def train_phase(trainer: Trainer, updates: int, deadline_s: float, clock: Callable[[], float] = time.monotonic) -> int:
-    """Run up to ``updates`` updates by hand (robots idle meanwhile); stops at the deadline. Returns how many."""
-    done = 0
-    while done < updates and clock() < deadline_s:
-        if trainer.update_once() is None:  # too little data yet (no demonstrations preloaded)
-            time.sleep(0.1)
-            continue
-        done += 1
-    return done
-
-
-def wait_ingested(store: ReplayStore, steps: int, timeout_s: float = 30.0) -> bool:
-    """Wait until the store holds ``steps`` robot steps and no episode is half-received.
-
-    Without it the trainer could miss the round's last segments, or see an episode whose
-    outcome is not known yet (which ``rwr`` drops), and the loop would not be synchronous.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stats = store.stats()
-        if stats["steps_ingested"] >= steps and stats["episodes_open"] == 0:
-            return True
-        time.sleep(0.02)
-    log.warning("sync loop: the store did not receive all %d steps within %.0f s; training anyway", steps, timeout_s)
-    return False
-
-
-def run_sync(learner_config: LearnerConfig, policy: FlowVLA, run: LocalRunConfig, robot_factory: RobotFactory, *,
-             collect_episodes: int, updates: int, operator_factory: OperatorFactory | None = None,
-             on_episode: EpisodeCallback | None = None,
-             on_start: Callable[[LearnerService], None] | None = None) -> LocalRunResult:
-    """The synchronous collect-then-train loop on the real learner and edge runtime; like ``run_local``.
-
-    The learner service runs without its training thread; this thread drives the
-    trainer by hand between collect phases and publishes exactly once per round
-    (``publish_every_updates`` = ``updates``), so every round's robots start on the
-    newest weights (swapped in at their first chunk, as in the async learner).
-    The robots run on threads whatever ``run.robots`` says: the phases take turns, so the
-    trainer never shares the interpreter's lock with a robot that is acting.
-    """
-    from robot_rl.learner.local import _run_robot, collect_result
-    from robot_rl.learner.service import LearnerService
-
-    if run.time_budget_s is None:
-        raise ValueError("run_sync needs run.time_budget_s: the sync loop is compared at equal robot time")
-    config = copy.deepcopy(learner_config)
-    config.trainer.publish_every_updates = updates
-    config.trainer.publish_every_s = math.inf
-    learner = LearnerService(config, copy.deepcopy(policy), train=False).start()
-    if on_start is not None:
-        on_start(learner)
-    deadline = time.monotonic() + run.time_budget_s  # counted from here, as in run_local
-    rounds = SyncRounds(collect_episodes, deadline)
-
-    def episode_done(robot_id: str, episode: Any, version: int) -> None:
-        if on_episode is not None:
-            on_episode(robot_id, episode, version)
-        rounds.episode_finished(episode.num_steps)
-
-    results: list[tuple[int, int, int]] = []
-    errors: list[BaseException] = []
-    versions: dict[str, int] = {}
-
-    def robot_thread(index: int) -> None:
-        try:
-            results.append(_run_robot(index, learner, policy, run, robot_factory, versions,
-                                      rounds.robot_should_stop, operator_factory, episode_done))
-        except BaseException as exc:  # reported after join
-            log.exception("robot %d failed", index)
-            errors.append(exc)
-            rounds.close()
-
-    threads = [threading.Thread(target=robot_thread, args=(i,), name=f"robot-{i}") for i in range(run.num_robots)]
-    try:
-        for t in threads:
-            t.start()
-        _coordinate(learner, rounds, updates, deadline)
-    finally:
-        rounds.close()  # robots waiting for a round stop; the others finish their episode
-        for t in threads:
-            if t.is_alive():
-                t.join()
-        learner.store.flush(120)
-        learner.stop(checkpoint=True)
-    return collect_result(learner, results, errors, versions, trained=True)
-
-
-def _coordinate(learner: LearnerService, rounds: SyncRounds, updates: int, deadline_s: float) -> None:
-    """Collect, train, publish, repeat, until the budget ends."""
-    try:
-        while rounds.wait_collected():
-            wait_ingested(learner.store, rounds.steps_collected)
-            if train_phase(learner.trainer, updates, deadline_s) < updates:
-                break  # the budget ended mid-training: nothing left to act with the new weights
-            if learner.trainer.version != rounds.round + 1:
-                raise RuntimeError(f"sync round {rounds.round} did not publish (weights v{learner.trainer.version})")
-            rounds.next_round()
-    finally:
-        rounds.close()  # robots waiting for a round stop now
-
-
 # ---------------------------------------------------------------- running the arms
 
 
-def arm_learner_config(cfg: DictConfig, checkpoint: Path, demos: Path, arm_dir: Path) -> LearnerConfig:
+def arm_learner_config(cfg: RobotRLConfig, checkpoint: Path, demos: Path, arm_dir: Path) -> LearnerConfig:
     """The learner config of one arm: its algorithm's settings, the shared start, its own directories."""
-    from robot_rl.commands.run import local_learner_config
+    from robot_rl.app.main_job import local_learner_config
 
     config = local_learner_config(cfg, checkpoint, arm_dir, demos)
     config.service.router_endpoint = config.service.pub_endpoint = LOOPBACK_ANY_PORT
     return config
 
 
-def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: FlowVLA, checkpoint: Path,
+def run_arm(name: str, cfg: RobotRLConfig, bench: LearningBenchConfig, policy: FlowVLA, checkpoint: Path,
             demos: Path, out_dir: Path) -> ArmResult:
     """Run one arm for ``bench.minutes_per_arm`` and collect its learning curve."""
     import torch
 
-    from robot_rl.hardware.sim import TASK_FAMILIES, SimConfig
-    from robot_rl.commands.run import Progress, operator_factory, share_cpu_with_robots
-    from robot_rl.commands.sim_setup import task_families
-    from robot_rl.config import to_dataclass
-    from robot_rl.edge import EdgeConfig
-    from robot_rl.learner.local import LocalRunConfig, make_sim_robot_factory, run_local
+    from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
+    from robot_rl.app.main_job import Progress, operator_factory, share_cpu_with_robots
+    from robot_rl.app.sim import sim_config, task_families
+    from robot_rl.app.sync_baseline import run_sync
 
     arm = ARMS[name]
     arm_dir = out_dir / name
     share_cpu_with_robots(cfg, overlapping=not arm.sync)  # the sync loop's phases take turns
     learner_config = arm_learner_config(cfg, checkpoint, demos, arm_dir)
-    sim_config = to_dataclass(cfg.robot, SimConfig)
-    run = LocalRunConfig(num_robots=bench.num_robots, episodes_per_robot=10**9, max_steps=int(cfg.run.max_steps),
-                         spool_dir=str(arm_dir / "spool"), edge=to_dataclass(cfg.edge, EdgeConfig),
-                         time_budget_s=bench.minutes_per_arm * 60.0, robots=str(cfg.run.robots))
-    robots = make_sim_robot_factory(sim_config, task_families(cfg.run.families, TASK_FAMILIES),
-                                    seed_base=int(cfg.seed) + 5_000_000)  # same scenes in every arm
-    operators = operator_factory(sim_config.fps, arm.operator, float(cfg.demos.expert_speed),
-                                 cfg.run.get("operator_settings"))
-    torch.manual_seed(int(cfg.seed))  # same flow-matching noise stream at the start of every arm
+    run = LocalRunConfig(num_robots=bench.num_robots, episodes_per_robot=10**9, max_steps=cfg.run.max_episode_steps,
+                         spool_dir=str(arm_dir / "spool"), edge=cfg.edge, time_budget_s=bench.minutes_per_arm * 60.0,
+                         robots=cfg.run.robots)
+    robots = make_sim_robot_factory(sim_config(cfg), task_families(cfg), seed_base=cfg.seed + cfg.seeds.robots,
+                                    stride=cfg.seeds.stride)  # same scenes in every arm
+    operators = operator_factory(cfg) if arm.operator else None
+    torch.manual_seed(cfg.seed)  # same flow-matching noise stream at the start of every arm
     started = time.monotonic()
     curve = LearningCurve()
     progress = Progress(curve, total=None)  # type: ignore[arg-type]  # time-bounded: no known total
@@ -569,7 +289,7 @@ def run_arm(name: str, cfg: DictConfig, bench: LearningBenchConfig, policy: Flow
                      heldout_timeline=score_timeline(snapshots, cfg, bench.timeline_episodes, name))
 
 
-def score_timeline(snapshots: Sequence[Any], cfg: DictConfig, episodes: int, name: str) -> list[dict[str, Any]]:
+def score_timeline(snapshots: Sequence[Any], cfg: RobotRLConfig, episodes: int, name: str) -> list[dict[str, Any]]:
     """Each saved copy of an arm's weights with its held-out success (None where not scored)."""
     scores = heldout_eval_all([Path(s.weights) for s in snapshots], cfg, episodes, f"timeline {name}")
     return [{**s.to_dict(), "success": r["success"] if r else None, "ci95": r["ci95"] if r else None}
@@ -587,13 +307,13 @@ def save_partial_report(report: dict, path: Path) -> None:
     print(f"bench learning: {len(report['arms'])} arm(s) done, saved in {path}")
 
 
-def run_learning_bench(cfg_for: Callable[[str], DictConfig], bench: LearningBenchConfig, out_dir: Path) -> dict:
+def run_learning_bench(cfg_for: Callable[[str], RobotRLConfig], bench: LearningBenchConfig, out_dir: Path) -> dict:
     """Every arm in turn from the same BC checkpoint; returns the report (see ``build_report``)."""
+    from robot_rl.app.behaviour_cloning import ensure_demos
+    from robot_rl.app.main_job import ensure_bc_checkpoint
     from robot_rl.policies.flow_vla import FlowVLA
-    from robot_rl.commands.run import ensure_bc_checkpoint
-    from robot_rl.commands.train_bc import ensure_demos
 
-    base = cfg_for(ARMS[bench.arms[0]].algorithm)
+    base = cfg_for(ARMS[bench.arms[0]].learner)
     checkpoint = ensure_bc_checkpoint(base)
     demos = ensure_demos(base)
     policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
@@ -601,7 +321,7 @@ def run_learning_bench(cfg_for: Callable[[str], DictConfig], bench: LearningBenc
           f"(~{len(bench.arms) * bench.minutes_per_arm:.0f} min), {bench.num_robots} robots, start {checkpoint}")
     results: list[ArmResult] = []
     for name in bench.arms:
-        results.append(run_arm(name, cfg_for(ARMS[name].algorithm), bench, policy, checkpoint, demos, out_dir))
+        results.append(run_arm(name, cfg_for(ARMS[name].learner), bench, policy, checkpoint, demos, out_dir))
         save_partial_report(build_report(results, bench), out_dir / PARTIAL_REPORT)
     report = build_report(results, bench)
     report["start_checkpoint"] = str(checkpoint)
@@ -643,7 +363,8 @@ def plot_arms(report: dict, path: Path) -> Path:
             axes[3].plot([p["wall_s"] / 60.0 for p in scored], [p["success"] for p in scored], style, marker="o",
                          label=name)
     window = report["settings"]["window"]
-    titles = ("autonomous success vs episodes", "autonomous success vs wall clock", "intervention rate vs episodes")
+    titles: tuple[str, ...] = ("autonomous success vs episodes", "autonomous success vs wall clock",
+                               "intervention rate vs episodes")
     xlabels = ["episodes", "wall-clock minutes", "episodes"]
     if panels == 4:
         titles += ("held-out success of the weights vs wall clock",)
@@ -713,25 +434,22 @@ def _or_dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def run_from_cli(quick: bool, overrides: list[str], json_path: Path | None = None) -> dict:
-    from robot_rl.commands.run import torch_threads
-    from robot_rl.config import load_config
+def run_from_cli(cfg: RobotRLConfig, json_path: Path | None = None,
+                 compose: Callable[[list[str]], RobotRLConfig] | None = None) -> dict:
+    """``cfg`` as composed; ``compose(["learner=NAME"])`` is the same command line with an arm's learner."""
+    configs: dict[str, RobotRLConfig] = {}
 
-    bench, rest = parse_overrides(overrides, quick)
-    configs: dict[str, DictConfig] = {}
+    def cfg_for(learner: str) -> RobotRLConfig:
+        if compose is None:
+            raise ValueError("bench learning composes one config per arm: give it compose")
+        if learner not in configs:
+            configs[learner] = compose([f"learner={learner}"])
+        return configs[learner]
 
-    def cfg_for(algorithm: str) -> DictConfig:
-        if algorithm not in configs:
-            configs[algorithm] = load_config([*rest, f"learner={algorithm}"])
-        return configs[algorithm]
-
-    torch_threads(cfg_for("rwr"))  # a bad value fails now, not after a BC start and demonstrations were made
-    out_dir = Path(cfg_for("rwr").output_dir) / "bench_learning" / time.strftime("%Y%m%d-%H%M%S")
-    report = run_learning_bench(cfg_for, bench, out_dir)
+    out_dir = Path(cfg.output_dir) / "bench_learning" / time.strftime("%Y%m%d-%H%M%S")
+    report = run_learning_bench(cfg_for, cfg.bench, out_dir)
     png = (json_path or out_dir / "learning.json").with_suffix(".png")
     report["plot"] = str(plot_arms(report, png))
-    report["quick"] = quick
-    report["overrides"] = list(overrides)
     print_table(report)
     print(f"plot: {png}")
     return report

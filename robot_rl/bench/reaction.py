@@ -1,8 +1,8 @@
 """Reaction latency: how long after the world changes do the executed actions respond?
 
 Method (counterfactual, exact on the virtual clock): run the same seeded episode twice
-with the policy's noise seeded per episode (``run_sim_episode``), once with the target cube moved at tick
-``t_m`` and once without. Both runs are identical until the policy's chunks start to
+with the policy's noise seeded per episode (``app.evaluation.run_scene_episode``), once with
+the target cube moved at tick ``t_m`` and once without. Both runs are identical until the policy's chunks start to
 reflect the new image. The reaction tick is the first tick at which the commanded
 end-effector positions (forward kinematics of the executed actions) of the two runs
 differ by more than ``threshold_m`` *in the direction of the move*: that is when the

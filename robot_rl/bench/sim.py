@@ -5,19 +5,15 @@ render frames/s per camera for the default ``fast`` look and for the stock ``ful
 meshes (a few frames only; it is ~100x slower), raw ``mj_step`` calls per second,
 the scripted expert's success rate per task family and cost per command (its IK on a
 contact-free copy of the model against the live model), and the time to record demonstrations
-in one process against the sim in a child process (``robot_rl.demo_process``).
+in one process against the sim in a child process (``robot_rl.app.demo_process``).
 
-    python -m robot_rl.bench.sim --episodes 20 --json sim_bench.json
+    robot-rl bench sim bench.episodes=20 --json bench_results/sim.json
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
@@ -26,6 +22,9 @@ from tqdm import tqdm
 
 from robot_rl.hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
 from robot_rl.hardware.sim.rendering import mujoco
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
 
 
 def measure_render_fps(config: SimConfig, frames: int, seed: int = 0) -> dict[str, float]:
@@ -87,7 +86,8 @@ def measure_expert_act_ms(seed: int, episodes: int = 3, ticks: int = 60) -> dict
     """
     robot = SimSO101(SimConfig(cameras=()))
     robot.connect()
-    experts = {"contact-free IK": ScriptedExpert(robot), "IK on the live model": ScriptedExpert(robot, contact_free_ik=False)}
+    experts = {"contact-free IK": ScriptedExpert(robot),
+               "IK on the live model": ScriptedExpert(robot, contact_free_ik=False)}
     elapsed = dict.fromkeys(experts, 0.0)
     calls = 0
     for family in TASK_FAMILIES:
@@ -105,33 +105,33 @@ def measure_expert_act_ms(seed: int, episodes: int = 3, ticks: int = 60) -> dict
     return {name: 1000.0 * seconds / calls for name, seconds in elapsed.items()}
 
 
-def measure_demo_recording(episodes: int, seed: int = 0) -> dict[str, dict[str, float]]:
+def measure_demo_recording(cfg: RobotRLConfig, episodes: int) -> dict[str, dict[str, float]]:
     """Seconds to record ``episodes`` push demonstrations as ``record-demos`` does (the default
     config: half-speed expert, two cameras, LeRobotDataset v3), in one process against the sim in a
     child process (``demos.sim_process``). The child's start (spawn, imports: ~6 s here) is
     included, the one-process way runs in this process, whose imports are done: so a few episodes
     favour one process, and the ratio approaches the steady state's only over tens of episodes."""
+    import dataclasses
     import tempfile
 
-    from robot_rl.commands.record_demos import record_demos
-    from robot_rl.config import load_config
+    from robot_rl.app.demos import record_demos
 
     timings = {}
     with tempfile.TemporaryDirectory(prefix="bench-demos-") as tmp:
         for name, in_child in (("sim in a child process", True), ("one process", False)):
-            cfg = load_config([f"demos.dir={tmp}/{int(in_child)}", f"demos.episodes_per_family={episodes}",
-                               f"demos.sim_process={str(in_child).lower()}", f"seed={seed}"])
+            demos = dataclasses.replace(cfg.demos, dir=f"{tmp}/{int(in_child)}", episodes=episodes,
+                                        sim_process=in_child)
             start = time.perf_counter()
-            summary = record_demos(cfg, progress=False)
+            summary = record_demos(dataclasses.replace(cfg, demos=demos), progress=False)
             seconds = time.perf_counter() - start
             timings[name] = {"seconds": seconds, "episodes": summary.stored, "frames": summary.steps,
                              "ms_per_frame": 1000.0 * seconds / max(summary.steps, 1)}
     return timings
 
 
-def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool = True,
-                  demo_episodes: int = 40) -> dict[str, Any]:
-    """Run the whole benchmark, print a table, return the numbers as a dict."""
+def run_sim_bench(cfg: RobotRLConfig, progress: bool = True) -> dict[str, Any]:
+    """Run the whole benchmark (``bench.episodes``, ``bench.demo_episodes``), print a table, return the numbers."""
+    episodes_per_family, seed = cfg.bench.episodes, cfg.seed
     fast_config = SimConfig(render_quality="fast")
     full_config = SimConfig(render_quality="full")
     render_fps = measure_render_fps(fast_config, frames=300, seed=seed)
@@ -139,7 +139,7 @@ def run_sim_bench(episodes_per_family: int = 20, seed: int = 0, progress: bool =
     steps_per_s = measure_steps_per_s(fast_config, seed=seed)
     expert_success, expert_seconds = measure_expert(episodes_per_family, seed, progress)
     expert_act_ms = measure_expert_act_ms(seed)
-    demo_recording = measure_demo_recording(demo_episodes, seed)
+    demo_recording = measure_demo_recording(cfg, cfg.bench.demo_episodes)
     result = {
         "render_fps": render_fps,
         "render_fps_full": render_fps_full,
@@ -198,28 +198,8 @@ def print_table(result: dict[str, Any]) -> None:
         console.print(demos)
 
 
-def run_from_cli(quick: bool, overrides: list[str]) -> dict[str, Any]:
+def run_from_cli(cfg: RobotRLConfig) -> dict[str, Any]:
     """Entry for `robot-rl bench sim` (the table is printed by run_sim_bench)."""
-    if overrides:
-        raise SystemExit(f"robot-rl bench sim takes no overrides, got {overrides}")
-    return run_sim_bench(episodes_per_family=5 if quick else 20, demo_episodes=16 if quick else 40)
+    return run_sim_bench(cfg)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m robot_rl.bench.sim", description=__doc__.split("\n")[0])
-    parser.add_argument("--episodes", type=int, default=20, help="expert episodes per task family")
-    parser.add_argument("--demo-episodes", type=int, default=40, help="demonstrations recorded each way")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    result = run_sim_bench(args.episodes, args.seed, progress=not args.no_progress, demo_episodes=args.demo_episodes)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,35 +28,18 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from robot_rl.bench.transport import CAMERAS, EPISODE_STEPS, IMAGE, SEGMENT_STEPS, synthetic_steps
+from robot_rl.bench.configs import StoreBenchConfig
+from robot_rl.bench.transport import CAMERAS, IMAGE, SEGMENT_STEPS, synthetic_steps
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # lerobot's writer would print a bar per episode
 warnings.filterwarnings("ignore", message="Cannot enable progress bars")  # lerobot re-enables them per episode
-
-
-@dataclass
-class StoreBenchConfig:
-    episodes: int = 16
-    batches: tuple[int, ...] = (1, 8)  # store.commit_batch settings, side by side
-    writers: tuple[str, ...] = ("thread", "process")  # store.writer settings, each with every batch
-    episode_steps: int = EPISODE_STEPS
-
-    def __post_init__(self) -> None:
-        self.batches = tuple(int(b) for b in self.batches)
-        self.writers = tuple(self.writers)
-        if self.episodes < 1 or not self.batches or min(self.batches) < 1 or self.episode_steps < 1:
-            raise ValueError(f"bench store: episodes, batches and episode_steps must be >= 1, got {self}")
-        if not self.writers or any(w not in ("thread", "process") for w in self.writers):
-            raise ValueError(f"bench store: writers must be thread and/or process, got {self.writers}")
-
-    @staticmethod
-    def quick() -> StoreBenchConfig:
-        return StoreBenchConfig(episodes=4, batches=(1, 4), episode_steps=30)
 
 
 class TrainerProbe:
@@ -182,29 +165,9 @@ def print_table(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def parse_overrides(overrides: list[str], cfg: StoreBenchConfig) -> StoreBenchConfig:
-    values: dict[str, Any] = {"episodes": cfg.episodes, "batches": cfg.batches, "writers": cfg.writers,
-                              "episode_steps": cfg.episode_steps}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        name = key.removeprefix("bench.")
-        if not sep or name not in values:
-            raise SystemExit(f"bench store: unknown override {item!r}; use bench.episodes=N, "
-                             "bench.batches=[1,8], bench.writers=[thread,process], bench.episode_steps=N")
-        if name == "writers":
-            values[name] = tuple(v.strip() for v in value.strip("[]").split(","))
-            continue
-        try:
-            values[name] = tuple(int(v) for v in value.strip("[]").split(",")) if name == "batches" else int(value)
-        except ValueError:
-            raise SystemExit(f"bench store: {item!r} must be whole numbers, e.g. bench.batches=[1,8]") from None
-    return StoreBenchConfig(**values)
-
-
-def run_from_cli(quick: bool, overrides: list[str]) -> dict:
-    cfg = parse_overrides(overrides, StoreBenchConfig.quick() if quick else StoreBenchConfig())
+def run_from_cli(cfg: RobotRLConfig) -> dict:
     started = time.monotonic()
-    report = run_store_bench(cfg, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
+    report = run_store_bench(cfg.bench, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
                                                              flush=True))
     report["duration_s"] = round(time.monotonic() - started, 1)
     print_table(report)

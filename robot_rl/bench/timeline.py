@@ -2,7 +2,7 @@
 
 Why: the live success of a 20-episode window cannot tell 65 % from 80 % (its standard error
 is ~10 points), so "wall clock to 80 %" read off it measures episodes per minute as much as
-learning (BENCHMARKS.md "learning", ninth session: no learning also touched 80 %). Saving the
+learning (BENCHMARKS.md "learning": no learning also touched 80 %). Saving the
 weights at the same robot times in every arm and scoring each copy later on fixed held-out
 scenes, without the operator, gives each arm a held-out curve over wall clock; the
 async/sync comparison reads its time to 80 % off that curve.

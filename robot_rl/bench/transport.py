@@ -45,35 +45,28 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from robot_rl.bench.configs import SYNTHETIC_EPISODE_STEPS as EPISODE_STEPS
+from robot_rl.bench.configs import TransportBenchConfig
+from robot_rl.core.robot_io import Observation
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.synchronize import Event
+
+    from robot_rl.config import RobotRLConfig
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # lerobot's writer would print a bar per episode
 
 SEGMENT_STEPS = 15  # 0.5 s at 30 fps, the edge's default
-EPISODE_STEPS = 300
 CAMERAS = ("front", "wrist")
 IMAGE = 96
 TEXT_DIM = 384
-
-
-@dataclass
-class TransportBenchConfig:
-    robots: tuple[int, ...] = (1, 4)
-    sizes_mb: tuple[int, ...] = (10, 100)
-    ingest_window_s: float = 6.0  # the store indexes every step in memory: keep it short
-    swaps: int = 10
-    swap_gap_s: float = 1.0  # between two publishes (the edge keeps ticking)
-    swap_timeout_s: float = 30.0
-
-    @staticmethod
-    def quick() -> TransportBenchConfig:
-        return TransportBenchConfig(ingest_window_s=3.0, swaps=3, swap_gap_s=0.5)
-
 
 
 # ============================================================== payloads shared by both transports
@@ -189,7 +182,7 @@ def zmq_ingest(robots: int, window_s: float, workdir: Path) -> dict[str, float]:
 
 
 def _measure_with_processes(robots: int, window_s: float, counter: Callable[[], int],
-                            make: Callable[[int, float, Any], Any]) -> float:
+                            make: Callable[[int, Event, mp.Queue], BaseProcess]) -> float:
     """Start ``robots`` edge processes, wait until all stream, count learner-side steps over ``window_s``."""
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
@@ -242,7 +235,7 @@ def _grpc_edge_ingest(robot_id: str, address: str, stop: Any, out: mp.Queue) -> 
     segments = [_transitions(steps[i:i + SEGMENT_STEPS]) for i in range(0, EPISODE_STEPS, SEGMENT_STEPS)]
     sent = [0]
 
-    def messages():  # noqa: ANN202 - one client stream, like the HIL-SERL actor's
+    def messages():
         while not stop.is_set():
             for segment in segments:
                 yield from send_bytes_in_chunks(transitions_to_bytes(segment), services_pb2.Transition)
@@ -310,12 +303,12 @@ class BenchArm:
     """A kinematic 6-joint arm with two 96x96 cameras: reaches each target in one tick, costs no CPU."""
 
     name = "bench-arm"
-    camera_names = CAMERAS
+    camera_names: tuple[str, ...] = CAMERAS
     fps = 30
 
     def __init__(self) -> None:
         self.joint_names = tuple(f"joint{i}" for i in range(6))
-        self.state = np.zeros(6, dtype=np.float32)
+        self.state: np.ndarray = np.zeros(6, dtype=np.float32)
         self._frames = synthetic_frames(30, 0)
         self._t = 0
         self.is_connected = True
@@ -342,7 +335,7 @@ class BenchArm:
     def disconnect(self) -> None:
         self.is_connected = False
 
-    def get_observation(self) -> dict:
+    def get_observation(self) -> Observation:
         self._t += 1
         return {"images": self._frames[self._t % len(self._frames)], "state": self.state.copy()}
 
@@ -372,6 +365,8 @@ def _zmq_edge_swap(router: str, pub: str, spool: str, size_mb: float, stop_at: f
     seen: set[int] = set()
     late = [0]
     forward = node.step_sink
+    if forward is None:
+        raise RuntimeError("the streamer attached no step sink to the edge node")
 
     def sink(step: Any) -> None:  # control thread: a few compares and a non-blocking put
         if step.policy_version not in seen:
@@ -389,7 +384,7 @@ def _zmq_edge_swap(router: str, pub: str, spool: str, size_mb: float, stop_at: f
         out.put(("loaded", version, time.time()))
         request_swap(new, version)
 
-    node.request_policy_swap = timed_request
+    node.request_policy_swap = timed_request  # type: ignore[method-assign]  # bench: time each swap request
     streamer.link.wait_connected(30)
     out.put(("ready", 0, time.time()))
     try:
@@ -634,30 +629,10 @@ def print_table(report: dict[str, Any]) -> None:
     console.print(swap)
 
 
-def parse_overrides(overrides: list[str], cfg: TransportBenchConfig) -> TransportBenchConfig:
-    """``robots=1,4 sizes_mb=10,100 ingest_window_s=10 swaps=10``."""
-    from dataclasses import fields, replace
-
-    known = {f.name: f for f in fields(cfg)}
-    values: dict[str, Any] = {}
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        key = key.removeprefix("bench.")
-        if key not in known or not raw:
-            raise ValueError(f"bench transport: unknown override {item!r}; known: "
-                             + ", ".join(f"{k}=..." for k in known))
-        default = getattr(cfg, key)
-        values[key] = (tuple(int(v) for v in raw.strip("[]()").split(",")) if isinstance(default, tuple)
-                       else type(default)(raw))
-    return replace(cfg, **values)
-
-
-def run_from_cli(quick: bool, overrides: list[str]) -> dict:
-    logging.getLogger("bridges").setLevel(logging.WARNING)
+def run_from_cli(cfg: RobotRLConfig) -> dict:
     logging.getLogger("robot_rl").setLevel(logging.WARNING)
-    cfg = parse_overrides(overrides, TransportBenchConfig.quick() if quick else TransportBenchConfig())
     started = time.monotonic()
-    report = run_transport_bench(cfg, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
+    report = run_transport_bench(cfg.bench, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
                                                                  flush=True))
     report["duration_s"] = time.monotonic() - started
     print_table(report)

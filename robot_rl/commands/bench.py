@@ -1,7 +1,7 @@
 """`robot-rl bench NAME`: run a benchmark, print its table, write its JSON.
 
-Benchmarks compare alternatives side by side in one run (ratios), because these
-machines are shared and noisy: absolute numbers from separate runs do not compare.
+Benchmarks compare alternatives side by side in one run (ratios), because these machines are
+shared and noisy: absolute numbers from separate runs do not compare.
 """
 
 from __future__ import annotations
@@ -10,36 +10,67 @@ import argparse
 import importlib
 import inspect
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
 # name -> (module under robot_rl.bench, what it compares)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "render frames/s per camera (fast vs full meshes), physics steps/s, scripted-expert success"),
     "async": ("async_control", "sync vs async_naive vs async_rollforward at simulated inference latencies"),
-    "transport": ("transport", "ingest steps/s and weight hot-swap latency: ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
-    "store": ("store", "the learner's dataset writer: seconds per stored episode and the GIL it leaves, store.commit_batch 1 vs 8, in-process vs own process"),
-    "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N, paired"),
-    "learning": ("learning", "none vs rwr vs awr vs rl vs hgdagger, with/without interventions, async learner vs sync loop"),
+    "transport": ("transport", "ingest steps/s and weight hot-swap latency: "
+                               "ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
+    "store": ("store", "the learner's dataset writer: seconds per stored episode and the GIL it leaves, "
+                       "store.commit_batch 1 vs 8, in-process vs own process"),
+    "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N"),
+    "learning": ("learning", "none vs rwr vs awr vs rl vs hgdagger, with/without interventions, "
+                             "async learner vs sync loop"),
 }
-PLANNED: dict[str, int] = {}
+
+
+def parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {name:<10} {what}" for name, (_, what) in BENCHMARKS.items())
+    result = argparse.ArgumentParser(
+        prog="robot-rl bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a benchmark; print a table; write JSON. The benchmark's own settings are "
+                    "bench.KEY=VALUE (`robot-rl bench NAME --cfg job` lists them); every other override "
+                    f"applies to the configuration as usual.\n\nbenchmarks:\n{listing}\n\n"
+                    "  robot-rl bench transport bench.swaps=20 --json bench_results/transport.json\n"
+                    "  robot-rl bench learning bench.arms=[rwr,hgdagger] bench.minutes_per_arm=8")
+    result.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    result.add_argument("--json", type=Path, default=None,
+                        help="where to write results (default bench_results/NAME.json)")
+    result.add_argument("--quick", action="store_true",
+                        help="the NAME_quick preset: a smoke run, not for BENCHMARKS.md")
+    result.add_argument("--cfg", choices=("job", "all"), default=None, help="print the composed config and exit")
+    result.add_argument("--resolve", action="store_true", help="with --cfg: fill in interpolations")
+    return result
+
+
+def name_taken(overrides: list[str], key: str) -> bool:
+    return any(item.partition("=")[0].lstrip("+") == key for item in overrides)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="robot-rl bench", description="Run a benchmark; print a table; write JSON.")
-    parser.add_argument("name", choices=sorted([*BENCHMARKS, *PLANNED]), help="which benchmark")
-    parser.add_argument("--json", type=Path, default=None, help="where to write results (default bench_results/NAME.json)")
-    parser.add_argument("--quick", action="store_true", help="fewer episodes: a smoke run, not for BENCHMARKS.md")
-    args, overrides = parser.parse_known_args(argv)
-    if args.name in PLANNED:
-        print(f"robot-rl bench {args.name}: not built yet (issue #{PLANNED[args.name]}).", file=sys.stderr)
-        return 2
+    from robot_rl.config import ConfigError, config_yaml, load_config
+
+    args, overrides = parser().parse_known_args(argv)
+    preset = f"+bench={args.name}_quick" if args.quick else f"+bench={args.name}"
+    if args.cfg:
+        print(config_yaml([preset, *overrides], resolve=args.resolve), end="")
+        return 0
+    cfg = load_config([preset, *overrides])
     module = importlib.import_module(f"robot_rl.bench.{BENCHMARKS[args.name][0]}")
     path = args.json or Path("bench_results") / f"{args.name}.json"
-    # Benchmarks that write files beside their JSON (plots) take its path.
-    extra = {"json_path": path} if "json_path" in inspect.signature(module.run_from_cli).parameters else {}
-    results = module.run_from_cli(quick=args.quick, overrides=overrides, **extra)
+    if name_taken(overrides, "learner") and args.name == "learning":
+        raise ConfigError("the arms choose the learner (bench.arms=[...]); drop learner=...")
+    # Benchmarks that write files beside their JSON (plots) take its path; those that compose the
+    # config again (one learner per arm) take this command line to compose it from.
+    wants = inspect.signature(module.run_from_cli).parameters
+    extra: dict[str, Any] = {"json_path": path, "compose": lambda more: load_config([preset, *overrides, *more])}
+    results = module.run_from_cli(cfg, **{key: value for key, value in extra.items() if key in wants})
+    results["quick"] = args.quick
+    results["overrides"] = overrides
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, sort_keys=True))
+    path.write_text(json.dumps(results, indent=2, sort_keys=True, default=str))
     print(f"wrote {path}")
     return 0

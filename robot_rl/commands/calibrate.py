@@ -1,19 +1,32 @@
-"""`robot-rl calibrate`: camera intrinsics, latency, motors.
-
-    robot-rl calibrate camera --images 'shots/*.png' --out calib/front.yaml [--squares 7 5 ...]
-    robot-rl calibrate latency robot=so101 policy.path=outputs/bc_policy --out calib/latency.yaml
-    robot-rl calibrate motors robot=so101 robot.port=/dev/ttyACM0
-
-Options with dashes belong to the calibration; ``key=value`` arguments are Hydra overrides
-selecting the robot and policy, as for ``robot-rl session``.
-"""
+"""`robot-rl calibrate`: camera intrinsics, latency, motors."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import logging
 import sys
+
+HELP = """\
+one calibration of a robot cell: camera, latency or motors.
+
+  camera   ChArUco intrinsics from board images (--images, --out, --squares X Y, --square-m,
+           --marker-m, --dictionary); reads no configuration
+  latency  command-to-motion delay, camera frame age and inference latency on the configured
+           robot; writes the delay prior for edge.delay_prior_ticks (--out, --joint, --step,
+           --trials, --inference-runs); inference is timed for policy.path, or a policy without weights
+  motors   LeRobot's motor calibration of the configured LeRobot robot (robot=so101 ...)
+Options with dashes belong to the calibration; key=value arguments are configuration overrides.
+
+examples:
+  robot-rl calibrate camera --images 'shots/*.png' --out calib/front.yaml
+  robot-rl calibrate latency robot=so101 policy.path=outputs/bc_policy --out calib/latency.yaml
+  robot-rl calibrate motors robot=so101 robot.port=/dev/ttyACM0
+"""
+
+# The root config groups this command reads (latency and motors; camera reads none).
+GROUPS: tuple[str, ...] = ("robot", "policy", "session")
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """``argv``: which calibration and its options (with dashes), and configuration overrides (key=value)."""
     options = [a for a in argv if "=" not in a or a.startswith("-")]
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     args = _parser().parse_args(options)
@@ -68,19 +82,21 @@ def _camera(args) -> int:
 
 
 def _latency(args, overrides: list[str]) -> int:
+    from robot_rl.app.policies import load_policy
     from robot_rl.calibration.latency import LatencyCalibrationError, StepTestConfig, calibrate_latency
-    from robot_rl.commands.session import compose
+    from robot_rl.config import load_config
     from robot_rl.core.clock import WallClock
-    from robot_rl.session import factory
+    from robot_rl.core.registry import ROBOTS
 
-    cfg = compose(overrides)
-    robot = factory.make_robot(cfg)
+    cfg = load_config(overrides)
+    # Inference is timed only for weights someone named (or a policy that has none): the
+    # fallbacks of the sim jobs were not chosen for this robot (see session.runner.check_policy_choice).
+    timed = not hasattr(cfg.policy, "path") or bool(cfg.policy.path)
+    robot = ROBOTS.build(cfg.robot)
     robot.connect()
     try:
-        policy = None
-        if cfg.get("policy") is not None and (cfg.policy.get("path") or cfg.policy.get("type") == "hold"):
-            policy = factory.make_policy(cfg, len(robot.joint_names))
-        instruction = robot.reset(seed=0) if hasattr(robot, "reset") else str(cfg.get("session", {}).get("instruction", ""))
+        policy = load_policy(cfg) if timed else None
+        instruction = robot.reset(seed=0) if hasattr(robot, "reset") else cfg.session.instruction
         report = calibrate_latency(
             robot, WallClock(), policy, instruction,
             StepTestConfig(joint=args.joint, step=args.step, trials=args.trials), inference_runs=args.inference_runs,
@@ -91,26 +107,28 @@ def _latency(args, overrides: list[str]) -> int:
     finally:
         robot.disconnect()
     out = report.save_yaml(args.out)
-    inference = report.inference_ms.get("p90")
+    p90 = report.inference_ms.get("p90")
+    inference = f"{p90:.1f} ms" if p90 is not None else "n/a (no policy.path)"
     print(f"command-to-motion {report.command_to_motion_ticks} ticks (trials {report.command_to_motion_trials}); "
-          f"camera age {report.camera_frame_age_ms or 'n/a'}; inference p90 "
-          f"{'%.1f ms' % inference if inference is not None else 'n/a (no policy.path)'}; "
-          f"delay prior {report.delay_prior_ticks} ticks -> {out} (use edge.delay_prior_ticks={report.delay_prior_ticks})")
+          f"camera age {report.camera_frame_age_ms or 'n/a'}; inference p90 {inference}; "
+          f"delay prior {report.delay_prior_ticks} ticks -> {out} "
+          f"(use edge.delay_prior_ticks={report.delay_prior_ticks})")
     return 0
 
 
 def _motors(overrides: list[str]) -> int:
     from robot_rl.calibration.motors import NoRobotError, calibrate_motors
-    from robot_rl.commands.session import compose
-    from robot_rl.session import factory
+    from robot_rl.config import load_config
+    from robot_rl.core.registry import ROBOTS
+    from robot_rl.hardware.lerobot_robot_config import LeRobotRobotConfig
 
-    cfg = compose(overrides)
-    if factory.robot_backend(cfg) != "lerobot":
+    cfg = load_config(overrides)
+    if not isinstance(cfg.robot, LeRobotRobotConfig):
         print("robot-rl calibrate motors: only LeRobot robots have motor calibration here; "
               "pass robot=so101 (the sim needs none, a ROS 2 arm is calibrated by its driver)", file=sys.stderr)
         return 2
-    cfg.robot.cameras = {}  # cameras play no part in motor calibration; a missing one must not stop it
-    robot = factory.make_robot(cfg)
+    # Cameras play no part in motor calibration; a missing one must not stop it.
+    robot = ROBOTS.build(dataclasses.replace(cfg.robot, cameras={}))
     try:
         path = calibrate_motors(robot)
     except NoRobotError as exc:

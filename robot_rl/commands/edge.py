@@ -1,72 +1,62 @@
-"""`robot-rl edge learner=tcp://HOST:PORT [options] OVERRIDES`: one edge node streaming to a learner.
-
-The learner's PUB (weights) endpoint defaults to PORT+1 (``robot-rl learner``'s default
-layout: 5555 / 5556). A sim robot is used unless the robot config says otherwise.
-Off loopback, CURVE keys are required: ``--secret-key keys/robots/NAME.key_secret
---learner-key keys/learner.key`` (from ``robot-rl keys``).
-"""
+"""`robot-rl edge`: one edge node streaming to a learner."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import logging
 
 log = logging.getLogger(__name__)
 
+HELP = """\
+one edge node that streams its episodes to a learner and runs the weights it publishes.
 
-def pub_endpoint_for(router: str) -> str:
-    """tcp://host:5555 -> tcp://host:5556."""
-    head, _, port = router.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"learner endpoint {router!r} needs an explicit port, e.g. tcp://learner:5555")
-    return f"{head}:{int(port) + 1}"
+It runs session.episodes episodes of session.max_episode_steps ticks, streams every step to
+link.learner and swaps in the weights published on link.weights (default: the learner's port + 1),
+starting from policy.path, else the BC checkpoint, else the shipped one. Off loopback the link
+needs CURVE keys from `robot-rl keys`: link.secret_key and link.learner_key. The robot is the sim
+(robot=sim_so101 and its settings).
 
+examples:
+  robot-rl edge link.learner=tcp://127.0.0.1:5555 session.episodes=5
+  robot-rl edge link.learner=tcp://learner.lab:5555 link.robot_id=robot-0 \\
+      link.secret_key=keys/robots/robot-0.key_secret link.learner_key=keys/learner.key
+"""
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="robot-rl edge", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--learner", required=False, help="learner ROUTER endpoint (or learner=...)")
-    parser.add_argument("--pub", default=None, help="learner PUB endpoint (default: ROUTER port + 1)")
-    parser.add_argument("--robot-id", default="sim-0")
-    parser.add_argument("--spool", default=None, help="spool directory (default outputs/edge/ROBOT_ID/spool)")
-    parser.add_argument("--episodes", type=int, default=10)
-    parser.add_argument("--max-steps", type=int, default=300)
-    parser.add_argument("--checkpoint", default=None, help="initial FlowVLA weights (save_pretrained dir)")
-    parser.add_argument("--secret-key", default=None, help="this robot's NAME.key_secret (CURVE)")
-    parser.add_argument("--learner-key", default=None, help="the learner's learner.key (CURVE)")
-    # Accept the Hydra-looking form `learner=tcp://host:port` too.
-    argv = [f"--learner={a.split('=', 1)[1]}" if a.startswith("learner=") else a for a in argv]
-    return parser.parse_known_args(argv)
+# The root config groups this command reads.
+GROUPS: tuple[str, ...] = ("robot", "policy", "edge", "link", "session")
 
 
 def main(argv: list[str]) -> int:
-    args, overrides = parse(argv)
-    if not args.learner:
-        print("robot-rl edge: say where the learner is: robot-rl edge learner=tcp://HOST:5555")
-        return 2
-    from robot_rl.bridges.zmq.client import ClientConfig
-    from robot_rl.bridges.zmq.keys import ClientCurve
-    from robot_rl.commands.learner import build_policy
-    from robot_rl.config import load_config
-    from robot_rl.learner.local import LocalRunConfig, run_edge, sim_robot_factory
+    """``argv``: configuration overrides only."""
+    from robot_rl.app.sim import sim_config, task_families
+    from robot_rl.config import ConfigError, load_config
+    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
 
-    cfg = load_config(overrides)
-    policy = build_policy(cfg, args.checkpoint)
-    curve = None
-    if args.secret_key or args.learner_key:
-        if not (args.secret_key and args.learner_key):
-            print("robot-rl edge: CURVE needs both --secret-key and --learner-key (see `robot-rl keys`)")
-            return 2
-        curve = ClientCurve.from_files(args.secret_key, args.learner_key)
-    client = ClientConfig(robot_id=args.robot_id, router_endpoint=args.learner,
-                          pub_endpoint=args.pub or pub_endpoint_for(args.learner),
-                          spool_dir=args.spool or f"outputs/edge/{args.robot_id}/spool",
-                          config_hash=policy.config_hash(), policy_version=0, curve=curve)
-    run = LocalRunConfig(num_robots=1, episodes_per_robot=args.episodes, max_steps=args.max_steps)
-    parts = sim_robot_factory(0)
+    cfg = load_config(argv)
+    if cfg.link.learner is None:
+        raise ConfigError("say where the learner is: robot-rl edge link.learner=tcp://HOST:5555")
+    if not isinstance(cfg.policy, FlowVLAPolicyConfig):
+        from robot_rl.core.registry import POLICIES
+
+        raise ConfigError(f"robot-rl edge streams to a learner, which trains policy=flow_vla, "
+                          f"not policy={POLICIES.name_of(cfg.policy)}")
+    sim = sim_config(cfg)
+    families = task_families(cfg)
+    from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_edge
+    from robot_rl.app.policies import load_policy
+
+    try:
+        client = cfg.link.client_config(sim.name, cfg.output_dir)
+    except ValueError as exc:  # an address off loopback without keys
+        raise ConfigError(str(exc)) from exc
+    policy = load_policy(cfg)
+    client = dataclasses.replace(client, config_hash=policy.config_hash())
+    run = LocalRunConfig(num_robots=1, episodes_per_robot=cfg.session.episodes,
+                         max_steps=cfg.session.max_episode_steps, spool_dir=str(client.spool_dir), edge=cfg.edge)
+    parts = make_sim_robot_factory(sim, families, seed_base=sim.seed)(0)
     try:
         episodes, steps, successes = run_edge(client, policy, run, parts)
     finally:
         parts[0].disconnect()  # frees the sim's GL context before exit
-    print(f"edge {args.robot_id}: {episodes} episodes, {steps} steps, {successes} successes")
+    print(f"edge {client.robot_id}: {episodes} episodes, {steps} steps, {successes} successes")
     return 0

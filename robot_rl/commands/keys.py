@@ -1,22 +1,33 @@
-"""`robot-rl keys`: generate CURVE key pairs for the learner and its robots.
-
-Layout written (``--out``, default ``keys/``)::
-
-    keys/learner.key          learner public key   -> copy to every robot (edge: --learner-key)
-    keys/learner.key_secret   learner secret key   -> stays on the learner (learner.service.secret_key)
-    keys/robots/NAME.key      robot public keys    -> the learner's allow-list (learner.service.robot_keys_dir)
-                                                   (NAME is the robot id that key may use: --robot-id NAME)
-    keys/robots/NAME.key_secret                    -> copy to robot NAME only (edge: --secret-key)
-"""
+"""`robot-rl keys`: generate CURVE key pairs for the learner and its robots."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+HELP = """\
+CURVE key pairs for the learner and its robots (the wire refuses plain TCP off loopback).
+
+Options: --out DIR (default keys/), --robots NAME ... (default robot-0), --no-learner (only robot
+keys, to add robots to an existing set), --force (replace existing keys). Layout written:
+
+    keys/learner.key          learner public key   -> copy to every robot (link.learner_key)
+    keys/learner.key_secret   learner secret key   -> stays on the learner (learner.service.secret_key)
+    keys/robots/NAME.key      robot public keys    -> the learner's allow-list (learner.service.robot_keys_dir)
+                                                   (NAME is the robot id that key may use: link.robot_id=NAME)
+    keys/robots/NAME.key_secret                    -> copy to robot NAME only (link.secret_key)
+
+examples:
+  robot-rl keys --robots so101-a so101-b
+  robot-rl keys --no-learner --robots so101-c
+"""
+
+# Only flags: this command reads no configuration.
+GROUPS: tuple[str, ...] = ()
+
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="robot-rl keys", description=__doc__,
+    parser = argparse.ArgumentParser(prog="robot-rl keys", description=HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("keys"), help="directory to write keys into")
     parser.add_argument("--robots", nargs="*", default=["robot-0"], help="robot ids to make key pairs for")

@@ -6,7 +6,7 @@ Ctrl-C or SIGTERM stops it cleanly with a final checkpoint; ``--resume`` continu
 
 Data-parallel on several GPUs (or CPU processes, gloo): launch the same command under torchrun,
 ``torchrun --nproc-per-node 2 -m robot_rl.cli learner OVERRIDES``. Rank 0 is the learner the
-robots talk to; the other ranks only train (``robot_rl.learner.ddp``). ``trainer.batch_size`` is
+robots talk to; the other ranks only train (``robot_rl.learner.ddp``). ``learner.trainer.batch_size`` is
 the global batch and must divide by the number of ranks.
 """
 
@@ -17,21 +17,39 @@ import dataclasses
 import logging
 import signal
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
+    from robot_rl.policies.flow_vla import FlowVLA
 
 log = logging.getLogger(__name__)
 
+HELP = """the learner service: stores every step the edge nodes stream exactly once, trains the policy
+with the learner's algorithm and publishes its weights. Flags: --resume continues from the latest
+checkpoint in learner.trainer.checkpoint_dir; --no-train only ingests. It starts from
+learner.init_checkpoint, else policy.path, else a new model of policy.model.
 
-def build_policy(cfg, init_checkpoint: str | None):  # noqa: ANN001, ANN201 - DictConfig in, FlowVLA out
-    """The learner's policy: the init checkpoint if given, else a fresh FlowVLA from ``policy``."""
-    from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
-    from robot_rl.config import to_dataclass
+  robot-rl learner learner=rwr learner.algorithm.beta=0.25
+  robot-rl learner --resume learner.service.router_endpoint=tcp://0.0.0.0:5555 \\
+      learner.service.secret_key=keys/learner.key_secret learner.service.robot_keys_dir=keys/robots
+  torchrun --nproc-per-node 2 -m robot_rl.cli learner learner.trainer.batch_size=64"""
+GROUPS: tuple[str, ...] = ("policy", "learner", "learner/algorithm")
 
-    if init_checkpoint:
-        return FlowVLA.from_pretrained(init_checkpoint)
-    policy_node = cfg.get("policy") if cfg is not None else None
-    fields = {k for k in FlowVLAConfig.__dataclass_fields__}
-    raw = {k: v for k, v in (dict(policy_node) if policy_node is not None else {}).items() if k in fields}
-    return FlowVLA(to_dataclass(raw, FlowVLAConfig))
+
+def build_policy(config: RobotRLConfig) -> FlowVLA:
+    """The learner's policy: ``learner.init_checkpoint`` if given, else what ``policy`` builds
+    (``policy=flow_vla``: the checkpoint at ``policy.path``, or a new model of ``policy.model``)."""
+    from robot_rl.config import ConfigError
+    from robot_rl.core.registry import POLICIES
+    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
+
+    if config.learner.init_checkpoint:
+        return FlowVLA.from_pretrained(config.learner.init_checkpoint)
+    if not isinstance(config.policy, FlowVLAPolicyConfig):
+        raise ConfigError(f"the learner trains policy=flow_vla, not policy={POLICIES.name_of(config.policy)}")
+    return POLICIES.build(config.policy)
 
 
 def stop_on_signals(stop: threading.Event) -> None:
@@ -51,17 +69,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-train", action="store_true", help="only ingest (no trainer thread)")
     args, overrides = parser.parse_known_args(argv)
     from robot_rl.config import load_config
-    from robot_rl.learner.config import learner_config_from
     from robot_rl.learner.ddp import follow_rank, init_distributed, shutdown_distributed
     from robot_rl.learner.service import LearnerService
 
-    cfg = load_config(overrides)
-    config = learner_config_from(cfg.get("learner"))
+    root = load_config(overrides)
+    config = root.learner
     dist = init_distributed(config.trainer.device)  # None unless launched by torchrun
     try:
         if dist is not None:
             config.trainer = dataclasses.replace(config.trainer, device=str(dist.device))
-        policy = build_policy(cfg, config.init_checkpoint)
+        policy = build_policy(root)
         if dist is not None and not dist.is_leader:
             steps = follow_rank(config, policy, dist, resume=args.resume)
             print(f"rank {dist.rank}: stopped after {steps} updates")

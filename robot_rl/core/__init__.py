@@ -5,6 +5,6 @@ and bridges can depend on it without pulling in the edge or learner.
 """
 
 from robot_rl.core.clock import Clock, VirtualClock, WallClock
-from robot_rl.core.types import ActionChunk, Episode, PolicyVersion, Step
+from robot_rl.core.types import ActionChunk, Episode, Step
 
-__all__ = ["ActionChunk", "Clock", "Episode", "PolicyVersion", "Step", "VirtualClock", "WallClock"]
+__all__ = ["ActionChunk", "Clock", "Episode", "Step", "VirtualClock", "WallClock"]

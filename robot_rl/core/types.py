@@ -1,4 +1,4 @@
-"""The data every part of robot_rl exchanges: Steps, Episodes, ActionChunks, PolicyVersions.
+"""The data every part of robot_rl exchanges: Steps, Episodes and ActionChunks.
 
 Units follow LeRobot's SO-101 convention everywhere: arm joints in degrees, the
 gripper in 0..100 (0 closed, 100 open). Arrays are float32; images are uint8 HxWx3.
@@ -9,15 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-
-@dataclass(frozen=True)
-class PolicyVersion:
-    """A published set of weights. ``number`` grows by one per publish; -1 means none yet."""
-
-    number: int
-    sha256: str = ""
-    created_s: float = 0.0
 
 
 @dataclass

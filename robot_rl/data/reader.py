@@ -27,7 +27,8 @@ def load_episode_arrays(
     if any(ft["dtype"] == "video" for ft in dataset.features.values()):
         return _load_via_frames(dataset)
     table = dataset.hf_dataset.with_format("numpy")
-    tasks = {int(idx): name for name, idx in zip(dataset.meta.tasks.index, dataset.meta.tasks["task_index"])}
+    task_table = dataset.meta.tasks
+    tasks = {int(idx): name for name, idx in zip(task_table.index, task_table["task_index"], strict=True)}
     episode_index = np.asarray(table["episode_index"])
     out = []
     for ep in dict.fromkeys(episode_index.tolist()):
@@ -69,7 +70,7 @@ def _load_via_frames(dataset) -> list[dict]:
         item = dataset[i]
         by_episode.setdefault(int(item["episode_index"]), []).append(item)
     out = []
-    for ep, items in by_episode.items():
+    for items in by_episode.values():
         columns: dict = {}
         for key in items[0]:
             if key == "task":

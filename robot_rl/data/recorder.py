@@ -156,7 +156,8 @@ class EpisodeRecorder:
         dim = len(self.joint_names)
         state = _vector(step.state, dim, "state", step.tick)
         action = _vector(step.action, dim, "action", step.tick)
-        policy_action = action if step.policy_action is None else _vector(step.policy_action, dim, "policy_action", step.tick)
+        policy_action = (action if step.policy_action is None
+                         else _vector(step.policy_action, dim, "policy_action", step.tick))
         rolled = state if step.rolled_state is None else _vector(step.rolled_state, dim, "rolled_state", step.tick)
         frame: dict = {
             "observation.state": state,

@@ -60,8 +60,8 @@ def repair_interrupted_write(root: str | Path) -> RepairReport:
         # A killed writer leaves only unreadable rows after the first torn one; intact ones mean
         # older damage (a truncated or edited file), which rolling back would hide.
         raise DatasetRepairError(f"{root}: episode {len(kept)} is unreadable but later episodes {intact_after[:5]} "
-                                 "are intact; this is not a write cut short, so nothing was changed: restore the damaged file "
-                                 "from a backup, or record into a new directory")
+                                 "are intact; this is not a write cut short, so nothing was changed: restore the "
+                                 "damaged file from a backup, or record into a new directory")
     referenced = {_data_path(root, info, row) for row in kept}
     stray_data = [path for path in data_files if path not in referenced]
     dropped_meta = torn_meta + _meta_files_of(root, readable[len(kept):])
@@ -70,8 +70,8 @@ def repair_interrupted_write(root: str | Path) -> RepairReport:
     shared = set(dropped_meta) & set(_meta_files_of(root, kept))
     if shared:
         raise DatasetRepairError(f"{root}: metadata file(s) {sorted(map(str, shared))} hold both intact and torn "
-                                 "episodes; this is not a torn tail, so nothing was changed: restore the file from a backup, "
-                                 "or record into a new directory")
+                                 "episodes; this is not a torn tail, so nothing was changed: restore the file from a "
+                                 "backup, or record into a new directory")
     moved_to = root.parent / f"{root.name}.interrupted" / time.strftime("%Y%m%d-%H%M%S")
     moved = [_move_aside(path, root, moved_to) for path in sorted(set(dropped_meta)) + stray_data]
     info["total_episodes"] = len(kept)

@@ -1,4 +1,4 @@
-"""EdgeConfig: every knob of the edge runtime, in plain types so a Hydra YAML can mirror it.
+"""EdgeConfig: every knob of the edge runtime (the ``edge`` group of the configuration).
 
 The three modes share one code path; ``ModeRules`` spells out the few decisions in
 which they differ, so the control loop never branches on a mode name.
@@ -7,6 +7,7 @@ which they differ, so the control loop never branches on a mode name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 MODES = ("sync", "async_naive", "async_rollforward")
 LATENCY_DISTRIBUTIONS = ("constant", "uniform", "lognormal", "measured")
@@ -35,7 +36,7 @@ class EdgeConfig:
     # loop, at one policy call per that many ticks). 0 = the adaptive threshold alone: a chunk
     # runs ~H - d - margin actions. On the push task a floor of 10 lifted the BC start from 62.5
     # to 71.2 % on unseen scenes but not the fine-tuned weights (+0.7 points over nine runs'
-    # weights; BENCHMARKS.md "learning", twelfth session), so it stays off by default.
+    # weights; BENCHMARKS.md "replan"), so it stays off by default.
     min_request_threshold: int = 0
 
     # Async modes: requests computed at the same time, started delay/max_inflight ticks
@@ -69,8 +70,9 @@ class EdgeConfig:
     blend_ticks: int = 0
 
     # Safety: largest change of any joint target between two ticks (degrees, gripper
-    # units); a scalar or one value per joint. None = off.
-    max_joint_delta_per_tick: float | list[float] | None = None
+    # units); one number for every joint or a list with one per joint. None = off.
+    # (Typed Any: the config system has no union of a number and a list; JointDeltaClamp checks it.)
+    max_joint_delta_per_tick: Any = None
 
     # Simulated inference latency for the virtual runner. "measured" releases the chunk
     # after the policy's real compute time (a CPU policy behaving as it would in real time).

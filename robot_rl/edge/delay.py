@@ -47,8 +47,3 @@ class DelayEstimator:
         value = np.quantile(np.asarray(self._samples), self.quantile, method="inverted_cdf")
         return int(math.ceil(float(value)))
 
-    def set_prior(self, prior_ticks: int) -> None:
-        """Replace the prior (the latency calibration writes it); measured samples still win."""
-        if prior_ticks < 0:
-            raise ValueError(f"delay prior must be >= 0 ticks, got {prior_ticks}")
-        self.prior_ticks = prior_ticks

@@ -26,11 +26,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from robot_rl.policies.base import ChunkPolicy, InvalidChunkError, validate_chunk
 from robot_rl.core.clock import Clock
 from robot_rl.core.types import ActionChunk
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.latency import LatencyModel
+from robot_rl.policies.base import ChunkPolicy, InvalidChunkError, validate_chunk
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ class PolicyRunner:
                 raw = policy.predict_chunk(request.images, request.state, request.instruction)
                 actions = validate_chunk(raw, getattr(policy, "chunk_size", None), self.action_dim)
             except InvalidChunkError as exc:
-                return self._failed(request, started, version, f"invalid chunk from policy v{version}: {exc}", swap_error)
+                return self._failed(request, started, version, f"invalid chunk from policy v{version}: {exc}",
+                                    swap_error)
             except Exception as exc:  # a policy bug must not take the robot down
                 log.exception("policy v%d raised during inference of chunk %d", version, request.chunk_id)
                 return self._failed(request, started, version, f"policy v{version} raised {type(exc).__name__}: {exc}",
@@ -127,7 +128,8 @@ class PolicyRunner:
 
     def _failed(self, request: InferenceRequest, started: float, version: int, error: str,
                 swap_error: str | None) -> InferenceResult:
-        return InferenceResult(request, None, version, time.perf_counter() - started, error=error, swap_error=swap_error)
+        return InferenceResult(request, None, version, time.perf_counter() - started, error=error,
+                               swap_error=swap_error)
 
     def _apply_swap(self, swap: PolicySwap) -> str | None:
         """Install new weights; on failure keep the old ones and say why."""
@@ -145,7 +147,7 @@ class PolicyRunner:
             self.version = swap.version
             log.info("policy swapped to v%d between chunks", swap.version)
             return None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failed swap keeps the running weights and is reported; it must not stop the robot
             log.error("weight swap to v%d failed, keeping v%d: %s", swap.version, self.version, exc)
             return f"swap to v{swap.version} failed: {exc}"
 

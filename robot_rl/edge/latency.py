@@ -34,7 +34,8 @@ class LatencyModel:
 
     @classmethod
     def from_config(cls, config: EdgeConfig) -> LatencyModel:
-        return cls(config.simulated_latency_ms, config.latency_jitter_ms, config.latency_distribution, config.latency_seed)
+        return cls(config.simulated_latency_ms, config.latency_jitter_ms, config.latency_distribution,
+                   config.latency_seed)
 
     def sample_s(self, compute_s: float = 0.0) -> float:
         if self.distribution == "measured":

@@ -36,12 +36,10 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
-from robot_rl.hardware.robot import InvalidActionError, Observation, Robot, validate_action
-from robot_rl.policies.base import ChunkPolicy
 from robot_rl.core.clock import Clock
 from robot_rl.core.types import Episode, Step
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction
@@ -50,6 +48,8 @@ from robot_rl.edge.delay import DelayEstimator
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, InferenceWorker, PolicySwap, make_worker
 from robot_rl.edge.safety import JointDeltaClamp
 from robot_rl.edge.stats import ChunkRecord, EdgeStats
+from robot_rl.hardware.robot import InvalidActionError, Observation, Robot, validate_action
+from robot_rl.policies.base import ChunkPolicy
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class EdgeNode:
         self.step_sink = step_sink
         self.on_tick = on_tick
         self.done = done
-        self.robot_id = robot_id or getattr(robot, "name", "robot")
+        self.robot_id: str = robot_id or str(getattr(robot, "name", "robot"))
         self.instruction = ""
 
         self._joint_names = tuple(robot.joint_names)
@@ -131,7 +131,8 @@ class EdgeNode:
             )
         robot_fps = getattr(robot, "fps", self.config.fps)
         if robot_fps != self.config.fps:
-            log.warning("robot %s runs at %s fps but the edge ticks at %d fps", self.robot_id, robot_fps, self.config.fps)
+            log.warning("robot %s runs at %s fps but the edge ticks at %d fps", self.robot_id, robot_fps,
+                        self.config.fps)
         self._lower, self._upper = (np.asarray(x, dtype=np.float32) for x in robot.joint_limits)
 
         self.worker: InferenceWorker = worker or make_worker(policy, policy_version, action_dim, clock, self.config)
@@ -189,13 +190,31 @@ class EdgeNode:
         latest request wins if several arrive between two chunks.
         """
         if hasattr(new, "predict_chunk"):
-            swap = PolicySwap(version=version, policy=new)  # type: ignore[arg-type]
+            swap = PolicySwap(version=version, policy=cast(ChunkPolicy, new))  # it predicts: a policy
         elif isinstance(new, Mapping):
             swap = PolicySwap(version=version, state_dict=new)
         else:
             raise TypeError(f"request_policy_swap needs a ChunkPolicy or a state dict, got {type(new).__name__}")
         with self._swap_lock:
             self._pending_swap = swap
+
+    def withdraw_policy_swap(self, policy: object) -> bool:
+        """Take back a ``request_policy_swap(policy, ...)`` the control thread has not handed to
+        the worker yet; True if it was still pending (it will then never run).
+
+        Atomic with the hand-over, so a caller that gets True knows nothing will read ``policy``
+        and may write new weights into it (the streamer's shadow, superseded by newer weights).
+        """
+        with self._swap_lock:
+            if self._pending_swap is None or self._pending_swap.policy is not policy:
+                return False
+            self._pending_swap = None
+            return True
+
+    @property
+    def running_policy(self) -> ChunkPolicy:
+        """The policy the inference worker computes chunks with now (a swap changes it between chunks)."""
+        return self.worker.runner.policy
 
     def reset_episode(self, instruction: str = "") -> None:
         """Start a new episode: empty plan, tick 0 now, answers to old requests ignored."""
@@ -341,6 +360,7 @@ class EdgeNode:
             delay_used = estimate
             target = self.queue.planned_target(estimate)
             target = self._hold if target is None else target  # nothing taken yet: where it stands
+            assert target is not None  # tick 0 sets the hold before any request
             rolled = np.clip(target, self._lower, self._upper).astype(np.float32)
             policy_state, start = rolled, n + estimate
         else:
@@ -367,7 +387,8 @@ class EdgeNode:
         self.stats.inferences += 1
         self.stats.delay_estimates.append(estimate)
         self.stats.chunks.append(
-            ChunkRecord(request.chunk_id, n, executed_index, estimate, delay_used, start, policy_state, self.queue.remaining)
+            ChunkRecord(request.chunk_id, n, executed_index, estimate, delay_used, start, policy_state,
+                        self.queue.remaining)
         )
         self.worker.submit(request)
 
@@ -396,7 +417,8 @@ class EdgeNode:
                 self.clock.sleep_until(self.clock.now() + poll_s)
         self._t0 = self.clock.now()
         if result is None or result.request.generation != self._generation:
-            log.warning("first chunk not ready after %.1f s; starting the episode holding", self.config.first_chunk_timeout_s)
+            log.warning("first chunk not ready after %.1f s; starting the episode holding",
+                        self.config.first_chunk_timeout_s)
             return self._t0
         self._take_result(0, result, measured=math.ceil(result.latency_s * self.config.fps - 1e-9))
         return self._t0
@@ -442,7 +464,8 @@ class EdgeNode:
             self.stats.chunks_rejected += 1
             if record is not None:
                 record.error = result.error
-            log.error("chunk %d rejected, not executed (the current plan continues): %s", request.chunk_id, result.error)
+            log.error("chunk %d rejected, not executed (the current plan continues): %s", request.chunk_id,
+                      result.error)
             return
         self._splice(n, result, record)
 

@@ -6,7 +6,10 @@ Two directions, neither of which may slow the control thread:
   the current segment and, every ``segment_steps`` steps or at the episode's end,
   hands the segment to ``StreamingClient.submit_steps``, which only enqueues. If the
   link's queue is full the segment is kept here and offered again on the next tick
-  (never dropped, never waited for; the link logs the refusal loudly).
+  (never dropped, never waited for; the link logs the refusal loudly). The newest step
+  is always held back until the next one (or the episode's end) comes: an episode can be
+  ended after its last tick, by an operator's verdict (``end_episode``), and that verdict
+  must travel on its last step.
 * Weights in: the link fetches and verifies announced snapshots on its own thread and
   calls ``_on_weights``; a loader thread parses them (safetensors header, no pickle),
   checks them against the running architecture, copies them into the *shadow* policy
@@ -31,6 +34,7 @@ that is when a swap has really happened, not when the weights arrived.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import queue
@@ -39,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +54,9 @@ from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.bridges.zmq.weights import TensorView, WeightsError, tensor_views
 from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
+
+if TYPE_CHECKING:
+    from robot_rl.edge.node import EdgeNode
 
 log = logging.getLogger(__name__)
 
@@ -127,21 +135,22 @@ class EdgeStreamer:
         policy: torch.nn.Module | None = None,
         *,
         segment_steps: int = 15,
-        image_encoding: ImageEncoding = ImageEncoding(),
+        image_encoding: ImageEncoding | None = None,
         queue_size: int = 256,
         episode_id_fn: Callable[[], int] = wall_clock_episode_id,
     ) -> None:
         if segment_steps < 1:
             raise ValueError(f"segment_steps must be >= 1, got {segment_steps}")
         self.link = StreamingClient(config, on_weights=self._on_weights if policy is not None else None,
-                                    queue_size=queue_size, image_encoding=image_encoding)
+                                    queue_size=queue_size, image_encoding=image_encoding or ImageEncoding())
         self.segment_steps = segment_steps
         self.episode_id_fn = episode_id_fn
-        self.node = None
+        self.node: EdgeNode | None = None
         # The one shadow, allocated now (off the control path), on the policy's device. ``policy``
         # itself becomes the shadow after the first swap: its weights are overwritten then.
         self._live = policy
-        self._shadow = copy.deepcopy(policy).eval() if policy is not None else None
+        # Any: a torch module that is also the node's ChunkPolicy (FlowVLA).
+        self._shadow: Any = copy.deepcopy(policy).eval() if policy is not None else None
         self._requested: tuple[torch.nn.Module, int] | None = None  # shadow handed to the node, not yet seen in use
         self._failures_at_request = 0
         self._episode_id: int | None = None
@@ -150,19 +159,18 @@ class EdgeStreamer:
         self._unsent: deque[_Pending] = deque()
         self._drain_lock = threading.Lock()  # control thread and loader thread both drain; never waited for
         self._reported_version = config.policy_version
-        self._weights: queue.Queue[tuple[WeightsAnnounce, bytes]] = queue.Queue(maxsize=1)
+        self._weights: queue.Queue[tuple[WeightsAnnounce, bytes | memoryview]] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._loader = threading.Thread(target=self._load_loop, name=f"weights-{config.robot_id}", daemon=True)
         self.swaps_requested = 0
         self.weights_rejected = 0
         self.submit_retries = 0
-        self.shadow_allocations = 1 if policy is not None else 0  # stays 1 while the two policies are recycled
         self.shadow_recycled = 0  # swaps completed: the dropped policy became the next shadow
         self.swaps_withdrawn = 0  # pending swaps superseded by newer weights before the worker took them
 
     # ------------------------------------------------------------ lifecycle
 
-    def attach(self, node) -> EdgeStreamer:  # noqa: ANN001 - EdgeNode; typed loosely to keep imports one-way
+    def attach(self, node: EdgeNode) -> EdgeStreamer:
         """Become ``node``'s step sink and swap target."""
         self.node = node
         node.step_sink = self.sink
@@ -179,6 +187,8 @@ class EdgeStreamer:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Hand over what is still held here, then stop the link (its spool keeps anything unacked)."""
+        if self._current:  # an episode cut short by the stop: what it has, as an ended episode
+            self.end_episode()
         deadline = time.monotonic() + timeout_s
         while self._unsent and time.monotonic() < deadline:
             self._drain_unsent(block=True)
@@ -210,14 +220,32 @@ class EdgeStreamer:
             self._reported_version = step.policy_version
             self.link.set_policy_version(step.policy_version)
         self._current.append(step)
-        if step.done or len(self._current) >= self.segment_steps:
-            self._unsent.append(_Pending(self._episode_id, self._current, step.done))  # type: ignore[arg-type]
+        if step.done:
+            self._hold(self._current, done=True)
+            self._current = []
+        elif len(self._current) > self.segment_steps:  # a full segment, and the newest step held back
+            self._hold(self._current[:-1], done=False)
+            self._current = self._current[-1:]
+        self._drain_unsent()
+
+    def end_episode(self) -> None:
+        """The episode ended after its last tick (an operator's verdict, already written into that
+        step's ``done``/``success``): send what is held, its last step marked done. Control thread."""
+        if self._current:
+            self._current[-1].done = True
+            self._hold(self._current, done=True)
             self._current = []
         self._drain_unsent()
 
+    def _hold(self, steps: list[Step], *, done: bool) -> None:
+        """Queue ``steps`` of the current episode for the link (``_drain_unsent`` hands them over)."""
+        if self._episode_id is None:  # sink() starts an episode before it holds any step
+            raise RuntimeError("steps held outside an episode")
+        self._unsent.append(_Pending(self._episode_id, steps, done))
+
     def _start_episode(self) -> None:
         if self._current:  # the previous episode ended without a done step: send what it has
-            self._unsent.append(_Pending(self._episode_id, self._current, True))  # type: ignore[arg-type]
+            self._hold(self._current, done=True)
             self._current = []
         self._episode_id = self._next_episode_id if self._next_episode_id is not None else self.episode_id_fn()
         self._next_episode_id = None
@@ -241,10 +269,8 @@ class EdgeStreamer:
 
     def _on_weights(self, announce: WeightsAnnounce, data: bytes | memoryview) -> None:
         """Called on the link thread with verified bytes; hand over to the loader (latest wins)."""
-        try:
+        with contextlib.suppress(queue.Empty):
             self._weights.get_nowait()
-        except queue.Empty:
-            pass
         self._weights.put_nowait((announce, data))
 
     def _load_loop(self) -> None:
@@ -284,14 +310,6 @@ class EdgeStreamer:
         assert self._shadow is not None
         load_weights_into(self._shadow, data)
 
-    def _shadow_copy(self, announce: WeightsAnnounce, data: bytes | memoryview) -> torch.nn.Module:
-        """Load ``data`` into the (free) shadow and return it; kept for tools and tests."""
-        if not self._free_shadow():
-            raise RuntimeError("the shadow policy is being swapped in right now; try again after the next chunk")
-        self._load_shadow(data)
-        assert self._shadow is not None
-        return self._shadow
-
     def _free_shadow(self) -> bool:
         """True when nothing but this thread can touch ``self._shadow``.
 
@@ -302,19 +320,14 @@ class EdgeStreamer:
         """
         if self._requested is None:
             return True
+        assert self.node is not None
         shadow, _version = self._requested
-        runner = getattr(getattr(self.node, "worker", None), "runner", None)
-        if runner is None:  # a worker we cannot look into: never write into what it may run
-            self._shadow = copy.deepcopy(shadow).eval()
-            self.shadow_allocations += 1
-            self._requested = None
-            return True
-        if runner.policy is shadow:
+        if self.node.running_policy is shadow:
             self._live, self._shadow = shadow, self._live
             self._requested = None
             self.shadow_recycled += 1
             return True
-        if self._withdraw(shadow):
+        if self.node.withdraw_policy_swap(shadow):
             self._requested = None
             self.swaps_withdrawn += 1
             return True
@@ -324,16 +337,4 @@ class EdgeStreamer:
         return False
 
     def _swap_failures(self) -> int:
-        return int(getattr(getattr(self.node, "stats", None), "swap_failures", 0))
-
-    def _withdraw(self, shadow: torch.nn.Module) -> bool:
-        """Take back a swap request the control thread has not picked up yet (atomically, under the node's lock)."""
-        lock = getattr(self.node, "_swap_lock", None)
-        if lock is None or not hasattr(self.node, "_pending_swap"):
-            return False
-        with lock:
-            pending = self.node._pending_swap  # noqa: SLF001 - EdgeNode's swap slot; see request_policy_swap
-            if pending is not None and pending.policy is shadow:
-                self.node._pending_swap = None  # noqa: SLF001
-                return True
-        return False
+        return self.node.stats.swap_failures if self.node is not None else 0

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 
-class WeightAverage:
+class WeightAverage[M: nn.Module]:
     """``module`` is a frozen copy of the policy that ``update`` moves towards the training weights."""
 
-    def __init__(self, policy: nn.Module, decay: float) -> None:
+    def __init__(self, policy: M, decay: float) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"the weight average's decay must be in (0, 1), got {decay}")
         self.decay = float(decay)
@@ -32,7 +32,7 @@ class WeightAverage:
     @torch.no_grad()
     def update(self, policy: nn.Module) -> None:
         """average <- decay * average + (1 - decay) * training weights; buffers copied as they are."""
-        averaged = list(self.module.parameters())
+        averaged: list[torch.Tensor] = list(self.module.parameters())
         training = [p.detach() for p in policy.parameters()]
         if len(averaged) != len(training):
             raise ValueError("the weight average and the policy have different parameter lists")

@@ -1,28 +1,84 @@
-"""Learner settings in plain types, so ``configs/learner/*.yaml`` can mirror them field by field.
+"""Learner settings: every one a typed field with its default and its comment, here and nowhere else.
 
-Three groups, one per job: where the replay store lives and how it samples
-(``StoreConfig``), how the trainer updates and publishes (``TrainerConfig``), and
-where the service listens (``ServiceConfig``). ``LearnerConfig`` bundles them.
+One group per job: where the replay store lives and how it samples (``StoreConfig``), how
+the trainer updates and publishes (``TrainerConfig``, with the ``RewardConfig`` its batches
+are scored by), where the service listens (``ServiceConfig``) and what it pushes to the Hub
+(``HubConfig``). ``LearnerConfig`` bundles them with the learning algorithm's own config,
+chosen by name (``learner/algorithm=rwr``; ``robot_rl.learner.algorithms.configs``).
+``configs/learner/*.yaml`` hold only recipes: an algorithm and what differs from these defaults.
+
+Nothing here imports torch, so a command reads and checks its config in a moment.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from robot_rl.learner.rewards import RewardConfig
+from typing import Any
 
 STREAMS = ("online", "intervention", "demonstration")
+STALENESS_MODES = ("drop", "downweight")
+
+
+@dataclass
+class StalenessConfig:
+    """How much a sample made by an old policy version may still count (``robot_rl.learner.staleness``)."""
+
+    # K: policy versions a sample may lag without penalty (a publish every <= 30 s); None = unbounded.
+    # A kept step is an autonomous success, still a good example some versions later; K 5 had
+    # left the learner only the last ~2.5 min of them (mean staleness ~13 late in a 10-min arm;
+    # BENCHMARKS.md "learning").
+    max_staleness: int | None = 20
+    mode: str = "downweight"  # beyond K: "drop" (weight 0) | "downweight" (decay ** (staleness - K))
+    decay: float = 0.5
+    streams: tuple[str, ...] = ("online",)  # streams the bound applies to (the policy's own actions)
+
+    def __post_init__(self) -> None:
+        self.streams = tuple(self.streams)
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"StalenessConfig: max_staleness must be >= 0 or None, got {self.max_staleness}")
+        if self.mode not in STALENESS_MODES:
+            raise ValueError(f"StalenessConfig: mode must be one of {STALENESS_MODES}, got {self.mode!r}")
+        if not 0.0 <= self.decay <= 1.0:
+            raise ValueError(f"StalenessConfig: decay must be in [0, 1], got {self.decay}")
+        unknown = sorted(set(self.streams) - set(STREAMS))
+        if unknown:
+            raise ValueError(f"StalenessConfig: unknown stream(s) {unknown}; streams are {STREAMS}")
+
+
+@dataclass
+class RewardConfig:
+    """How an episode's columns become rewards (``robot_rl.learner.rewards``). Discounting is per control tick."""
+
+    gamma: float = 0.99  # discount per control tick
+    success_reward: float = 1.0  # at the first step where ``success`` is True
+    failure_reward: float = 0.0  # at the last step of a finished episode without success
+    # The sim's progress (the recorded ``reward`` column) as potential-based shaping; 0 = sparse task reward only.
+    dense_scale: float = 0.0
+    # Total penalty per human takeover (RLIF), shared by the policy-driven steps just before it.
+    intervention_penalty: float = 1.0
+    # How many steps before a takeover share the penalty: the mistake that made the person
+    # take over happened a reaction time (~0.5 s = 15 ticks at 30 fps) before the takeover.
+    penalty_window: int = 15
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"RewardConfig: gamma must be in [0, 1], got {self.gamma}")
+        if self.penalty_window < 1:
+            raise ValueError(f"RewardConfig: penalty_window must be >= 1, got {self.penalty_window}")
+        if self.intervention_penalty < 0:
+            raise ValueError("RewardConfig: intervention_penalty is a magnitude and must be >= 0 "
+                             f"(it is subtracted), got {self.intervention_penalty}")
 
 
 @dataclass
 class StoreConfig:
     """The replay store: a LeRobotDataset v3 on disk plus an in-memory sampling index."""
 
-    root: str = "outputs/learner/store"
-    repo_id: str = "local/robot_rl_replay"
+    root: str = "outputs/learner/store"  # the dataset, its ledger and the staged episodes
+    repo_id: str = "local/robot_rl_replay"  # the dataset's LeRobot repo id
+    # What each recorded step holds: the robots' control rate, joints and camera frames (the
+    # root config follows the robot's; the policy must read a subset of them).
     fps: int = 30
     joint_names: tuple[str, ...] = (
         "shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
@@ -31,7 +87,7 @@ class StoreConfig:
     image_width: int = 96
     # Recorded demonstrations (a LeRobotDataset v3 dir) preloaded into the demonstration stream.
     demonstrations: str | None = None
-    demonstrations_repo_id: str = "local/robot_rl"
+    demonstrations_repo_id: str = "local/robot_rl"  # the repo id those demonstrations were recorded under
     # An open episode that receives nothing for this long is stored as truncated.
     episode_timeout_s: float = 300.0
     # Write finished episodes on a background thread (True) or inline (False: tests, tools).
@@ -77,9 +133,11 @@ class StoreConfig:
 
 @dataclass
 class TrainerConfig:
-    """The update loop: batch mixing, optimiser, publishing and checkpoint cadence."""
+    """The update loop: batch mixing, optimiser, publishing and checkpoint cadence.
 
-    algorithm: str = "bc"
+    The algorithm that makes each update is chosen beside it (``LearnerConfig.algorithm``).
+    """
+
     batch_size: int = 32
     lr: float = 1e-4
     weight_decay: float = 1e-4
@@ -87,25 +145,25 @@ class TrainerConfig:
     # Publish and checkpoint an exponential moving average of the weights with this decay
     # (robot_rl.learner.averaging); None: the training weights themselves.
     ema_decay: float | None = None
-    # Share of each batch drawn from each stream (renormalised over the non-empty ones).
-    # Demonstration-heavy: a few dozen online successes at 50 % are memorised and cost success.
+    # Share of each batch drawn from each stream (RLPD-style; renormalised over the non-empty
+    # ones). Demonstration-heavy on purpose: a few dozen online successes drawn at RLPD's 50 %
+    # are memorised within minutes and cost success (BENCHMARKS.md, "Which data helps"); their
+    # share grows as they accumulate.
     online_ratio: float = 0.2
     intervention_ratio: float = 0.1
     demonstration_ratio: float = 0.7
     min_steps_to_train: int = 64  # wait (idle, not blocking ingest) until the store holds this many steps
     max_updates: int | None = None  # None: train until stopped
-    publish_every_updates: int = 50
-    publish_every_s: float = 30.0
+    publish_every_updates: int = 50  # publish weights to the robots after this many updates ...
+    publish_every_s: float = 30.0  # ... or this long after the last publish, whichever comes first
     transfer_dtype: str = "float32"  # weights on the wire: float32, float16 or bfloat16
     checkpoint_dir: str = "outputs/learner/checkpoints"
     checkpoint_every_updates: int = 500
-    keep_checkpoints: int = 3
-    seed: int = 0
+    keep_checkpoints: int = 3  # older checkpoints are deleted
+    seed: int = 0  # the algorithm's and the sampler's random generators
     device: str = "auto"  # "auto": CUDA when present, else CPU
-    # The algorithm's own settings (fields of RWRConfig / AWRConfig / RLConfig; nested ``staleness: {...}``).
-    algorithm_params: dict[str, Any] = field(default_factory=dict)
-    # Fields of robot_rl.learner.rewards.RewardConfig: discount, success/failure reward, shaping, takeover penalty.
-    rewards: dict[str, Any] = field(default_factory=dict)
+    # Discount, success/failure reward, shaping and takeover penalty the batches are scored with.
+    rewards: RewardConfig = field(default_factory=RewardConfig)
     # TensorBoard event files. None: "<parent of checkpoint_dir>/tensorboard"; "" turns file logging off.
     log_dir: str | None = None
     log_every_updates: int = 10
@@ -115,9 +173,6 @@ class TrainerConfig:
     thread_nice: int = 0
 
     def __post_init__(self) -> None:
-        self.algorithm_params = dict(self.algorithm_params or {})
-        self.rewards = dict(self.rewards or {})
-        self.reward_config()  # a typo in ``rewards`` fails here, at start, not at the first batch
         if not 0 <= self.thread_nice <= 19:
             raise ValueError(f"TrainerConfig: thread_nice must be in 0..19, got {self.thread_nice}")
         if self.log_every_updates < 1:
@@ -136,12 +191,6 @@ class TrainerConfig:
     def stream_ratios(self) -> dict[str, float]:
         return dict(zip(STREAMS, (self.online_ratio, self.intervention_ratio, self.demonstration_ratio), strict=True))
 
-    def reward_config(self) -> RewardConfig:
-        """``rewards`` as a RewardConfig (unknown keys are an error)."""
-        from robot_rl.learner.rewards import RewardConfig
-
-        return RewardConfig.from_dict(self.rewards)
-
     @property
     def tensorboard_dir(self) -> Path | None:
         """Where the learning metrics go (None: file logging is off)."""
@@ -154,13 +203,14 @@ class TrainerConfig:
 class ServiceConfig:
     """Where the learner listens and whom it lets in."""
 
-    router_endpoint: str = "tcp://127.0.0.1:5555"
-    pub_endpoint: str = "tcp://127.0.0.1:5556"
+    router_endpoint: str = "tcp://127.0.0.1:5555"  # segments in, acks and weight chunks out
+    pub_endpoint: str = "tcp://127.0.0.1:5556"  # new-weights announcements
     server_id: str = "learner"
-    # CURVE: the learner's NAME.key_secret and a directory of robots' *.key files (both or neither).
+    # CURVE: the learner's NAME.key_secret (``robot-rl keys``) and a directory of the robots' public
+    # *.key files allowed in (NAME.key may only speak as robot NAME); both or neither, required off loopback.
     secret_key: str | None = None
     robot_keys_dir: str | None = None
-    allow_insecure: bool = False
+    allow_insecure: bool = False  # serve a non-loopback address without CURVE
     heartbeat_interval_s: float = 1.0
     peer_timeout_s: float = 15.0
     status_every_s: float = 10.0  # log a one-line status this often
@@ -188,40 +238,33 @@ class HubConfig:
                              f"({self.every_minutes}) must be >= 0 and not both 0")
 
 
+def _weighted_bc() -> Any:
+    """The default algorithm: plain weighted behaviour cloning (imported here, as the algorithm
+    configs import this module's StalenessConfig)."""
+    from robot_rl.learner.algorithms.configs import WeightedBCConfig
+
+    return WeightedBCConfig()
+
+
 @dataclass
 class LearnerConfig:
     """Everything ``robot-rl learner`` needs besides the policy config."""
 
     store: StoreConfig = field(default_factory=StoreConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # The learning algorithm's own config, chosen by the group learner/algorithm (bc | rwr | awr | rl,
+    # robot_rl.learner.algorithms.configs). Typed Any so the node can hold any algorithm's dataclass.
+    algorithm: Any = field(default_factory=_weighted_bc)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hub: HubConfig = field(default_factory=HubConfig)
-    # Initial weights: a FlowVLA checkpoint dir (save_pretrained layout); None = fresh init.
+    # Initial weights: a FlowVLA checkpoint dir (save_pretrained layout); None: the policy group's
+    # (``policy.path``, else a new model of ``policy.model``). ``robot-rl run`` sets its BC start here.
     init_checkpoint: str | None = None
 
+    def __post_init__(self) -> None:
+        from robot_rl.learner.algorithms.configs import ALGORITHMS
 
-def learner_config_from(node: object) -> LearnerConfig:
-    """Build a ``LearnerConfig`` from the composed ``learner`` group (None -> defaults).
-
-    Each sub-group goes through ``robot_rl.config.to_dataclass``, so an unknown key
-    (a typo in YAML or on the command line) is refused with the list of known fields.
-    """
-    from omegaconf import DictConfig, OmegaConf
-
-    from robot_rl.config import ConfigError, to_dataclass
-
-    raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
-    unknown = sorted(set(raw) - {"store", "trainer", "service", "hub", "init_checkpoint", "_name"})
-    if unknown:
-        raise ConfigError(f"learner config has unknown key(s) {unknown}; "
-                          "known: store, trainer, service, hub, init_checkpoint")
-    try:
-        return LearnerConfig(
-            store=to_dataclass(raw.get("store"), StoreConfig),
-            trainer=to_dataclass(raw.get("trainer"), TrainerConfig),
-            service=to_dataclass(raw.get("service"), ServiceConfig),
-            hub=to_dataclass(raw.get("hub"), HubConfig),
-            init_checkpoint=raw.get("init_checkpoint"),
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        if self.algorithm is None:
+            raise ValueError(f"learner.algorithm: no algorithm chosen; choose one with learner/algorithm=NAME "
+                             f"({' | '.join(ALGORITHMS.names())})")
+        ALGORITHMS.name_of(self.algorithm)  # a config of no registered algorithm fails here, not at the first update

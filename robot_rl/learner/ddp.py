@@ -46,11 +46,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.learner.algorithms.configs import ALGORITHMS
 from robot_rl.learner.config import LearnerConfig, TrainerConfig
 from robot_rl.learner.index import SamplingIndex
 from robot_rl.learner.publisher import PublishFn
 from robot_rl.learner.trainer import Trainer
+from robot_rl.policies.flow_vla import FlowVLA
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         try:
             dist.barrier()
-        except Exception:  # a peer already gone: nothing left to wait for
+        except Exception:  # noqa: BLE001 - a peer already gone: nothing left to wait for
             log.warning("barrier before leaving the process group failed; leaving anyway")
         dist.destroy_process_group()
 
@@ -126,27 +127,27 @@ class BatchChannel:
         assert self.ctx.is_leader, "only rank 0 sends"
         tensors, header = _describe(batch or {})
         raw = json.dumps(header).encode() if batch else b""  # control-only messages carry no header
-        self._bcast(torch.tensor([op, len(raw), version], dtype=torch.int64))
+        self.broadcast(torch.tensor([op, len(raw), version], dtype=torch.int64))
         if raw:
-            self._bcast(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            self.broadcast(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         for tensor in tensors:
-            self._bcast(tensor.contiguous())
+            self.broadcast(tensor.contiguous())
 
     def receive(self) -> tuple[int, dict[str, Any] | None, int]:
         """(op, batch or None, rank 0's weights version)."""
         assert not self.ctx.is_leader, "rank 0 sends, the others receive"
-        control = self._bcast(torch.zeros(3, dtype=torch.int64))
+        control = self.broadcast(torch.zeros(3, dtype=torch.int64))
         op, size, version = int(control[0]), int(control[1]), int(control[2])
         if size == 0:
             return op, None, version
-        header = json.loads(bytes(self._bcast(torch.empty(size, dtype=torch.uint8)).cpu().numpy()))
+        header = json.loads(bytes(self.broadcast(torch.empty(size, dtype=torch.uint8)).cpu().numpy()))
         batch: dict[str, Any] = dict(header["lists"])
         for spec in header["tensors"]:
             buf = torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]))
-            batch[spec["name"]] = self._bcast(buf)
+            batch[spec["name"]] = self.broadcast(buf)
         return op, batch, version
 
-    def _bcast(self, tensor: torch.Tensor) -> torch.Tensor:
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         """Broadcast from rank 0 on the backend's device; returns the (CPU) result."""
         on_device = tensor.to(self.ctx.device)
         dist.broadcast(on_device, src=0)
@@ -221,7 +222,8 @@ def route_loss_through_ddp(policy: FlowVLA, ctx: DistContext, batch_size: int) -
         shard = {k: shard_rows(v, rows) for k, v in batch.items()}
         return ddp(shard, shard_rows(weights, rows), shard_rows(noise, rows), shard_rows(flow_time, rows))
 
-    policy.compute_loss = compute_shard_loss  # instance attribute shadows the method
+    # The algorithms keep calling policy.compute_loss: this instance attribute shadows the method.
+    policy.compute_loss = compute_shard_loss  # type: ignore[method-assign]  # shadows the method on purpose
     return ddp
 
 
@@ -236,14 +238,14 @@ class DistributedTrainer(Trainer):
     runs at the start of training on every rank.
     """
 
-    def __init__(self, policy: FlowVLA, index: SamplingIndex, config: TrainerConfig, ctx: DistContext,
-                 publish: PublishFn | None = None, on_checkpoint: Callable[[Path], None] | None = None,
-                 logger: Any = None) -> None:
-        super().__init__(policy, index, config, publish=publish if ctx.is_leader else None,
+    def __init__(self, policy: FlowVLA, index: SamplingIndex, config: TrainerConfig, algorithm_config: object,
+                 ctx: DistContext, publish: PublishFn | None = None,
+                 on_checkpoint: Callable[[Path], None] | None = None, logger: Any = None) -> None:
+        super().__init__(policy, index, config, algorithm_config, publish=publish if ctx.is_leader else None,
                          on_checkpoint=on_checkpoint if ctx.is_leader else None,
                          logger=logger if ctx.is_leader else None)
         if self.algorithm.extra_modules():
-            raise ValueError(f"trainer.algorithm {config.algorithm!r} trains extra modules "
+            raise ValueError(f"learner.algorithm {ALGORITHMS.name_of(algorithm_config)!r} trains extra modules "
                              f"{sorted(self.algorithm.extra_modules())}; data-parallel training wraps only the "
                              "policy, so run this algorithm in a single process")
         self.ctx = ctx
@@ -255,14 +257,14 @@ class DistributedTrainer(Trainer):
         if self._ddp is not None:
             return
         state = torch.tensor([self.step, self.version], dtype=torch.int64)
-        leader_state = self.channel._bcast(state.clone())
+        leader_state = self.channel.broadcast(state.clone())
         if not self.ctx.is_leader and int(leader_state[0]) != self.step:
             raise RuntimeError(f"rank {self.ctx.rank} is at update {self.step} but rank 0 resumed at update "
                                f"{int(leader_state[0])}; every rank must see the same checkpoint directory")
         self.version = int(leader_state[1])
         self.algorithm.set_policy_version(self.version)
         # Same sampling-noise generator on every rank, whatever happened before.
-        rng = self.channel._bcast(self.algorithm.rng_state().clone())
+        rng = self.channel.broadcast(self.algorithm.rng_state().clone())
         self.algorithm.set_rng_state(rng)
         self._ddp = route_loss_through_ddp(self.policy, self.ctx, self.config.batch_size)
 
@@ -332,7 +334,8 @@ def follow_rank(config: LearnerConfig, policy: FlowVLA, ctx: DistContext, *, res
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: log.info("rank %d: signal %d; waiting for rank 0 to stop us",
                                                           ctx.rank, signum))
-    trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras), config.trainer, ctx)
+    trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras), config.trainer, config.algorithm,
+                                 ctx)
     if resume:
         trainer.resume(check_index=False)
     return trainer.follow()

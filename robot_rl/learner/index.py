@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from robot_rl.policies.flow_vla.augment import build_sample, sample_offsets
 from robot_rl.core.types import Step
-from robot_rl.learner.config import STREAMS
-from robot_rl.learner.rewards import EpisodeRewards, RewardConfig, episode_rewards, transition_fields
+from robot_rl.learner.config import STREAMS, RewardConfig
+from robot_rl.learner.rewards import EpisodeRewards, episode_rewards, transition_fields
+from robot_rl.policies.flow_vla.augment import build_sample, sample_offsets
 
 EntryKey = tuple[str, int, int]  # (robot_id, episode_id, fragment); demonstrations use robot_id "~demo"
 DEMO_ROBOT = "~demo"
@@ -238,7 +238,7 @@ class SamplingIndex:
             weights = np.array([ratios.get(s, 0.0) if totals[i] > 0 else 0.0 for i, s in enumerate(STREAMS)])
             if weights.sum() <= 0:
                 raise LookupError(f"no steps to sample from streams with a positive ratio (steps per stream: "
-                                  f"{dict(zip(STREAMS, totals.tolist()))}, ratios: {dict(ratios)})")
+                                  f"{dict(zip(STREAMS, totals.tolist(), strict=True))}, ratios: {dict(ratios)})")
             streams = rng.choice(len(STREAMS), size=batch_size, p=weights / weights.sum())
             offsets = sample_offsets(rng, batch_size, spec.max_state_offset, spec.offset_weights)
             samples, instructions, rewards, flags = [], [], [], []
@@ -258,7 +258,8 @@ class SamplingIndex:
                 instructions.append(entry.instruction)
                 rewards.append(float(episode["reward"][t]))
                 flags.append(bool(episode["is_intervention"][t]))
-        batch = {key: torch.as_tensor(np.stack([s[key] for s in samples])) for key in samples[0]}
+        batch: dict[str, torch.Tensor | list[str]] = {
+            key: torch.as_tensor(np.stack([s[key] for s in samples])) for key in samples[0]}
         batch["instruction"] = instructions
         batch["weight"] = torch.ones(batch_size)
         batch["stream"] = torch.as_tensor(streams, dtype=torch.int64)

@@ -13,6 +13,7 @@ Two jobs, kept apart:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from robot_rl.learner.algorithms.configs import ALGORITHMS
+from robot_rl.learner.config import LearnerConfig
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +168,6 @@ class LearningLogger:
                 self._wandb.log(scalars, step=step)
             self._log_outcomes_locked()
 
-    def log_outcomes(self) -> None:
-        """Write the outcomes stored since the last call (also done by ``log_update``)."""
-        with self._lock:
-            self._log_outcomes_locked()
-
     def close(self) -> None:
         with self._lock:
             self._log_outcomes_locked()
@@ -212,11 +211,14 @@ def _start_wandb(project: str, log_dir: Path, run_config: Mapping[str, Any] | No
     return wandb.init(project=project, dir=str(log_dir), config=dict(run_config or {}))
 
 
-def make_logger(config: Any, outcomes: OutcomeTracker | None) -> LearningLogger | None:
-    """The logger a ``TrainerConfig`` asks for (None when ``log_dir`` is "")."""
-    directory = config.tensorboard_dir
+def make_logger(config: LearnerConfig, outcomes: OutcomeTracker | None) -> LearningLogger | None:
+    """The logger ``config.trainer`` asks for (None when ``log_dir`` is ""); a W&B run records the
+    algorithm, its settings and the trainer's main ones."""
+    trainer = config.trainer
+    directory = trainer.tensorboard_dir
     if directory is None:
         return None
-    run_config = {"algorithm": config.algorithm, "algorithm_params": config.algorithm_params,
-                  "rewards": config.rewards, "batch_size": config.batch_size, "lr": config.lr}
-    return LearningLogger(directory, outcomes, config.log_every_updates, config.wandb_project, run_config)
+    run_config = {"algorithm": ALGORITHMS.name_of(config.algorithm),
+                  "algorithm_params": dataclasses.asdict(config.algorithm),
+                  "rewards": dataclasses.asdict(trainer.rewards), "batch_size": trainer.batch_size, "lr": trainer.lr}
+    return LearningLogger(directory, outcomes, trainer.log_every_updates, trainer.wandb_project, run_config)

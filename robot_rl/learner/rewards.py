@@ -15,10 +15,6 @@ learning signal the ``rwr``, ``awr`` and ``rl`` algorithms need:
   transition (reward summed over one action chunk, discount, next observation) that the
   critics over action chunks are trained on.
 
-It also holds an optional learned **success classifier** (HIL-SERL style): a small CNN on a
-camera frame plus the instruction embedding -> P(success), for robots where no success
-label arrives from the operator.
-
 Everything per-sample is computed on demand from the episode as it stands, because online
 episodes are sampled while they are still growing (their outcome is then not yet known:
 ``episode_finished`` is False and their returns are partial).
@@ -26,60 +22,18 @@ episodes are sampled while they are still growing (their outcome is then not yet
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
-from torch.nn import functional as F
 
-from robot_rl.policies.flow_vla.encoders import images_to_float
+from robot_rl.learner.config import RewardConfig
 
 # Per-sample fields that ``transition_fields`` adds to a training sample (see there).
 TRANSITION_FIELDS = ("return", "episode_return", "chunk_reward", "chunk_discount", "transition_valid",
                      "episode_success", "autonomous_success", "episode_finished", "policy_version",
                      "next.state")  # + "next.images.<cam>"
-
-
-@dataclass
-class RewardConfig:
-    """How an episode's columns become rewards. Discounting is per control tick."""
-
-    gamma: float = 0.99
-    success_reward: float = 1.0  # at the first step where ``success`` is True
-    failure_reward: float = 0.0  # at the last step of a finished episode without success
-    dense_scale: float = 0.0  # 0 = sparse task reward only
-    # Total penalty per human takeover, shared by the policy-driven steps just before it.
-    intervention_penalty: float = 1.0
-    # How many steps before a takeover share the penalty: the mistake that made the person
-    # take over happened a reaction time (~0.5 s = 15 ticks at 30 fps) before the takeover.
-    penalty_window: int = 15
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"RewardConfig: gamma must be in [0, 1], got {self.gamma}")
-        if self.penalty_window < 1:
-            raise ValueError(f"RewardConfig: penalty_window must be >= 1, got {self.penalty_window}")
-        if self.intervention_penalty < 0:
-            raise ValueError("RewardConfig: intervention_penalty is a magnitude and must be >= 0 "
-                             f"(it is subtracted), got {self.intervention_penalty}")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> RewardConfig:
-        return config_from_dict(cls, data)
-
-
-def config_from_dict(cls: type, data: Mapping[str, Any] | None) -> Any:
-    """Build dataclass ``cls`` from a plain dict (Hydra/YAML); unknown keys are an error, not ignored."""
-    data = dict(data or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}")
-    return cls(**data)
 
 
 # ---------------------------------------------------------------- per-step rewards
@@ -252,7 +206,8 @@ def chunk_rewards(rewards: np.ndarray, chunk_size: int, gamma: float) -> np.ndar
 
 
 def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_size: int, cameras: Sequence[str],
-                      config: RewardConfig, rewards: EpisodeRewards | None = None) -> dict[str, np.ndarray]:
+                      config: RewardConfig,
+                      rewards: EpisodeRewards | None = None) -> dict[str, np.ndarray | np.generic]:
     """What the learning algorithms need for the training sample at time ``t`` with state offset ``offset``.
 
     The sample's chunk starts at ``s = t + offset`` (offset clipped as in
@@ -286,7 +241,7 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
         discount, next_index, valid = config.gamma ** chunk_size, end, True
     else:
         discount, next_index, valid = 0.0, n - 1, False  # open episode, next boundary not recorded yet
-    fields: dict[str, np.ndarray] = {
+    fields: dict[str, np.ndarray | np.generic] = {
         "return": np.float32(discounted_sum(rewards.rewards[start:horizon], config.gamma)),
         "episode_return": np.float32(rewards.episode_return),
         "chunk_reward": np.float32(discounted_sum(rewards.rewards[start:min(end, horizon)], config.gamma)),
@@ -301,80 +256,3 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
     for cam in cameras:
         fields[f"next.images.{cam}"] = episode[f"images.{cam}"][next_index]
     return fields
-
-
-# ---------------------------------------------------------------- learned success classifier
-
-
-class SuccessClassifier(nn.Module):
-    """P(success | camera frame, instruction): a small CNN whose features are gated by the instruction.
-
-    The instruction matters (the same frame is a success for "pick the red cube" and not for
-    "push the blue one"), so the text embedding modulates the image features (FiLM, Perez et
-    al. 2018) instead of only being concatenated.
-    """
-
-    def __init__(self, text_dim: int = 384, image_size: int = 64, channels: Sequence[int] = (16, 32, 32),
-                 hidden: int = 64) -> None:
-        super().__init__()
-        self.image_size = image_size
-        layers: list[nn.Module] = []
-        c_in = 3
-        for c_out in channels:
-            layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), nn.GELU()]
-            c_in = c_out
-        self.cnn = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.film = nn.Linear(text_dim, 2 * c_in)
-        self.head = nn.Sequential(nn.Linear(c_in, hidden), nn.GELU(), nn.Linear(hidden, 1))
-
-    def forward(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        """uint8 [B, H, W, 3] frames, [B, text_dim] embeddings -> success logits [B]."""
-        device = self.film.weight.device
-        features = self.cnn(images_to_float(torch.as_tensor(images).to(device), self.image_size))
-        scale, shift = self.film(torch.as_tensor(text, dtype=torch.float32).to(device)).chunk(2, dim=-1)
-        return self.head(features * (1 + scale) + shift).squeeze(-1)
-
-    @torch.no_grad()
-    def probability(self, images: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        was_training = self.training
-        self.eval()
-        try:
-            return torch.sigmoid(self(images, text))
-        finally:
-            self.train(was_training)
-
-
-def train_success_classifier(model: SuccessClassifier, images: torch.Tensor, text: torch.Tensor,
-                             labels: torch.Tensor, *, steps: int = 200, batch_size: int = 32, lr: float = 1e-3,
-                             seed: int = 0) -> list[float]:
-    """Fit on labelled frames (label 1 = success); returns the loss per step.
-
-    Successes are rare early in a run, so the loss weights positives by the class ratio.
-    """
-    labels = torch.as_tensor(labels, dtype=torch.float32)
-    if not len(labels) == len(images) == len(text):
-        raise ValueError(f"images ({len(images)}), text ({len(text)}) and labels ({len(labels)}) "
-                         "must have one row each")
-    positives = float(labels.sum())
-    if positives == 0 or positives == len(labels):
-        raise ValueError("the success classifier needs both successful and failed frames to learn from")
-    pos_weight = torch.tensor((len(labels) - positives) / positives, device=model.film.weight.device)
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses = []
-    for _ in range(steps):
-        idx = torch.randint(0, len(labels), (min(batch_size, len(labels)),), generator=generator)
-        logits = model(images[idx], text[idx])
-        loss = F.binary_cross_entropy_with_logits(logits, labels[idx].to(logits.device), pos_weight=pos_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.item()))
-    return losses
-
-
-def label_success(model: SuccessClassifier, frames: torch.Tensor, text: torch.Tensor,
-                  threshold: float = 0.5) -> torch.Tensor:
-    """Success labels [B] (bool) for frames with no label from the operator or the sim."""
-    return model.probability(frames, text) >= threshold

@@ -1,9 +1,9 @@
 """The learner service: the wire server, the replay store and the trainer, running together.
 
 Threads: one serves the sockets (hello, segments -> store -> ack in batches with one
-fsync each, heartbeats, weight chunks), two decode images for it, one trains (``Trainer``), one writes finished episodes to the dataset (inside
-``ReplayStore``). The serving thread never waits for training, so robots are acked as
-fast as their segments reach the disk.
+fsync each, heartbeats, weight chunks), two decode images for it, one trains (``Trainer``),
+one writes finished episodes to the dataset (inside ``ReplayStore``). The serving thread
+never waits for training, so robots are acked as fast as their segments reach the disk.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from robot_rl.bridges.zmq.keys import ServerCurve
 from robot_rl.bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
 from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
-from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
 from robot_rl.learner.hub import HubPusher, dataset_snapshot
 from robot_rl.learner.metrics import make_logger
 from robot_rl.learner.store import ReplayStore
 from robot_rl.learner.trainer import Trainer
+from robot_rl.policies.flow_vla import FlowVLA
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,15 @@ class LearnerService(ServerHandlers):
         self.store = ReplayStore(config.store)
         try:
             self.server = ZmqServer(server_config(config.service, policy.config_hash()), handlers=self)
-            self.logger = make_logger(config.trainer, self.store.outcomes) if train else None
+            self.logger = make_logger(config, self.store.outcomes) if train else None
             self.hub = HubPusher(config.hub, dataset_snapshot(self.store)) if config.hub.enabled else None
             on_checkpoint = self.hub.notify_checkpoint if self.hub is not None else None
             if dist is None:
-                self.trainer = Trainer(policy, self.store.index, config.trainer, publish=self.server.publish_weights,
-                                       logger=self.logger, on_checkpoint=on_checkpoint)
+                self.trainer = Trainer(policy, self.store.index, config.trainer, config.algorithm,
+                                       publish=self.server.publish_weights, logger=self.logger,
+                                       on_checkpoint=on_checkpoint)
             else:
-                self.trainer = DistributedTrainer(policy, self.store.index, config.trainer, dist,
+                self.trainer = DistributedTrainer(policy, self.store.index, config.trainer, config.algorithm, dist,
                                                   publish=self.server.publish_weights, logger=self.logger,
                                                   on_checkpoint=on_checkpoint)
             if resume:

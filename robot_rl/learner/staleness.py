@@ -8,6 +8,7 @@ than K versions old are dropped, or here optionally down-weighted geometrically.
 
 Only streams whose actions came from the policy are bounded (``online`` by default):
 human interventions and demonstrations are not the policy's behaviour at any version.
+The bound's settings are ``robot_rl.learner.config.StalenessConfig``.
 """
 
 from __future__ import annotations
@@ -19,31 +20,9 @@ from typing import Any
 
 import torch
 
-from robot_rl.learner.config import STREAMS
+from robot_rl.learner.config import STREAMS, StalenessConfig
 
 log = logging.getLogger(__name__)
-
-MODES = ("drop", "downweight")
-
-
-@dataclass
-class StalenessConfig:
-    max_staleness: int | None = None  # K: versions a sample may lag without penalty; None = unbounded
-    mode: str = "drop"  # "drop": weight 0 beyond K; "downweight": decay ** (staleness - K)
-    decay: float = 0.5
-    streams: tuple[str, ...] = ("online",)  # streams the bound applies to
-
-    def __post_init__(self) -> None:
-        self.streams = tuple(self.streams)
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"StalenessConfig: max_staleness must be >= 0 or None, got {self.max_staleness}")
-        if self.mode not in MODES:
-            raise ValueError(f"StalenessConfig: mode must be one of {MODES}, got {self.mode!r}")
-        if not 0.0 <= self.decay <= 1.0:
-            raise ValueError(f"StalenessConfig: decay must be in [0, 1], got {self.decay}")
-        unknown = sorted(set(self.streams) - set(STREAMS))
-        if unknown:
-            raise ValueError(f"StalenessConfig: unknown stream(s) {unknown}; streams are {STREAMS}")
 
 
 @dataclass(frozen=True)
@@ -79,14 +58,14 @@ def bound_staleness(versions: torch.Tensor, current_version: int, config: Stalen
         applies &= torch.as_tensor(bounded, dtype=torch.bool).reshape(-1)
     staleness = (current_version - versions).clamp_min(0)
     weights = torch.ones(len(versions), dtype=torch.float32)
-    if config.max_staleness is None:
+    if config.max_staleness is None:  # unbounded: no sample is over
         over = torch.zeros_like(applies)
     else:
         over = applies & (staleness > config.max_staleness)
-    if config.mode == "drop":
-        weights[over] = 0.0
-    else:
-        weights[over] = config.decay ** (staleness[over] - config.max_staleness).to(torch.float32)
+        if config.mode == "drop":
+            weights[over] = 0.0
+        else:
+            weights[over] = config.decay ** (staleness[over] - config.max_staleness).to(torch.float32)
     histogram = dict(Counter(staleness[applies].tolist()))
     dropped = int(over.sum()) if config.mode == "drop" else 0
     return StalenessResult(weights=weights, histogram=histogram, dropped=dropped,

@@ -32,6 +32,7 @@ demonstrations into the index from the dataset, open episodes from staging.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import queue
@@ -42,6 +43,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final, Literal
 
 import numpy as np
 
@@ -67,7 +69,15 @@ EpisodeKey = tuple[str, int]  # (robot_id, episode_id)
 DECODE_WORKERS = 2  # threads decoding (validating) the images of a batch of segments
 INDEX_QUEUE = 64  # decoded segments waiting for the index thread
 LINGER_POLL_S = 0.05  # how often a lingering writer looks whether a flush wants it to stop waiting
-_NO_JOB = object()  # the writer's queue had nothing in time
+
+
+class _NoJob(enum.Enum):
+    """The writer's queue had nothing in time (a sentinel type checkers can tell from a job)."""
+
+    NO_JOB = enum.auto()
+
+
+_NO_JOB: Final = _NoJob.NO_JOB
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,7 @@ class ReplayStore:
         Images are decoded (validated) on ``decode_workers`` threads: OpenCV releases the GIL.
         """
         decoded = self._decode_all(segments)
-        results: list[IngestResult | Exception | None] = [None] * len(segments)
+        results: dict[int, IngestResult | Exception] = {}  # by position in segments; each gets one
         with self._lock:
             # 1. dedup and write to staging; nothing here counts as stored before the fsync.
             staged: list[int] = []
@@ -207,7 +217,7 @@ class ReplayStore:
                 if episode.complete:
                     self._close(key)
                 results[i] = IngestResult(duplicate=False, num_steps=len(steps))
-        return results  # type: ignore[return-value]
+        return [results[i] for i in range(len(segments))]
 
     def _decode_all(self, segments: Sequence[Segment]) -> list[list[Step] | Exception]:
         if self._decoder is None or len(segments) < 2:
@@ -301,10 +311,6 @@ class ReplayStore:
                 **{f"{stream}_steps": n for stream, n in counts.items()},
                 "held_steps": self.index.held_steps(),  # robot ticks no stream samples (see index)
             }
-
-    def is_stored(self, robot_id: str, episode_id: int, seq: int) -> bool:
-        with self._lock:
-            return self._already_stored((robot_id, episode_id), seq)
 
     # ------------------------------------------------------------ internals: bookkeeping
 
@@ -424,12 +430,13 @@ class ReplayStore:
             batch.append(job)
             if len(batch) >= self.config.commit_batch:
                 return batch, False
-            job = self._next_job_before(linger_until)
-            if job is _NO_JOB:
+            next_job = self._next_job_before(linger_until)
+            if next_job is _NO_JOB:
                 return batch, False
+            job = next_job
         return batch, True
 
-    def _next_job_before(self, deadline: float) -> _OpenEpisode | None | object:
+    def _next_job_before(self, deadline: float) -> _OpenEpisode | None | Literal[_NoJob.NO_JOB]:
         """The next queued job (None: stop), waiting until ``deadline`` unless someone is flushing;
         ``_NO_JOB`` if none came."""
         while True:
@@ -470,7 +477,7 @@ class ReplayStore:
         keys = [_staging_key(episode.robot_id, episode.episode_id, s) for s in sorted(episode.seqs)]
         try:
             staged = self._staged_frames(keys)
-        except Exception:  # noqa: BLE001 - a staging log we cannot read: leave it for the next start
+        except Exception:
             log.exception("episode %d of robot %s: staged segments unreadable; it stays staged",
                           episode.episode_id, episode.robot_id)
             return None
@@ -591,6 +598,6 @@ class ReplayStore:
             steps = decode_segment(segment)
             episode = self._track(robot_id, episode_id, seq, len(steps), segment.episode_done)
             self._add_to_index(episode, steps)
-        for key, episode in list(self._open.items()):
+        for open_key, episode in list(self._open.items()):
             if episode.complete or (episode.robot_id, episode.episode_id, episode.fragment) in pending_intents:
-                self._close(key)
+                self._close(open_key)

@@ -25,15 +25,17 @@ import multiprocessing
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import msgpack
 import numpy as np
 
-from robot_rl.bridges.zmq.protocol import decode_message
+from robot_rl.bridges.zmq.protocol import Segment, decode_message
 from robot_rl.bridges.zmq.segments import decode_segment
 from robot_rl.core.priority import lower_own_priority
-from robot_rl.core.types import Episode
+from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder
 
 log = logging.getLogger(__name__)
@@ -71,10 +73,17 @@ class RecorderSpec:
         return EpisodeRecorder(Path(self.root), self.fps, self.joint_names, self.cameras, repo_id=self.repo_id)
 
 
+def _decode_staged(frames: Sequence[bytes]) -> list[Step]:
+    message = decode_message(frames)
+    if not isinstance(message, Segment):  # the store stages nothing but segments
+        raise EpisodeWriteError(f"a staged record holds a {message.TYPE!r} message, not a segment")
+    return decode_segment(message)
+
+
 def write_staged(recorder: EpisodeRecorder, robot_id: str, episode_id: int,
                  segments: Sequence[Sequence[bytes]]) -> WrittenEpisode:
     """Decode one episode's staged segments and save it into ``recorder`` without finalizing."""
-    steps = [step for frames in segments for step in decode_segment(decode_message(frames))]  # type: ignore[arg-type]
+    steps = [step for frames in segments for step in _decode_staged(frames)]
     if not steps:
         raise EpisodeWriteError(f"episode {episode_id} of robot {robot_id} has no steps to write")
     episode = Episode(robot_id, episode_id, steps[0].instruction, steps=steps, success=any(s.success for s in steps))
@@ -116,8 +125,8 @@ class ProcessEpisodeWriter:
         self.spec = spec
         self.nice = nice
         self._num_episodes = spec.open().num_episodes
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._conn = None
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None  # set and cleared with _process
         self._dead: str | None = None  # why the child is gone, once it is
         self._lock = threading.Lock()  # one request at a time on the pipe
 
@@ -141,7 +150,7 @@ class ProcessEpisodeWriter:
     def close(self) -> None:
         """Finalize and stop the child; waits for it (it may be finishing a batch)."""
         with self._lock:
-            if self._process is None:
+            if self._process is None or self._conn is None:
                 return
             process, conn = self._process, self._conn
             self._process = self._conn = None
@@ -175,11 +184,11 @@ class ProcessEpisodeWriter:
             raise EpisodeWriteError(reply["error"])
         return reply
 
-    def _ensure_started(self):
+    def _ensure_started(self) -> tuple[BaseProcess, Connection]:
         if self._dead is not None:
             raise EpisodeWriteError(f"the dataset writer process is gone ({self._dead}); episodes stay staged "
                                     "and are written at the next start")
-        if self._process is None:
+        if self._process is None or self._conn is None:
             context = multiprocessing.get_context("spawn")  # never fork a process full of threads
             parent_conn, child_conn = context.Pipe()
             process = context.Process(target=_serve, args=(child_conn, self.spec, self.nice),
@@ -193,7 +202,7 @@ class ProcessEpisodeWriter:
             log.info("dataset writer process %d started for %s", process.pid, self.spec.root)
         return self._process, self._conn
 
-    def _wait_reply(self, conn, process, timeout_s: float | None = None) -> dict:
+    def _wait_reply(self, conn: Connection, process: BaseProcess, timeout_s: float | None = None) -> dict:
         waited = 0.0
         while True:
             try:
@@ -207,7 +216,7 @@ class ProcessEpisodeWriter:
             if timeout_s is not None and waited >= timeout_s:
                 raise self._died(process, f"no answer within {timeout_s:.0f} s")
 
-    def _died(self, process, why: str) -> EpisodeWriteError:
+    def _died(self, process: BaseProcess, why: str) -> EpisodeWriteError:
         self._dead = why
         if process.is_alive():
             process.kill()

@@ -22,16 +22,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from robot_rl.policies.flow_vla import FlowVLA
-from robot_rl.policies.flow_vla.training import auto_device
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.learner import checkpoint as ckpt
-from robot_rl.learner.algorithms import make_algorithm
+from robot_rl.learner.algorithms.base import Algorithm
+from robot_rl.learner.algorithms.configs import ALGORITHMS
 from robot_rl.learner.averaging import WeightAverage
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex
 from robot_rl.learner.metrics import LearningLogger
 from robot_rl.learner.publisher import PublishFn, PublishSchedule, snapshot
+from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.flow_vla.training import auto_device
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +44,18 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Trainer:
-    """Owns the policy being trained; ``start()`` runs it on a thread, ``update_once()`` steps it by hand."""
+    """Owns the policy being trained; ``start()`` runs it on a thread, ``update_once()`` steps it by hand.
+
+    ``algorithm_config`` (``LearnerConfig.algorithm``: an ``RWRConfig``, ...) chooses and configures
+    the algorithm that makes each update.
+    """
 
     def __init__(
         self,
         policy: FlowVLA,
         index: SamplingIndex,
         config: TrainerConfig,
+        algorithm_config: object,
         publish: PublishFn | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_checkpoint: Callable[[Path], None] | None = None,
@@ -59,7 +65,8 @@ class Trainer:
         self.index = index
         self.device = resolve_device(config.device)
         self.policy = policy.to(self.device).train()
-        self.algorithm = make_algorithm(self.policy, config, self.device)
+        self.algorithm_config = algorithm_config
+        self.algorithm: Algorithm[object] = ALGORITHMS.build(algorithm_config, self.policy, config, self.device)
         self.average = WeightAverage(self.policy, config.ema_decay) if config.ema_decay is not None else None
         self.rng = np.random.default_rng(config.seed)
         self.step = 0
@@ -72,7 +79,7 @@ class Trainer:
         self._schedule = PublishSchedule(config.publish_every_updates, config.publish_every_s, clock)
         self._spec = SampleSpec(policy.config.chunk_size, tuple(policy.config.cameras),
                                 policy.config.max_state_offset, policy.config.offset_weights,
-                                config.reward_config())
+                                config.rewards)
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
         self._said_unused_streams = False  # ready(): said once why stored steps do not count
         self._stop = threading.Event()
@@ -221,7 +228,7 @@ class Trainer:
             optimizers={n: o.state_dict() for n, o in self.algorithm.optimizers().items()},
             torch_rng=torch.get_rng_state(),
             algorithm_rng=self.algorithm.rng_state(),
-            numpy_rng=self.rng.bit_generator.state,
+            numpy_rng=dict(self.rng.bit_generator.state),
             extra_modules=extra,
             cuda_rng=list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
             index_manifest=self.index.manifest(),

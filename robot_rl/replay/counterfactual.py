@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from robot_rl.replay.joint_mapping import JointMappingError
+
 
 @dataclass
 class CounterfactualResult:
@@ -80,14 +82,15 @@ def spans(flags: np.ndarray) -> list[tuple[int, int]]:
     """[start, stop) runs where ``flags`` is true."""
     padded = np.concatenate([[False], np.asarray(flags, bool), [False]])
     edges = np.flatnonzero(padded[1:] != padded[:-1])
-    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
 def _predict(policy, observations: list[dict], states: np.ndarray, instruction: str, seed: int) -> list[np.ndarray]:
     if hasattr(policy, "predict_chunks"):
         out = policy.predict_chunks(observations, states, [instruction] * len(observations), seed=seed)
         return [np.asarray(c, np.float32) for c in out]
-    return [np.asarray(policy.predict_chunk(o, s, instruction), np.float32) for o, s in zip(observations, states)]
+    return [np.asarray(policy.predict_chunk(o, s, instruction), np.float32) for o, s in
+            zip(observations, states, strict=True)]
 
 
 def _chunk_error(chunk: np.ndarray, future: np.ndarray) -> float:
@@ -100,7 +103,7 @@ def _check_cameras(policy, images: dict[str, np.ndarray]) -> None:
     wanted = list(getattr(getattr(policy, "config", None), "cameras", None) or [])
     missing = [c for c in wanted if c not in images]
     if missing:
-        raise ValueError(
+        raise JointMappingError(
             f"the policy needs cameras {missing} but the dataset gives {sorted(images)}; "
             f"map them with replay.mapping.cameras={{DATASET_CAMERA: POLICY_CAMERA}}"
         )

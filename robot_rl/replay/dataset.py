@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robot_rl.core.errors import ConfigError
 from robot_rl.data.reader import IMAGE_PREFIX, load_episode_arrays
 
 LOCAL_REPO_ID = "local/robot_rl"
@@ -22,8 +23,8 @@ LOCAL_REPO_ID = "local/robot_rl"
 SEED_COLUMNS = ("episode_seed", "seed")
 
 
-class DatasetError(ValueError):
-    """A dataset that cannot be replayed, with what to do about it."""
+class DatasetError(ConfigError):
+    """A dataset that cannot be replayed, with what to do about it (the CLI prints it as one line)."""
 
 
 @dataclass
@@ -86,7 +87,10 @@ def load_logged_dataset(source: str, episodes: list[int] | None = None) -> Logge
     for key in ("observation.state", "action"):
         if key not in features:
             raise DatasetError(f"dataset {source!r} has no {key!r} column; replay needs joint states and actions")
-    arrays = load_episode_arrays(root, repo_id=repo_id, episodes=episodes)
+    try:
+        arrays = load_episode_arrays(root, repo_id=repo_id, episodes=episodes)
+    except Exception as exc:  # a missing or damaged data file: lerobot and pyarrow raise many classes
+        raise DatasetError(f"could not read the episodes of dataset {source!r} ({type(exc).__name__}: {exc})") from exc
     return LoggedDataset(
         source=str(source),
         fps=int(meta.fps),

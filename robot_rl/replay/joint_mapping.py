@@ -14,16 +14,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from robot_rl.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 POSITION_SUFFIX = ".pos"
 
 
-class JointMappingError(ValueError):
-    """The dataset's joints cannot be mapped onto the sim robot as configured."""
+class JointMappingError(ConfigError):
+    """The dataset's joints cannot be mapped onto the sim robot as configured (one line in the CLI)."""
 
 
 @dataclass
@@ -39,9 +42,17 @@ class JointMapping:
     """
 
     names: dict[str, str] = field(default_factory=dict)
-    scale: float | dict[str, float] = 1.0
-    offset: float | dict[str, float] = 0.0
+    # One number or {joint: number} (typed Any: the config system has no union of a number and a mapping).
+    scale: Any = 1.0
+    offset: Any = 0.0
     cameras: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for label in ("scale", "offset"):
+            value = getattr(self, label)
+            numbers = list(value.values()) if isinstance(value, dict) else [value]
+            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
+                raise ValueError(f"mapping.{label} must be a number or {{joint: number}}, got {value!r}")
 
 
 def strip_suffix(name: str) -> str:
@@ -97,8 +108,8 @@ def build_mapper(mapping: JointMapping, source_names: Sequence[str], sim_names: 
         raise JointMappingError(f"several dataset joints map onto the same sim joint: {doubled}")
     missing = [s for s in bare_sim if s not in feeds]
     if missing:
-        unused = [n for n in bare_source if target_of[n] not in bare_sim]
-        raise JointMappingError(_unmatched_message(missing, unused, bare_sim))
+        unmatched = [n for n in bare_source if target_of[n] not in bare_sim]
+        raise JointMappingError(_unmatched_message(missing, unmatched, bare_sim))
 
     columns = np.array([bare_source.index(feeds[s][0]) for s in bare_sim])
     scale = _per_joint(mapping.scale, "scale", bare_sim, [feeds[s][0] for s in bare_sim], default=1.0)
@@ -127,7 +138,7 @@ def _check_known(renamed: Mapping[str, str], source: list[str], sim: list[str]) 
 
 
 def _unmatched_message(missing: list[str], unused: list[str], sim: list[str]) -> str:
-    example = ", ".join(f"{u}: {m}" for u, m in zip(unused, missing)) or "DATASET_JOINT: SIM_JOINT"
+    example = ", ".join(f"{u}: {m}" for u, m in zip(unused, missing, strict=False)) or "DATASET_JOINT: SIM_JOINT"
     return (
         f"the dataset's joints do not fit the sim robot: sim joints {missing} have no dataset joint, "
         f"and dataset joints {unused} match no sim joint (the sim has {sim}). "
@@ -145,8 +156,9 @@ def _per_joint(
     by_name = {strip_suffix(k): float(v) for k, v in value.items()}
     unknown = [k for k in by_name if k not in sim and k not in source]
     if unknown:
-        raise JointMappingError(f"mapping.{what} names unknown joints {unknown}; use sim {sim} or dataset {source} names")
+        raise JointMappingError(f"mapping.{what} names unknown joints {unknown}; "
+                                f"use sim {sim} or dataset {source} names")
     out = []
-    for sim_name, source_name in zip(sim, source):
+    for sim_name, source_name in zip(sim, source, strict=True):
         out.append(by_name.get(sim_name, by_name.get(source_name, default)))
     return np.array(out)

@@ -36,10 +36,10 @@ class TrackingResult:
         return self.simulated - self.logged
 
     def rmse(self) -> dict[str, float]:
-        return {n: float(v) for n, v in zip(self.joint_names, np.sqrt(np.mean(self.error**2, axis=0)))}
+        return {n: float(v) for n, v in zip(self.joint_names, np.sqrt(np.mean(self.error**2, axis=0)), strict=True)}
 
     def max_abs(self) -> dict[str, float]:
-        return {n: float(v) for n, v in zip(self.joint_names, np.max(np.abs(self.error), axis=0))}
+        return {n: float(v) for n, v in zip(self.joint_names, np.max(np.abs(self.error), axis=0), strict=True)}
 
     def as_dict(self) -> dict:
         return {

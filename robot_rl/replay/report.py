@@ -11,14 +11,17 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from robot_rl.replay.checkpoint_eval import PolicyEval
 from robot_rl.replay.counterfactual import CounterfactualResult, spans
 from robot_rl.replay.open_loop import TrackingResult
+
+if TYPE_CHECKING:
+    from robot_rl.app.evaluation import PolicyEval
 
 
 def _pyplot():
@@ -41,7 +44,8 @@ def plot_episode(
     """One PNG: tracking error per joint (top) and counterfactual error (bottom), interventions shaded."""
     plt = _pyplot()
     panels = [p for p in (tracking, counterfactual) if p is not None]
-    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(10, 3.2 * max(1, len(panels))), sharex=True, squeeze=False)
+    rows = max(1, len(panels))
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 3.2 * rows), sharex=True, squeeze=False)
     axes = list(axes[:, 0])
     t = np.arange(len(interventions)) / fps
     row = 0
@@ -77,8 +81,8 @@ def plot_eval(path: str | Path, evals: Sequence[PolicyEval]) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(evals), 3.6))
     rates = [e.result.success_rate for e in evals]
-    lower = [r - e.result.ci95[0] for r, e in zip(rates, evals)]
-    upper = [e.result.ci95[1] - r for r, e in zip(rates, evals)]
+    lower = [r - e.result.ci95[0] for r, e in zip(rates, evals, strict=True)]
+    upper = [e.result.ci95[1] - r for r, e in zip(rates, evals, strict=True)]
     ax.bar(range(len(evals)), rates, yerr=[lower, upper], capsize=6, color="tab:blue", alpha=0.8)
     ax.set_xticks(range(len(evals)), [e.name for e in evals], fontsize=8)
     ax.set_ylim(0, 1.05)

@@ -9,11 +9,13 @@ The run ends with one JSON summary; this module only wires those pieces together
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from robot_rl.core.errors import ConfigError
+from robot_rl.replay.config import ReplayConfig
 from robot_rl.replay.counterfactual import CounterfactualResult, counterfactual_replay
 from robot_rl.replay.dataset import LoggedDataset, LoggedEpisode
 from robot_rl.replay.joint_mapping import JointMapper, JointMapping, build_mapper, map_camera
@@ -24,29 +26,6 @@ from robot_rl.replay.scenes import Scene
 from robot_rl.replay.video import ReplayVideoWriter
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReplayConfig:
-    """What ``robot-rl replay`` does; mirrored by ``configs/replay/default.yaml``.
-
-    seeds: sim seeds of the chosen episodes, in order, to re-create their scenes when the
-        dataset does not carry them (an ``episode_seed`` column); null = start from the
-        first logged state in a scene drawn from ``fallback_seed``.
-    """
-
-    dataset: str | None = None
-    episodes: list[int] | None = None
-    realtime: bool = False
-    counterfactual: bool = False
-    video: bool = True
-    plots: bool = True
-    rerun: bool = False
-    out_dir: str = "outputs/replay"
-    seeds: list[int] | None = None
-    fallback_seed: int = 0
-    batch_size: int = 16
-    mapping: JointMapping = field(default_factory=JointMapping)
 
 
 @dataclass
@@ -104,12 +83,13 @@ class EpisodeMapper:
         return MappedEpisode(logged, self.state.to_sim(logged.state), self.action.to_sim(logged.action), images)
 
 
-def replay_dataset(robot, dataset: LoggedDataset, config: ReplayConfig, policy=None, progress: bool = True) -> ReplayRun:
+def replay_dataset(robot, dataset: LoggedDataset, config: ReplayConfig, policy=None,
+                   progress: bool = True) -> ReplayRun:
     """Replay every loaded episode of ``dataset`` in ``robot`` (a SimSO101); ``policy`` enables counterfactuals."""
     if config.counterfactual and policy is None:
         raise ValueError("counterfactual replay needs a policy (policy.path=CHECKPOINT)")
     if config.seeds is not None and len(config.seeds) != len(dataset.episodes):
-        raise ValueError(
+        raise ConfigError(
             f"replay.seeds has {len(config.seeds)} seeds for {len(dataset.episodes)} episodes; give one per episode"
         )
     to_sim = EpisodeMapper(dataset, tuple(robot.joint_names), config.mapping)
@@ -163,8 +143,9 @@ def replay_episode(
                                                batch_size=config.batch_size, progress=progress)
     plot = None
     if config.plots:
-        plot = plot_episode(out_dir / f"episode_{episode.index:03d}.png", f"episode {episode.index}: {logged.instruction}",
-                            fps, tracking, counterfactual, logged.interventions())
+        plot = plot_episode(out_dir / f"episode_{episode.index:03d}.png",
+                            f"episode {episode.index}: {logged.instruction}", fps, tracking, counterfactual,
+                            logged.interventions())
     return EpisodeReplay(episode.index, logged.instruction, tracking, counterfactual, video, plot)
 
 

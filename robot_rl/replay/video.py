@@ -39,7 +39,7 @@ class ReplayVideoWriter:
         self.width = _even(PANEL * max(1, len(self.labels)))
         self.height = _even(LABEL + PANEL + STRIP)
         self._strip = timeline_strip(np.asarray(interventions, bool), np.asarray(versions), self.width, STRIP)
-        fourcc = cv2.VideoWriter_fourcc(*"mp4v")
+        fourcc = cv2.VideoWriter.fourcc(*"mp4v")
         self._writer = cv2.VideoWriter(str(self.path), fourcc, float(fps), (self.width, self.height))
         if not self._writer.isOpened():
             raise RuntimeError(f"OpenCV could not open {self.path} for writing with the mp4v codec")

@@ -1,11 +1,10 @@
-"""Settings of an operator session and of its teleop device (mirrored by configs/session, configs/teleop)."""
+"""Settings of an operator session (the ``session`` group). The teleop device's are its own
+config's (``teleop=NAME``, ``robot_rl.hardware.teleop``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-TELEOP_TYPES = ("scripted", "leader", "gamepad", "keyboard", "none")
 KEY_MODES = ("auto", "terminal", "script", "none")
 
 
@@ -23,7 +22,7 @@ class SessionConfig:
     max_episode_steps: int = 300  # 10 s at 30 Hz
     reset_time_s: float = 5.0  # between episodes: time to put the scene back (real robots)
     instruction: str = ""  # real robots: what the policy is asked to do (the sim makes its own)
-    dataset_root: str = "outputs/session"
+    dataset_root: str = "${output_dir}/session"
     repo_id: str = "local/robot_rl_session"
     realtime: bool = True
     keys: str = "auto"
@@ -40,21 +39,3 @@ class SessionConfig:
             raise ValueError(f"session.keys must be one of {KEY_MODES}, got {self.keys!r}")
         if self.reset_time_s < 0:
             raise ValueError("session.reset_time_s must be >= 0")
-
-
-@dataclass
-class TeleopConfig:
-    """Which teleop device, and how takeovers are blended (see robot_rl.hardware.teleop.blend).
-
-    ``device`` holds the fields of the device's own config dataclass (LeaderArmConfig,
-    GamepadConfig, KeyboardJogConfig or ScriptedOperatorConfig).
-    """
-
-    type: str = "scripted"
-    blend_time_s: float = 0.5
-    max_step_per_tick: float = 3.0  # degrees per tick: 90 deg/s at 30 Hz
-    device: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.type not in TELEOP_TYPES:
-            raise ValueError(f"teleop.type must be one of {TELEOP_TYPES}, got {self.type!r}")

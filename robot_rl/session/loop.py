@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from robot_rl.hardware.teleop import TeleopEvent, TeleopIntervention
-from robot_rl.hardware.teleop.keys import KeySource
 from robot_rl.core.clock import Clock
 from robot_rl.core.types import Episode, Step
-from robot_rl.data import EpisodeRecorder
+from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.edge import EdgeNode
+from robot_rl.hardware.teleop import TeleopEvent, TeleopIntervention
+from robot_rl.hardware.teleop.keys import KeySource
 from robot_rl.session.config import SessionConfig
 from robot_rl.session.status import KEY_COMMANDS, KEY_HELP, StatusLine, format_status
 
@@ -217,13 +217,15 @@ class OperatorSession:
 
     def _write(self, episode: int, instruction: str, steps: list[Step], verdict: str) -> None:
         self.result.outcomes.append(verdict)
+        success = verdict == "success"
+        steps[-1].done = True
+        steps[-1].success = success
+        if self.streamer is not None:  # the verdict travels on the episode's last streamed step
+            self.streamer.end_episode()
         if verdict == "rerecord":
             self.result.rerecorded += 1
             self.status.say(f"episode {episode + 1}: thrown away (rerecord)")
             return
-        success = verdict == "success"
-        steps[-1].done = True
-        steps[-1].success = success
         record = Episode(getattr(self.robot, "name", "robot"), episode, instruction, steps=steps, success=success,
                          seed=self.config.seed + episode)
         index = self.recorder.write_episode(record)

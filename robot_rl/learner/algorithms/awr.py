@@ -26,12 +26,11 @@ failures. ``rejection.failures: keep`` restores plain AWR.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.learner.algorithms.configs import AWRConfig
 from robot_rl.learner.algorithms.critic import (
     ValueNetwork,
     critic_inputs,
@@ -40,37 +39,11 @@ from robot_rl.learner.algorithms.critic import (
     polyak_update,
     seeded,
 )
-from robot_rl.learner.algorithms.rwr import (
-    RejectionConfig,
-    WeightedFlowAlgorithm,
-    algorithm_config,
-    require_fields,
-)
+from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, rejection_factors, require_fields
 from robot_rl.learner.config import TrainerConfig
-from robot_rl.learner.staleness import StalenessConfig
+from robot_rl.policies.flow_vla import FlowVLA
 
 AWR_FIELDS = ("return", "chunk_reward", "chunk_discount", "transition_valid", "episode_finished", "next.state")
-
-
-@dataclass
-class AWRConfig:
-    beta: float = 1.0  # temperature of exp(A / beta)
-    max_weight: float = 20.0  # w_max of the AWR paper
-    normalize_advantages: bool = True  # standardise A over the batch, so beta does not depend on reward scale
-    mc_mix: float = 0.5  # share of the Monte-Carlo return in the value target (1 = pure MC, 0 = pure TD)
-    critic_lr: float = 3e-4
-    critic_hidden: int = 256
-    critic_depth: int = 2
-    tau: float = 0.01  # Polyak rate of the target value network
-    # Failed online attempts are not imitated at all (the critic still learns from them).
-    rejection: RejectionConfig = field(default_factory=RejectionConfig)
-    staleness: StalenessConfig = field(default_factory=StalenessConfig)
-
-    def __post_init__(self) -> None:
-        if self.beta <= 0 or self.max_weight <= 0:
-            raise ValueError(f"AWRConfig: beta and max_weight must be > 0, got {self.beta}, {self.max_weight}")
-        if not 0.0 <= self.mc_mix <= 1.0 or not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"AWRConfig: mc_mix must be in [0, 1] and tau in (0, 1], got {self.mc_mix}, {self.tau}")
 
 
 def value_targets(returns: torch.Tensor, chunk_reward: torch.Tensor, chunk_discount: torch.Tensor,
@@ -94,14 +67,11 @@ def advantage_weights(advantages: torch.Tensor, has_target: torch.Tensor, beta: 
     return torch.where(has_target, weights, torch.ones_like(weights))
 
 
-class AWR(WeightedFlowAlgorithm):
+class AWR(WeightedFlowAlgorithm[AWRConfig]):
     """AWR on the flow-matching loss with a chunk-boundary value critic trained alongside."""
 
-    name = "awr"
-
-    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
-        self.params = algorithm_config(AWRConfig, config)
-        super().__init__(policy, config, device, self.params.staleness)
+    def __init__(self, params: AWRConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        super().__init__(params, policy, config, device)
         with seeded(config.seed):
             self.value = ValueNetwork(feature_dim(policy), self.params.critic_hidden, self.params.critic_depth)
         self.value.to(device)
@@ -130,7 +100,7 @@ class AWR(WeightedFlowAlgorithm):
         value = self.value(features)
         critic_metrics = self._critic_step(value, targets, has_target.float() * stale.to(self.device))
         advantages = targets - value.detach()
-        kept = self.params.rejection.factors(batch).to(self.device)
+        kept = rejection_factors(self.params.rejection, batch).to(self.device)
         # Standardised among the samples that may be imitated: which of those did better.
         weights = advantage_weights(advantages, has_target & (kept > 0), self.params.beta, self.params.max_weight,
                                     self.params.normalize_advantages) * kept

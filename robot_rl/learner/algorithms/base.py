@@ -14,16 +14,19 @@ from typing import Any
 
 import torch
 
-from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.config import TrainerConfig
+from robot_rl.policies.flow_vla import FlowVLA
 
 
-class Algorithm(ABC):
-    """One gradient update of the policy from a sampled batch."""
+class Algorithm[ParamsT](ABC):
+    """One gradient update of the policy from a sampled batch.
 
-    name: str = ""
+    Built by ``ALGORITHMS.build(params, policy, config, device)``: ``params`` is the algorithm's
+    own config (``robot_rl.learner.algorithms.configs``), ``config`` the trainer's shared one.
+    """
 
-    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+    def __init__(self, params: ParamsT, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        self.params = params
         self.policy = policy
         self.config = config
         self.device = device
@@ -37,7 +40,7 @@ class Algorithm(ABC):
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Every optimiser, by name, so checkpoints can save and restore them."""
 
-    def set_policy_version(self, version: int) -> None:
+    def set_policy_version(self, version: int) -> None:  # noqa: B027 - an optional hook: doing nothing is its default
         """The trainer reports each published (or resumed) weights version; algorithms with a
         staleness bound measure sample age against it. Plain BC has no use for it."""
 

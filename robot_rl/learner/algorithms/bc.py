@@ -1,8 +1,8 @@
 """Weighted behaviour cloning: the flow-matching loss of FlowVLA, weighted per sample.
 
-The plain update that exercises the learner loop (issue #4). With all weights 1 it is
-behaviour cloning on the mixed replay; reward-weighted and advantage-weighted recipes
-(the next issue) only change the weights they put in ``batch["weight"]``.
+With all weights 1 it is behaviour cloning on the mixed replay (``bc``, and ``hgdagger``,
+which samples only corrections and demonstrations); the reward- and advantage-weighted
+algorithms reuse its step and only change the weights they give it.
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ from typing import Any
 
 import torch
 
-from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.base import Algorithm
 from robot_rl.learner.config import TrainerConfig
+from robot_rl.policies.flow_vla import FlowVLA
 
 
-class WeightedBC(Algorithm):
-    name = "bc"
+class WeightedBC[ParamsT](Algorithm[ParamsT]):
+    """``bc`` (params: ``WeightedBCConfig``); generic in its params so the weighted algorithms
+    built on its step carry their own."""
 
-    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
-        super().__init__(policy, config, device)
+    def __init__(self, params: ParamsT, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        super().__init__(params, policy, config, device)
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -44,9 +45,6 @@ class WeightedBC(Algorithm):
         n = len(batch["actions"])
         noise = torch.randn((n, config.chunk_size, config.action_dim), generator=self.generator)
         u = torch.rand(n, generator=self.generator)
-        if config.flow_time_sampling == "beta":
-            # Beta(1.5, 1) by inverse CDF (u ** (1/1.5)), mapped like FlowVLA._sample_flow_time.
-            flow_time = 1.0 - u.pow(1.0 / 1.5) * 0.999
-        else:
-            flow_time = u
+        # "beta": Beta(1.5, 1) by inverse CDF (u ** (1/1.5)), mapped like FlowVLA._sample_flow_time.
+        flow_time = 1.0 - u.pow(1.0 / 1.5) * 0.999 if config.flow_time_sampling == "beta" else u
         return noise.to(self.device), flow_time.to(self.device)

@@ -97,6 +97,8 @@ def observation_features(policy: FlowVLA, batch: dict[str, Any], text: torch.Ten
 class ValueNetwork(nn.Module):
     """V(s) at a chunk boundary."""
 
+    num_updates: torch.Tensor  # a buffer, registered below
+
     def __init__(self, in_dim: int, hidden: int = 256, depth: int = 2) -> None:
         super().__init__()
         self.net = mlp(in_dim, hidden, depth)
@@ -109,6 +111,8 @@ class ValueNetwork(nn.Module):
 
 class ChunkQEnsemble(nn.Module):
     """Q_j(s, a_{t:t+H}) for j < ``size``: one value for a whole normalised action chunk (Q-chunking)."""
+
+    num_updates: torch.Tensor  # a buffer, registered below
 
     def __init__(self, in_dim: int, chunk_size: int, action_dim: int, hidden: int = 256, depth: int = 2,
                  size: int = 2) -> None:
@@ -124,7 +128,7 @@ class ChunkQEnsemble(nn.Module):
         return torch.stack([member(x).squeeze(-1) for member in self.members])
 
 
-def frozen_copy(module: nn.Module) -> nn.Module:
+def frozen_copy[M: nn.Module](module: M) -> M:
     """A target network: same weights, no gradients."""
     target = copy.deepcopy(module)
     for p in target.parameters():

@@ -29,12 +29,11 @@ imitates failures pulls the policy back towards them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.learner.algorithms.configs import RLConfig
 from robot_rl.learner.algorithms.critic import (
     ChunkQEnsemble,
     critic_inputs,
@@ -43,52 +42,11 @@ from robot_rl.learner.algorithms.critic import (
     polyak_update,
     seeded,
 )
-from robot_rl.learner.algorithms.rwr import (
-    RejectionConfig,
-    WeightedFlowAlgorithm,
-    algorithm_config,
-    require_fields,
-)
+from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, rejection_factors, require_fields
 from robot_rl.learner.config import TrainerConfig
-from robot_rl.learner.staleness import StalenessConfig
+from robot_rl.policies.flow_vla import FlowVLA
 
 RL_FIELDS = ("chunk_reward", "chunk_discount", "transition_valid", "next.state")
-
-
-@dataclass
-class RLConfig:
-    # N chunks sampled from the flow policy per state. 2 rather than 4 buys 1.4x the updates on a
-    # CPU learner; with 4 and distill_weight 1.0 rl scored below no learning held-out, with 2 and
-    # 0.25 above it (one run each, the two changes not separated: BENCHMARKS.md "learning").
-    num_candidates: int = 2
-    # Euler steps per candidate (null: the policy's own). Sampling 2 x N x B chunks is most of
-    # an update's cost on a CPU learner: 10 steps and N = 8 made it 14x slower than rwr.
-    candidate_integration_steps: int | None = 5
-    include_data_chunk: bool = True  # the recorded chunk competes too (a human correction may be best)
-    ensemble_size: int = 2  # clipped double Q
-    critic_lr: float = 3e-4
-    critic_hidden: int = 256
-    critic_depth: int = 2
-    tau: float = 0.005  # Polyak rate of the target critics
-    bc_weight: float = 1.0  # flow-matching loss on the recorded chunk: the anchor to the data
-    # Flow-matching loss on the best-of-N chunk: the improvement. A quarter of the anchor's: the
-    # critic that picks it is minutes old.
-    distill_weight: float = 0.25
-    warmup_updates: int = 50  # critic-only updates before its choices are distilled
-    # The anchor imitates only what worked: failed online attempts are rejected (the critic
-    # and the best-of-N distillation still see every state).
-    rejection: RejectionConfig = field(default_factory=RejectionConfig)
-    staleness: StalenessConfig = field(default_factory=StalenessConfig)
-
-    def __post_init__(self) -> None:
-        if self.num_candidates < 1 or self.ensemble_size < 1:
-            raise ValueError(f"RLConfig: num_candidates and ensemble_size must be >= 1, "
-                             f"got {self.num_candidates}, {self.ensemble_size}")
-        if self.candidate_integration_steps is not None and self.candidate_integration_steps < 1:
-            raise ValueError(f"RLConfig: candidate_integration_steps must be >= 1 or null, "
-                             f"got {self.candidate_integration_steps}")
-        if not 0.0 < self.tau <= 1.0 or min(self.bc_weight, self.distill_weight) < 0:
-            raise ValueError("RLConfig: tau must be in (0, 1] and the loss weights >= 0")
 
 
 def pessimistic_q(q: torch.Tensor) -> torch.Tensor:
@@ -114,20 +72,17 @@ def gather_chunks(candidates: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     return candidates[index, torch.arange(candidates.shape[1], device=candidates.device)]
 
 
-class ChunkQLearning(WeightedFlowAlgorithm):
+class ChunkQLearning(WeightedFlowAlgorithm[RLConfig]):
     """Q-chunking critic + best-of-N distillation into the flow policy (see the module docstring)."""
 
-    name = "rl"
-
-    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
-        self.params = p = algorithm_config(RLConfig, config)
-        super().__init__(policy, config, device, p.staleness)
+    def __init__(self, params: RLConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        super().__init__(params, policy, config, device)
         with seeded(config.seed):
             self.critic = ChunkQEnsemble(feature_dim(policy), policy.chunk_size, policy.action_dim,
-                                         p.critic_hidden, p.critic_depth, p.ensemble_size)
+                                         params.critic_hidden, params.critic_depth, params.ensemble_size)
         self.critic.to(device)
         self.critic_target = frozen_copy(self.critic)
-        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr)
+        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=params.critic_lr)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {**super().optimizers(), "critic": self.critic_optimizer}
@@ -197,7 +152,7 @@ class ChunkQLearning(WeightedFlowAlgorithm):
         no_pad = torch.zeros(best.shape[:2], dtype=torch.bool, device=self.device)
         actor = {k: torch.as_tensor(batch[k]).to(self.device) for k in keys}
         actor["action_is_pad"] = torch.as_tensor(batch.get("action_is_pad", no_pad)).to(self.device)
-        weights = self.params.bc_weight * stale * self.params.rejection.factors(batch)
+        weights = self.params.bc_weight * stale * rejection_factors(self.params.rejection, batch)
         if not distill:
             return actor, weights
         chosen = {**actor, "actions": self.policy.normalizer.unnormalize_action(best), "action_is_pad": no_pad}

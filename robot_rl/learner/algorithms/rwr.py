@@ -22,28 +22,26 @@ The effective sample size of the weights is logged to show how far the update is
 behaviour cloning (ESS = batch size).
 
 This module also holds what the three weighted algorithms share (``WeightedFlowAlgorithm``):
-per-algorithm config parsing, the staleness bound, and the guarded weighted policy step.
+the staleness bound, rejection of failed attempts, and the guarded weighted policy step.
+Their settings are in ``robot_rl.learner.algorithms.configs``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 import torch
 
-from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.learner.algorithms.bc import WeightedBC
-from robot_rl.learner.config import STREAMS, TrainerConfig
-from robot_rl.learner.staleness import StalenessBound, StalenessConfig
+from robot_rl.learner.algorithms.configs import RejectionConfig, RWRConfig
+from robot_rl.learner.config import STREAMS, StalenessConfig, TrainerConfig
+from robot_rl.learner.staleness import StalenessBound
+from robot_rl.policies.flow_vla import FlowVLA
 
 log = logging.getLogger(__name__)
 
 ONLINE, INTERVENTION, DEMONSTRATION = (STREAMS.index(s) for s in ("online", "intervention", "demonstration"))
-C = TypeVar("C")
 
 
 # ---------------------------------------------------------------- weights
@@ -83,41 +81,22 @@ def weight_metrics(weights: torch.Tensor, prefix: str = "") -> dict[str, float]:
             f"{prefix}kept_fraction": float((weights > 0).float().mean()) if len(weights) else 0.0}
 
 
-# ---------------------------------------------------------------- config and shared base
+# ---------------------------------------------------------------- shared base
 
 
-def algorithm_config(cls: type[C], trainer_config: TrainerConfig) -> C:
-    """Build an algorithm's own config from ``trainer_config.algorithm_params`` (a plain dict).
+class BoundedParams(Protocol):
+    """The params of a weighted algorithm: they carry its staleness bound."""
 
-    Nested dataclass fields (``staleness``) accept dicts. Unknown keys are an error, so a
-    typo in a YAML file does not silently fall back to a default.
-    """
-    return _from_dict(cls, getattr(trainer_config, "algorithm_params", None) or {})
+    staleness: StalenessConfig
 
 
-def _from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} parameter(s) {unknown} in trainer.algorithm_params; "
-                         f"known: {sorted(fields)}")
-    values = {}
-    for name, value in data.items():
-        spec = fields[name]
-        default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
-        if dataclasses.is_dataclass(default) and isinstance(value, Mapping):
-            value = _from_dict(type(default), value)
-        values[name] = value
-    return cls(**values)
+class WeightedFlowAlgorithm[BoundedT: BoundedParams](WeightedBC[BoundedT]):
+    """A weighted flow-matching policy step plus the staleness bound of ``params.staleness``;
+    subclasses choose the weights."""
 
-
-class WeightedFlowAlgorithm(WeightedBC):
-    """A weighted flow-matching policy step plus a staleness bound; subclasses choose the weights."""
-
-    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device,
-                 staleness: StalenessConfig) -> None:
-        super().__init__(policy, config, device)
-        self.staleness = StalenessBound(staleness)
+    def __init__(self, params: BoundedT, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        super().__init__(params, policy, config, device)
+        self.staleness = StalenessBound(params.staleness)
 
     def set_policy_version(self, version: int) -> None:
         """The trainer calls this after each publish: staleness is measured against it."""
@@ -152,42 +131,6 @@ def _warn_once(owner: object, key: str, message: str) -> None:
 # ---------------------------------------------------------------- RWR
 
 
-RWR_SCORES = ("episode_return", "return_to_go")
-FAILURE_MODES = ("drop", "downweight", "keep")
-
-
-@dataclass
-class RWRConfig:
-    beta: float = 0.5  # temperature of exp(R / beta); smaller = greedier
-    score: str = "episode_return"  # R: the episode's return (RWR) or the step's return-to-go
-    max_weight: float = 10.0  # clip, in units of the mean weight
-    failures: str = "drop"  # online steps of failed episodes: "drop" (rejection sampling), "downweight", "keep"
-    failure_weight: float = 0.1  # multiplier for "downweight"
-    intervention_weight: float = 1.0  # human corrections count this much more
-    demonstration_weight: float = 1.0
-    drop_unfinished: bool = True  # online steps of episodes whose outcome is not known yet
-    # Online steps after which the operator had to take over count as failed even when the
-    # operator then finished the task (True); False credits them with the rescued success.
-    rescued_is_failure: bool = True
-    # Streams whose samples are weighted by exp(R / beta); the others (expert labels) by their
-    # stream multiplier alone. All three = the whole batch reward-weighted (earlier behaviour).
-    score_streams: tuple[str, ...] = ("online",)
-    staleness: StalenessConfig = field(default_factory=StalenessConfig)
-
-    def __post_init__(self) -> None:
-        self.score_streams = tuple(self.score_streams)
-        unknown = sorted(set(self.score_streams) - set(STREAMS))
-        if unknown:
-            raise ValueError(f"RWRConfig: score_streams {unknown} unknown; streams are {list(STREAMS)}")
-        if self.score not in RWR_SCORES:
-            raise ValueError(f"RWRConfig: score must be one of {RWR_SCORES}, got {self.score!r}")
-        check_failures_mode("RWRConfig", self.failures)
-        if self.beta <= 0 or self.max_weight <= 0:
-            raise ValueError(f"RWRConfig: beta and max_weight must be > 0, got {self.beta}, {self.max_weight}")
-        if min(self.failure_weight, self.intervention_weight, self.demonstration_weight) < 0:
-            raise ValueError("RWRConfig: stream and failure weights must be >= 0")
-
-
 def outcome_factors(stream: torch.Tensor, success: torch.Tensor | None, finished: torch.Tensor | None,
                     failures: str, failure_weight: float = 0.1, drop_unfinished: bool = True) -> torch.Tensor:
     """Rejection sampling's multipliers [B] (float64): online steps of failed episodes get 0 ("drop"),
@@ -212,35 +155,12 @@ def batch_outcomes(batch: dict[str, Any], rescued_is_failure: bool) -> torch.Ten
     return batch.get("episode_success")
 
 
-def check_failures_mode(owner: str, failures: str) -> None:
-    if failures not in FAILURE_MODES:
-        raise ValueError(f"{owner}: failures must be one of {FAILURE_MODES}, got {failures!r}")
-
-
-@dataclass
-class RejectionConfig:
-    """Which online steps the policy may imitate at all (Hi-ORS's rejection stage), for awr and rl.
-
-    A critic's weights are learned: until it is accurate, a failed attempt's steps still get
-    weights near 1 and the policy imitates its own failures (BENCHMARKS.md, "learning"). The
-    critics themselves still learn from every step; this only gates the imitation terms.
-    """
-
-    failures: str = "drop"  # online steps of failed (or rescued) episodes: drop | downweight | keep
-    failure_weight: float = 0.1  # multiplier when failures: downweight
-    rescued_is_failure: bool = True  # a takeover makes the policy's steps before it a failure
-
-    def __post_init__(self) -> None:
-        check_failures_mode("RejectionConfig", self.failures)
-        if self.failure_weight < 0:
-            raise ValueError(f"RejectionConfig: failure_weight must be >= 0, got {self.failure_weight}")
-
-    def factors(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Multipliers [B] (float32): 0 for rejected online steps, 1 for the rest (unknown outcome: kept
-        only when failures are kept)."""
-        return outcome_factors(batch["stream"], batch_outcomes(batch, self.rescued_is_failure),
-                               batch.get("episode_finished"), self.failures, self.failure_weight,
-                               drop_unfinished=self.failures != "keep").to(torch.float32)
+def rejection_factors(rejection: RejectionConfig, batch: dict[str, Any]) -> torch.Tensor:
+    """Multipliers [B] (float32) of ``rejection``: 0 for rejected online steps, 1 for the rest
+    (unknown outcome: kept only when failures are kept)."""
+    return outcome_factors(batch["stream"], batch_outcomes(batch, rejection.rescued_is_failure),
+                           batch.get("episode_finished"), rejection.failures, rejection.failure_weight,
+                           drop_unfinished=rejection.failures != "keep").to(torch.float32)
 
 
 def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tensor | None,
@@ -263,16 +183,10 @@ def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tenso
     return weights
 
 
-class RWR(WeightedFlowAlgorithm):
+class RWR(WeightedFlowAlgorithm[RWRConfig]):
     """Reward-weighted regression on the flow-matching loss (Hi-ORS). Uses batch fields
     ``stream``, ``return`` (else ``reward``), ``autonomous_success`` (or ``episode_success``),
     ``episode_finished``, ``policy_version``."""
-
-    name = "rwr"
-
-    def __init__(self, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
-        self.params = algorithm_config(RWRConfig, config)
-        super().__init__(policy, config, device, self.params.staleness)
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         stale, stale_metrics = self.base_weights(batch)

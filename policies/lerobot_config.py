@@ -1,0 +1,21 @@
+"""``LeRobotPolicyConfig``: ``policy=lerobot``, any LeRobot policy checkpoint (ACT, Diffusion, SmolVLA, pi0 ...).
+
+Kept apart from the adapter (``policies.lerobot_adapter``) so that reading a config imports no LeRobot code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from robot_rl.core.registry import POLICIES
+
+
+@POLICIES.register("lerobot", builder="robot_rl.policies.lerobot_adapter:LeRobotChunkPolicy.from_policy_config")
+@dataclass
+class LeRobotPolicyConfig:
+    """A checkpoint saved by LeRobot (``lerobot-train`` or ``save_pretrained``), run through LeRobot's
+    own classes and processors; its saved config decides the policy type."""
+
+    path: str | None = None  # a local checkpoint directory or a Hugging Face Hub id
+    device: str | None = None  # null: the device the checkpoint was saved for
+    camera_map: dict[str, str] = field(default_factory=dict)  # our camera -> LeRobot's image key, e.g. {wrist: gripper}

@@ -1,0 +1,62 @@
+"""Behaviour cloning of the flow VLA from scripted-expert demonstrations (``robot-rl train-bc``).
+
+Records the demonstrations first when ``demos.dir`` holds none, trains with state-offset
+augmentation (so the policy can use a rolled-forward state), saves a Hugging Face-layout
+checkpoint, then evaluates it closed-loop in the sim through the EdgeNode. The learner of the
+main job starts from this checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
+
+log = logging.getLogger(__name__)
+
+
+def ensure_demos(cfg: RobotRLConfig) -> Path:
+    """The demonstration dataset directory, recorded first if it is missing."""
+    from robot_rl.app.demos import record_demos
+
+    demos = Path(cfg.demos.dir)
+    if (demos / "meta" / "info.json").exists():
+        return demos
+    log.info("no demonstrations in %s: recording them with the scripted expert", demos)
+    record_demos(cfg)
+    return demos
+
+
+def train_bc(cfg: RobotRLConfig, progress: bool = True) -> dict:
+    """Train ``policy.model`` on the demonstrations, save it to ``bc.checkpoint_dir``, score it in the sim."""
+    from robot_rl.app.evaluation import evaluate_policy
+    from robot_rl.app.sim import make_sim, task_families
+    from robot_rl.data import load_episode_arrays
+    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla.training import fit
+
+    demos = ensure_demos(cfg)
+    episodes = load_episode_arrays(demos)
+    log.info("training on %d demonstrations (%d steps)", len(episodes), sum(len(e["action"]) for e in episodes))
+    policy = FlowVLA(cfg.policy.model)
+    started = time.monotonic()
+    stats = fit(policy, episodes, steps=cfg.bc.steps, batch_size=cfg.bc.batch_size, lr=cfg.bc.lr, seed=cfg.seed,
+                progress=progress)
+    checkpoint = Path(cfg.bc.checkpoint_dir)
+    policy.save_pretrained(checkpoint)
+    log.info("trained %d steps in %.0f s (loss %.4f -> %.4f); saved %s", stats["steps"],
+             time.monotonic() - started, stats["initial_loss"], stats["final_loss"], checkpoint)
+    robot = make_sim(cfg)
+    try:
+        n = cfg.bc.eval_episodes
+        evaluation = evaluate_policy(
+            robot, policy.cpu(), cfg.edge, seeds=[cfg.seeds.bc_eval + i for i in range(n)],
+            families=task_families(cfg), desc="evaluating BC policy", progress=progress,
+        )
+    finally:
+        robot.disconnect()
+    return {"checkpoint": str(checkpoint), "eval_episodes": n, "train": stats, **evaluation.as_dict()}

@@ -1,0 +1,160 @@
+"""Scripted-expert demonstrations in the sim, recorded as LeRobotDataset v3.
+
+Demonstrations are the starting data of every run: behaviour cloning learns from
+them, and the learner keeps them as a separate sampling stream (RLPD-style mixing).
+Only successful attempts are stored, because a failed demonstration teaches failure.
+Choosing the attempts (``expert_attempts``) and writing them (``store_demos``) are separate so
+that the sim can run in a process of its own while this one writes (``robot_rl.app.demo_process``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from robot_rl.app.config import Seeds
+from robot_rl.core.types import Episode, Step
+from robot_rl.data.recorder import EpisodeRecorder
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
+
+# Ticks recorded after success so the policy also learns to settle instead of drifting.
+SETTLE_TICKS = 5
+
+
+@dataclass
+class DemoSummary:
+    attempted: int
+    stored: int
+    steps: int
+    per_family: dict[str, tuple[int, int]]  # family -> (stored, attempted)
+
+
+def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int) -> Episode:
+    """One scripted-expert attempt: observation, expert action, executed action, every tick."""
+    instruction = robot.reset(seed=seed, family=family)
+    expert.reset()
+    episode = Episode(robot.name, episode_id, instruction, task_family=robot.task.family, seed=seed)
+    settle_left = None
+    for tick in range(robot.config.max_episode_steps):
+        obs = robot.get_observation()
+        executed = robot.send_action(expert.act())
+        success = robot.is_success()
+        if success and settle_left is None:
+            settle_left = SETTLE_TICKS
+        done = settle_left == 0 or tick == robot.config.max_episode_steps - 1
+        episode.steps.append(
+            Step(
+                tick=tick,
+                time_s=tick / robot.fps,
+                state=obs["state"],
+                action=executed,
+                images=obs["images"],
+                instruction=instruction,
+                policy_action=executed,
+                reward=robot.reward(),
+                success=success,
+                done=done,
+            )
+        )
+        if done:
+            break
+        if settle_left is not None:
+            settle_left -= 1
+    episode.success = any(s.success for s in episode.steps)
+    return episode
+
+
+@dataclass(frozen=True)
+class DatasetLayout:
+    """What the dataset writer needs to know of the robot that recorded the episodes."""
+
+    fps: int
+    joint_names: tuple[str, ...]
+    cameras: dict[str, tuple[int, int]]  # camera -> (height, width)
+
+    @classmethod
+    def of(cls, robot) -> DatasetLayout:
+        cameras = {cam: (robot.config.image_height, robot.config.image_width) for cam in robot.camera_names}
+        return cls(int(robot.fps), tuple(robot.joint_names), cameras)
+
+
+def expert_attempts(
+    robot, expert, families: Iterable[str], episodes_per_family: int, seed: int = 0, stride: int = Seeds.stride
+) -> Iterator[tuple[str, Episode]]:
+    """Scripted-expert attempts, family by family in seed order, until each family has
+    ``episodes_per_family`` successes (at most three times as many tries): (family, episode)."""
+    attempted = 0
+    for f_index, family in enumerate(families):
+        ok = tries = 0
+        # Each family gets its own seed range so adding a family changes no other demo.
+        episode_seed = seed + stride * f_index
+        while ok < episodes_per_family and tries < 3 * episodes_per_family:
+            episode = expert_episode(robot, expert, episode_seed, family, attempted)
+            episode_seed += 1
+            tries += 1
+            attempted += 1
+            ok += int(episode.success)
+            yield family, episode
+
+
+def store_demos(
+    attempts: Iterable[tuple[str, Episode]],
+    layout: DatasetLayout,
+    out_dir: str | Path,
+    families: Iterable[str],
+    episodes_per_family: int,
+    progress: bool = True,
+) -> DemoSummary:
+    """Write the successful ``attempts`` into ``out_dir``; what was written stays finalized if
+    ``attempts`` raises (a sim that fails half-way, Ctrl-C)."""
+    families = list(families)
+    # Demonstrations can be re-recorded after a crash, so finalize in batches (resume costs seconds).
+    recorder = EpisodeRecorder(out_dir, layout.fps, layout.joint_names, layout.cameras, finalize_every=25)
+    counts = {family: [0, 0] for family in families}  # family -> [stored, attempted]
+    stored = steps = 0
+    bar = tqdm(total=episodes_per_family * len(families), desc="recording demos", disable=not progress)
+    try:
+        for family, episode in attempts:
+            counts[family][1] += 1
+            if episode.success:
+                recorder.write_episode(episode)
+                counts[family][0] += 1
+                stored += 1
+                steps += episode.num_steps
+                bar.update(1)
+    finally:
+        recorder.close()
+        bar.close()
+    return DemoSummary(
+        attempted=sum(tries for _, tries in counts.values()), stored=stored, steps=steps,
+        per_family={family: (ok, tries) for family, (ok, tries) in counts.items()},
+    )
+
+
+def record_demos(cfg: RobotRLConfig, progress: bool = True) -> DemoSummary:
+    """The configured demonstrations (``demos``, root ``task_families``) into ``demos.dir``: with
+    ``demos.sim_process`` the sim runs in a child process while this one writes, else both here
+    (the same dataset either way)."""
+    from robot_rl.app.sim import demo_expert, make_sim, sim_config, task_families
+
+    families = task_families(cfg)
+    seed = cfg.seed + cfg.seeds.demos
+    if cfg.demos.sim_process:
+        from robot_rl.app.demo_process import DemoJob, record_demos_in_child
+
+        job = DemoJob(sim_config(cfg), cfg.demos.expert_speed, tuple(families), cfg.demos.episodes, seed,
+                      cfg.seeds.stride)
+        return record_demos_in_child(job, cfg.demos.dir, progress=progress)
+    robot = make_sim(cfg)
+    try:
+        attempts = expert_attempts(robot, demo_expert(robot, cfg.demos.expert_speed), families, cfg.demos.episodes,
+                                   seed, cfg.seeds.stride)
+        return store_demos(attempts, DatasetLayout.of(robot), cfg.demos.dir, families, cfg.demos.episodes, progress)
+    finally:
+        robot.disconnect()

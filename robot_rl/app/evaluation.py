@@ -1,0 +1,452 @@
+"""Closed-loop evaluation of policies in the sim, through the real EdgeNode: the one place that
+runs a policy on scenes and scores it (``robot-rl eval``, the main job's and ``bench learning``'s
+held-out scores, train-bc's check and the benchmarks all call it; the statistics are
+``app.statistics``).
+
+Scenes: ``seed_scenes`` / ``scenes_of`` (seeded, the task families rotating over them) or
+``dataset_scenes`` (where a logged dataset's episodes started). Running: ``run_scene_episode``
+(one episode), ``evaluate_on_scenes`` (one policy), ``compare_policies`` (several on the same
+scenes, best first), ``evaluate_policy`` (seeds in, the result alone). ``run_eval`` is ``robot-rl
+eval``; ``heldout_eval`` / ``heldout_eval_all`` score saved weights in a fresh process.
+
+Everything that is evaluated runs the control path a robot runs (action queue, roll-forward,
+splice, clamps); only the clock is virtual, so a 2-core CPU evaluates a policy as if it ran at a
+given inference latency, exactly and reproducibly. Every policy of one comparison starts from the
+very same scenes (seeds, or initial scenes taken from a dataset) and meets the same flow noise per
+scene, so their success rates compare scene by scene (``app.statistics.compare_paired``) rather
+than across different luck.
+
+Held-out scores of saved weights (the main job's start against its final weights, ``bench
+learning``'s arms) run in a fresh process (``heldout_eval``): the main job's process has by then
+run simulated robots with their GL contexts, a learner and a ZeroMQ server for minutes, and once
+an evaluation inside it scored the same weights on the same scenes 15 % where a fresh process
+scored 35 % (the evaluation is deterministic; the cause was never reproduced). A fresh process
+measures the weights and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tqdm import tqdm
+
+from robot_rl.app.statistics import PairedComparison, compare_paired, wilson_interval
+from robot_rl.core.clock import VirtualClock
+from robot_rl.core.errors import ConfigError
+from robot_rl.core.types import Episode
+from robot_rl.edge import EdgeConfig, EdgeNode
+from robot_rl.hardware.sim.config import SimConfig
+from robot_rl.replay.scenes import Scene, apply_scene
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
+    from robot_rl.replay.dataset import LoggedDataset
+    from robot_rl.replay.joint_mapping import JointMapping
+
+log = logging.getLogger(__name__)
+
+# Builds the intervention hook of one episode (e.g. a simulated operator), or None.
+InterventionFactory = Callable[[int], Callable | None]
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class EvalResult:
+    episodes: list[Episode]
+    success_rate: float
+    ci95: tuple[float, float]
+    completion_s: float  # mean time to success over successful episodes (nan if none)
+    stall_s_per_episode: float
+    late_tick_frac: float
+    per_family: dict[str, float]
+
+    def as_dict(self) -> dict:
+        return {
+            "success": self.success_rate,
+            "ci95": list(self.ci95),
+            "completion_s": self.completion_s,
+            "stall_s_per_episode": self.stall_s_per_episode,
+            "late_tick_frac": self.late_tick_frac,
+            "per_family": self.per_family,
+            "episodes": len(self.episodes),
+        }
+
+
+@dataclass
+class PolicyEval:
+    """One policy's results over the shared scenes."""
+
+    name: str
+    result: EvalResult
+    intervention_free_rate: float  # episodes in which nobody took over
+    intervention_free_success: float  # succeeded with nobody taking over
+    intervention_free_ci95: tuple[float, float]
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            **self.result.as_dict(),
+            "intervention_free_rate": self.intervention_free_rate,
+            "intervention_free_success": self.intervention_free_success,
+            "intervention_free_ci95": list(self.intervention_free_ci95),
+            "per_episode_success": [bool(e.success) for e in self.result.episodes],
+        }
+
+
+def summarize(episodes: list[Episode], fps: int, stall_ticks: int, late_ticks: int, total_ticks: int) -> EvalResult:
+    successes = [e for e in episodes if e.success]
+    completion = [_first_success_tick(e) / fps for e in successes]
+    families = sorted({e.task_family for e in episodes})
+    per_family = {f: float(np.mean([e.success for e in episodes if e.task_family == f])) for f in families}
+    n = len(episodes)
+    return EvalResult(
+        episodes=episodes,
+        success_rate=len(successes) / n if n else 0.0,
+        ci95=wilson_interval(len(successes), n),
+        completion_s=float(np.mean(completion)) if completion else float("nan"),
+        stall_s_per_episode=stall_ticks / fps / n if n else 0.0,
+        late_tick_frac=late_ticks / total_ticks if total_ticks else 0.0,
+        per_family=per_family,
+    )
+
+
+def _first_success_tick(episode: Episode) -> int:
+    for i, step in enumerate(episode.steps):
+        if step.success:
+            return i + 1
+    return episode.num_steps
+
+
+# ---------------------------------------------------------------- scenes
+
+
+def seed_scenes(n: int, first_seed: int, families: Sequence[str] | None = None) -> list[Scene]:
+    """Scenes from seeds ``first_seed`` on; with ``families`` the task family rotates over them in
+    order (every family an equal share), else each seed draws its own."""
+    return scenes_of([first_seed + i for i in range(n)], families)
+
+
+def scenes_of(seeds: Sequence[int], families: Sequence[str] | None = None) -> list[Scene]:
+    """One scene per seed, the families rotating over them in order."""
+    return [Scene(seed=seed, family=families[i % len(families)] if families else None) for i, seed in enumerate(seeds)]
+
+
+def dataset_scenes(dataset: LoggedDataset, mapping: JointMapping, sim_joints: tuple[str, ...]) -> list[Scene]:
+    """The starting scene of each loaded episode: its seed if known, its instruction and first state."""
+    from robot_rl.replay.dataset import DatasetError
+    from robot_rl.replay.joint_mapping import build_mapper
+    from robot_rl.replay.scenes import task_of_instruction
+
+    mapper = build_mapper(mapping, dataset.state_names, sim_joints)
+    scenes = []
+    for episode in dataset.episodes:
+        if task_of_instruction(episode.instruction) is None:
+            raise DatasetError(
+                f"episode {episode.index} of {dataset.source} asks {episode.instruction!r}, which is not a sim task; "
+                "closed-loop eval judges success with the sim's tasks (pick/push/place a coloured cube)"
+            )
+        scenes.append(Scene(episode.seed, episode.instruction, mapper.to_sim(episode.state[0])))
+    return scenes
+
+
+# ---------------------------------------------------------------- running policies on scenes
+
+
+@contextmanager
+def episode_noise(policy: Any, seed: int) -> Iterator[None]:
+    """Seed the policy's sampling noise for one episode (if it has ``reseed_noise``), then return it
+    to fresh noise: the episode is reproducible, and policies compared on the same seeds meet the
+    same noise."""
+    reseed = getattr(policy, "reseed_noise", None)
+    if reseed is None:
+        yield
+        return
+    reseed(seed)
+    try:
+        yield
+    finally:
+        reseed(None)
+
+
+def run_scene_episode(
+    robot: Any,
+    policy: Any,
+    edge_config: EdgeConfig,
+    scene: Scene,
+    episode_id: int = 0,
+    max_steps: int | None = None,
+    intervention: Callable | None = None,
+    fallback_seed: int = 0,
+    on_tick: Callable | None = None,
+) -> tuple[Episode, EdgeNode]:
+    """One closed-loop episode from ``scene`` on a fresh virtual clock (the policy's noise and the
+    simulated latency seeded by the scene's seed)."""
+    instruction = apply_scene(robot, scene, fallback_seed=fallback_seed + episode_id)
+    seed = scene.seed if scene.seed is not None else fallback_seed + episode_id
+    config = replace(edge_config, fps=robot.fps, latency_seed=edge_config.latency_seed + seed)
+    node = EdgeNode(robot, policy, VirtualClock(), config, task=robot, intervention=intervention, on_tick=on_tick)
+    with episode_noise(policy, seed), node:
+        episode = node.run_episode(max_steps or robot.config.max_episode_steps, instruction, episode_id=episode_id,
+                                   seed=scene.seed, task_family=robot.task.family)
+    return episode, node
+
+
+def evaluate_on_scenes(
+    robot: Any,
+    policy: Any,
+    edge_config: EdgeConfig,
+    scenes: Sequence[Scene],
+    name: str = "policy",
+    *,
+    max_steps: int | None = None,
+    intervention_factory: InterventionFactory | None = None,
+    fallback_seed: int = 0,
+    progress: bool = True,
+) -> PolicyEval:
+    """Success (Wilson 95 % CI), completion time, stalls and intervention-free rate over ``scenes``."""
+    episodes: list[Episode] = []
+    stall_ticks = late_ticks = total_ticks = 0
+    for i, scene in enumerate(tqdm(scenes, desc=f"evaluating {name}", disable=not progress, leave=False)):
+        intervention = intervention_factory(i) if intervention_factory else None
+        episode, node = run_scene_episode(robot, policy, edge_config, scene, i, max_steps, intervention, fallback_seed)
+        episodes.append(episode)
+        stall_ticks += episode.stall_steps
+        late_ticks += node.stats.late_ticks
+        total_ticks += episode.num_steps
+    n = len(episodes)
+    clean = [e for e in episodes if e.intervention_steps == 0]
+    clean_successes = sum(1 for e in clean if e.success)
+    return PolicyEval(
+        name=name,
+        result=summarize(episodes, robot.fps, stall_ticks, late_ticks, total_ticks),
+        intervention_free_rate=len(clean) / n if n else 0.0,
+        intervention_free_success=clean_successes / n if n else 0.0,
+        intervention_free_ci95=wilson_interval(clean_successes, n),
+    )
+
+
+def evaluate_policy(robot: Any, policy: Any, edge_config: EdgeConfig, seeds: Sequence[int],
+                    families: Sequence[str] | None = None, progress: bool = True,
+                    desc: str = "policy") -> EvalResult:
+    """``evaluate_on_scenes`` on seeded scenes (families rotating over them), the result alone."""
+    return evaluate_on_scenes(robot, policy, edge_config, scenes_of(seeds, families), desc, progress=progress).result
+
+
+def compare_policies(robot: Any, policies: dict[str, Any], edge_config: EdgeConfig, scenes: Sequence[Scene],
+                     **kwargs: Any) -> list[PolicyEval]:
+    """Every policy on the same ``scenes``; returned best first (success, then faster completion)."""
+    return rank([evaluate_on_scenes(robot, policy, edge_config, scenes, name, **kwargs)
+                 for name, policy in policies.items()])
+
+
+def rank(evals: list[PolicyEval]) -> list[PolicyEval]:
+    def key(e: PolicyEval) -> tuple[float, float]:
+        completion = e.result.completion_s
+        return (-e.result.success_rate, completion if completion == completion else float("inf"))
+
+    return sorted(evals, key=key)
+
+
+# ---------------------------------------------------------------- robot-rl eval: the configured policies
+
+
+def run_eval(cfg: RobotRLConfig, progress: bool = True) -> tuple[list[PolicyEval], Path, Path]:
+    """``robot-rl eval``: the configured policy (and ``eval.compare_path``) on the same scenes
+    (``eval_scenes``); writes ``eval.json`` and a bar plot under ``eval.out_dir``. Returns (evals
+    best first, the JSON's path, the plot's path)."""
+    from robot_rl.app.sim import make_sim
+    from robot_rl.replay.report import plot_eval, write_json
+
+    policies = load_policies(cfg)
+    robot = make_sim(cfg)
+    try:
+        evals = compare_policies(robot, policies, cfg.edge, eval_scenes(cfg, robot),
+                                 max_steps=cfg.eval.max_episode_steps, fallback_seed=cfg.seeds.eval, progress=progress)
+    finally:
+        robot.disconnect()
+    out = Path(cfg.eval.out_dir)
+    payload = {
+        "scenes": f"dataset {cfg.eval.dataset}" if cfg.eval.dataset else f"seeds from {cfg.seeds.eval}",
+        "edge": {"mode": cfg.edge.mode, "simulated_latency_ms": cfg.edge.simulated_latency_ms},
+        "ranking": [e.name for e in evals],
+        "checkpoints": [e.as_dict() for e in evals],
+        # best against second best on the same scenes: is the gap more than luck?
+        "paired": paired_comparison(evals[0], evals[1]).as_dict() if len(evals) == 2 else None,
+    }
+    return evals, write_json(out / "eval.json", payload), plot_eval(out / "eval.png", evals)
+
+
+def paired_comparison(a: PolicyEval, b: PolicyEval) -> PairedComparison:
+    """``a`` against ``b`` scene by scene (exact McNemar p, Newcombe interval); both must have run
+    on the same scenes, in the same order."""
+    return compare_paired([e.success for e in a.result.episodes], [e.success for e in b.result.episodes])
+
+
+def load_policies(cfg: RobotRLConfig) -> dict[str, Any]:
+    """{name: policy} for the configured policy and, if given, ``eval.compare_path`` (the same
+    policy type with other weights); the names are where the weights came from."""
+    from robot_rl.app.policies import load_policy, policy_source
+
+    main_name = policy_source(cfg) or type(cfg.policy).__name__
+    policies = {main_name: load_policy(cfg)}
+    compare = cfg.eval.compare_path
+    if compare:
+        if not hasattr(cfg.policy, "path"):
+            raise ConfigError(f"eval.compare_path: policy={type(cfg.policy).__name__} loads no weights to compare")
+        other = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, path=compare))
+        policies[compare if compare != main_name else f"{compare} (compare)"] = load_policy(other)
+    return policies
+
+
+def eval_scenes(cfg: RobotRLConfig, robot: Any) -> list[Scene]:
+    """``eval.episodes`` seeded scenes from ``seeds.eval`` on (families rotating over
+    ``task_families``), or the starting scenes of ``eval.dataset``'s ``eval.episode_indices``."""
+    from robot_rl.app.sim import task_families
+    from robot_rl.replay.dataset import load_logged_dataset
+
+    if not cfg.eval.dataset:
+        return seed_scenes(cfg.eval.episodes, cfg.seeds.eval, task_families(cfg))
+    # A damaged dataset (DatasetError) or joints that do not map (JointMappingError) are ConfigErrors.
+    dataset = load_logged_dataset(cfg.eval.dataset, cfg.eval.episode_indices)
+    return dataset_scenes(dataset, cfg.eval.mapping, tuple(robot.joint_names))
+
+
+# ---------------------------------------------------------------- held-out scores of saved weights
+
+
+@dataclass(frozen=True)
+class HeldoutJob:
+    """What a held-out evaluation needs, as plain data for the child process (JSON, never pickled)."""
+
+    robot: SimConfig
+    edge: EdgeConfig
+    seeds: list[int]
+    families: list[str]
+
+    @classmethod
+    def of(cls, cfg: RobotRLConfig, episodes: int) -> HeldoutJob:
+        """``episodes`` scenes no robot of a run sees (``seeds.heldout`` on), families rotating."""
+        from robot_rl.app.sim import sim_config, task_families
+
+        first = cfg.seed + cfg.seeds.heldout
+        return cls(sim_config(cfg), cfg.edge, [first + i for i in range(episodes)], task_families(cfg))
+
+    def to_json(self) -> str:
+        return json.dumps({"robot": dataclasses.asdict(self.robot), "edge": dataclasses.asdict(self.edge),
+                           "seeds": self.seeds, "families": self.families})
+
+    @classmethod
+    def from_json(cls, text: str) -> HeldoutJob:
+        data = json.loads(text)
+        return cls(SimConfig(**data["robot"]), EdgeConfig(**data["edge"]), list(data["seeds"]), list(data["families"]))
+
+
+def evaluate_weights(weights: Path, job: HeldoutJob, desc: str) -> dict[str, Any]:
+    """Success of ``weights`` alone (no operator) on the job's scenes, in this process (virtual time)."""
+    from robot_rl.hardware.sim.robot import SimSO101
+    from robot_rl.policies.flow_vla.model import FlowVLA
+
+    policy = FlowVLA.from_pretrained(weights, device="cpu")
+    robot = SimSO101(job.robot)
+    robot.connect()
+    try:
+        result = evaluate_policy(robot, policy, job.edge, job.seeds, job.families, desc=desc)
+    finally:
+        robot.disconnect()
+    return {"success": result.success_rate, "ci95": [round(c, 3) for c in result.ci95], "episodes": len(job.seeds),
+            "weights": str(weights), "per_episode_success": [bool(e.success) for e in result.episodes]}
+
+
+def heldout_eval(weights: Path, cfg: RobotRLConfig, episodes: int, desc: str,
+                 timeout_s: float = 1800.0) -> dict | None:
+    """``evaluate_weights`` in a child process; None when ``episodes`` is 0 or the child fails
+    (logged: a failed evaluation must not cost the results it was to score)."""
+    return heldout_eval_all([weights], cfg, episodes, desc, timeout_s)[0]
+
+
+def heldout_eval_all(weights: list[Path], cfg: RobotRLConfig, episodes: int, desc: str,
+                     timeout_s: float = 1800.0) -> list[dict | None]:
+    """``heldout_eval`` of several weights, one after the other in one child (one start-up);
+    None for each one not scored (``episodes`` 0, a failed child, a missing result)."""
+    if episodes <= 0 or not weights:
+        return [None] * len(weights)
+    with tempfile.TemporaryDirectory(prefix="heldout-") as tmp:
+        job_path = Path(tmp) / "job.json"
+        job_path.write_text(HeldoutJob.of(cfg, episodes).to_json())
+        command = [sys.executable, "-m", "robot_rl.app.evaluation", str(job_path), desc, *map(str, weights)]
+        try:
+            done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=timeout_s * len(weights),
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            log.error("held-out evaluation of %s did not finish within %.0f s each", weights, timeout_s)
+            return [None] * len(weights)
+    results: dict[str, dict] = {}
+    for line in done.stdout.strip().splitlines():
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue  # progress or library output; results are whole JSON lines
+        if isinstance(result, dict) and "weights" in result:
+            results[result["weights"]] = result
+    if done.returncode != 0:
+        log.error("held-out evaluation: %d of %d weights scored (exit code %d); see its output above",
+                  len(results), len(weights), done.returncode)
+    return [results.get(str(w)) for w in weights]
+
+
+def paired_scores(result: dict | None, baseline: dict | None) -> dict | None:
+    """``result`` against ``baseline`` scene by scene (``compare_paired``); None unless both were
+    scored on the same scenes (an older result without per-scene successes included)."""
+    mine, theirs = (r.get("per_episode_success") if r else None for r in (result, baseline))
+    if not mine or not theirs or len(mine) != len(theirs):
+        return None
+    return compare_paired(mine, theirs).as_dict()
+
+
+def format_paired(paired: dict | None, missing: str = "-") -> str:
+    """``paired_scores``' result as "+12.5 (p=0.003)": the difference in points and its exact McNemar p."""
+    if not paired:
+        return missing
+    return f"{100 * paired['difference']:+.1f} (p={paired['p_value']:.2g})"
+
+
+def format_score(result: dict | None, missing: str = "-") -> str:
+    """``evaluate_weights``' result as "80% (70%-87%)" (success and its 95 % interval)."""
+    if not result:
+        return missing
+    lo, hi = result["ci95"]
+    return f"{result['success']:.0%} ({lo:.0%}-{hi:.0%})"
+
+
+def main(argv: list[str]) -> int:
+    """The child of ``heldout_eval_all``: ``JOB DESC WEIGHTS...``, one JSON line per weights as each is scored."""
+    job_path, desc, *weights = argv
+    job = HeldoutJob.from_json(Path(job_path).read_text())
+    failed = 0
+    for w in weights:
+        try:
+            result = evaluate_weights(Path(w), job, f"{desc} {Path(w).name}")
+        except Exception:
+            log.exception("held-out evaluation of %s failed", w)
+            failed += 1
+            continue
+        print(json.dumps(result), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main(sys.argv[1:]))

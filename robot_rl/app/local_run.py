@@ -1,0 +1,359 @@
+"""A learner and N simulated edge nodes on one machine, on loopback: what ``robot-rl run`` and
+``bench learning`` start.
+
+Every robot runs the real edge runtime (``EdgeNode`` + ``EdgeStreamer``) against the
+real learner service over real sockets, so what works here works across machines. The
+robots run on threads of this process (``robots: thread``, quick to start: tests) or each in
+a process of its own (``robots: process``, ``robot_rl.app.robot_process``: the learner
+keeps its interpreter's lock to itself, as on a machine of its own).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from robot_rl.app.config import RobotPlacement, Seeds
+from robot_rl.bridges.zmq.client import ClientConfig
+from robot_rl.bridges.zmq.segments import ImageEncoding
+from robot_rl.core.clock import WallClock
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.node import EdgeNode
+from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.learner.checkpoint import latest_checkpoint
+from robot_rl.learner.config import LearnerConfig
+from robot_rl.learner.metrics import VersionStats
+from robot_rl.learner.service import LearnerService
+from robot_rl.policies.flow_vla import FlowVLA
+
+log = logging.getLogger(__name__)
+
+# (robot index) -> (robot, task or None, reset(episode) -> instruction)
+RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
+# (robot index, robot) -> an intervention hook with bind(node) and begin_episode(episode),
+# e.g. robot_rl.hardware.teleop.TeleopIntervention around the scripted operator
+OperatorFactory = Callable[[int, Any], Any]
+# Called on the robot's thread after each episode: (robot_id, episode, policy version in use)
+EpisodeCallback = Callable[[str, Any, int], None]
+
+
+@dataclass
+class LocalRunConfig:
+    """What ``run_local`` and ``run_edge`` are asked to do (built from ``RunConfig`` by the main job,
+    by ``bench learning`` per arm, and by ``robot-rl edge``); the user-facing defaults are ``RunConfig``'s."""
+
+    num_robots: int
+    episodes_per_robot: int
+    max_steps: int  # per episode
+    spool_dir: str
+    edge: EdgeConfig
+    # Where the robots run: on threads of the learner's process (starts faster: tests, tools) or each
+    # in its own process (robot_rl.app.robot_process; its robot and operator factories must pickle).
+    robots: RobotPlacement = RobotPlacement.thread
+    # Robots start no new episode after this many seconds of wall time (None: no limit).
+    time_budget_s: float | None = None
+    # Robots keep starting episodes (at most episodes_per_robot) only until the trainer has
+    # done trainer.max_updates: a run sized by its training budget rather than by episodes.
+    until_trained: bool = False
+    # After the robots' last episode the learner trains on what they stored until it has made
+    # this many updates (None: it stops with the robots). The episodes set the data, this the
+    # compute: a GPU learner gets there while the robots act, a CPU one that shares its cores
+    # with them falls behind, and the final weights should not depend on which one it was.
+    min_updates: int | None = None
+    segment_steps: int = 15  # steps per streamed segment: half a second at 30 Hz
+    image_format: str = "jpeg"  # how camera frames travel to the learner
+
+    def __post_init__(self) -> None:
+        self.robots = RobotPlacement(self.robots)
+        if self.min_updates is not None and self.min_updates < 0:
+            raise ValueError(f"LocalRunConfig.min_updates must be >= 0 or None, got {self.min_updates}")
+
+
+@dataclass
+class LocalRunResult:
+    episodes: int
+    steps: int
+    successes: int
+    updates: int
+    weights_version: int
+    robot_versions: dict[str, int]
+    store: dict[str, int]
+    per_version: dict[int, VersionStats] = field(default_factory=dict)  # stored episodes' outcomes by weights
+    checkpoint: Path | None = None  # the learner's final checkpoint (None when it did not train)
+    updates_with_robots: int | None = None  # updates made while robots acted (the rest: min_updates)
+
+
+@dataclass(frozen=True)
+class SimRobotFactory:
+    """Robots for ``run_local``: one MuJoCo SO-101 (robot_rl.hardware.sim) each; picklable, so a robot
+    process can build its own.
+
+    Robot ``i`` resets episode ``e`` with seed ``seed_base + stride * i + e`` (``Seeds.robots``,
+    ``Seeds.stride``), so robots never repeat each other's scenes and a run is reproducible scene
+    by scene. ``families`` (None: the sim draws one per seed) rotate over the episodes.
+    """
+
+    sim_config: Any = None  # robot_rl.hardware.sim.SimConfig; None: its defaults
+    families: tuple[str, ...] | None = None
+    seed_base: int = 0
+    stride: int = Seeds.stride
+
+    def __call__(self, index: int) -> tuple[Any, Any, Callable[[int], str]]:
+        from robot_rl.hardware.sim import SimConfig, SimSO101
+
+        seed = self.seed_base + self.stride * index
+        sim = SimSO101(dataclasses.replace(self.sim_config or SimConfig(), seed=seed))
+        sim.connect()
+        families = self.families
+
+        def reset(episode: int) -> str:
+            family = families[episode % len(families)] if families else None
+            return sim.reset(seed=seed + episode, family=family)
+
+        return sim, sim, reset
+
+
+def make_sim_robot_factory(sim_config: Any = None, families: Sequence[str] | None = None,
+                           seed_base: int = 0, stride: int = Seeds.stride) -> SimRobotFactory:
+    """``SimRobotFactory`` for these settings (see there)."""
+    return SimRobotFactory(sim_config, tuple(families) if families else None, int(seed_base), int(stride))
+
+
+def sim_robot_factory(index: int) -> tuple[Any, Any, Callable[[int], str]]:
+    """One default MuJoCo SO-101 per robot, seeded by its index."""
+    return make_sim_robot_factory()(index)
+
+
+def run_local(
+    learner_config: LearnerConfig,
+    policy: FlowVLA,
+    run: LocalRunConfig,
+    robot_factory: RobotFactory = sim_robot_factory,
+    *,
+    resume: bool = False,
+    train: bool = True,
+    operator_factory: OperatorFactory | None = None,
+    on_episode: EpisodeCallback | None = None,
+    on_start: Callable[[LearnerService], None] | None = None,
+) -> LocalRunResult:
+    """Start the learner, run every robot's episodes (``run.robots``: on threads or in processes),
+    stop, and summarise.
+
+    ``operator_factory`` gives each robot a (simulated) operator who may take over;
+    ``on_episode`` sees every finished episode (progress displays, learning curves);
+    ``on_start`` gets the running service just before the robots' first episodes (to watch its
+    trainer and store; robot processes have imported and built their robots by then).
+    """
+    limit = learner_config.trainer.max_updates
+    if run.until_trained and (not train or limit is None):
+        raise ValueError("LocalRunConfig.until_trained needs training on and trainer.max_updates set")
+    learner = LearnerService(learner_config, copy.deepcopy(policy), resume=resume, train=train).start()
+    versions: dict[str, int] = {}
+    started = [time.monotonic()]  # reset when the robots start: the budget is robot time
+
+    def trained() -> bool:
+        if run.time_budget_s is not None and time.monotonic() - started[0] >= run.time_budget_s:
+            return True
+        return run.until_trained and limit is not None and learner.trainer.step >= limit
+
+    def robots_starting() -> None:
+        started[0] = time.monotonic()
+        if on_start is not None:
+            on_start(learner)
+
+    try:
+        if run.robots is RobotPlacement.process:
+            results, errors = _robots_in_processes(learner, policy, run, robot_factory, operator_factory,
+                                                   on_episode, versions, trained, robots_starting)
+        else:
+            robots_starting()
+            results, errors = _robots_on_threads(learner, policy, run, robot_factory, operator_factory,
+                                                 on_episode, versions, trained)
+        learner.store.flush(120)
+        updates_with_robots = learner.trainer.step
+        if train and run.min_updates and not errors:
+            train_on_after_robots(learner, run.min_updates)
+    finally:
+        learner.stop(checkpoint=train)
+    result = collect_result(learner, results, errors, versions, trained=train)
+    result.updates_with_robots = updates_with_robots
+    return result
+
+
+def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float = 0.5) -> None:
+    """Let the trainer go on with the stored episodes until it has made ``updates`` updates
+    (``LocalRunConfig.min_updates``), on every core the robots held, showing its progress;
+    returns early if it stops by itself (``trainer.max_updates``, or a crash, which its thread
+    has logged)."""
+    import os
+
+    from tqdm import tqdm
+
+    trainer = learner.trainer
+    if trainer.step >= updates:
+        return
+    if not trainer.ready():  # nothing more will arrive: waiting would never end
+        log.warning("robots done, but the learner's streams hold too little data to train on; stopping at "
+                    "update %d", trainer.step)
+        return
+    log.info("robots done at update %d; training on the stored episodes to update %d", trainer.step, updates)
+    trainer.set_threads(len(os.sched_getaffinity(0)))
+    with tqdm(total=updates, initial=trainer.step, desc="training on (robots done)", unit="upd") as bar:
+        while trainer.step < updates:
+            ended = trainer.wait(poll_s)
+            bar.update(min(trainer.step, updates) - bar.n)
+            if ended:
+                log.warning("the trainer stopped at update %d before min_updates %d", trainer.step, updates)
+                return
+
+
+def _robots_on_threads(learner: LearnerService, policy: FlowVLA, run: LocalRunConfig, robot_factory: RobotFactory,
+                       operator_factory: OperatorFactory | None, on_episode: EpisodeCallback | None,
+                       versions: dict[str, int], stop: Callable[[], bool]
+                       ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
+    results: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+
+    def robot_thread(index: int) -> None:
+        try:
+            results.append(_run_robot(index, learner, policy, run, robot_factory, versions, stop,
+                                      operator_factory, on_episode))
+        except BaseException as exc:  # reported after join
+            log.exception("robot %d failed", index)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=robot_thread, args=(i,), name=f"robot-{i}") for i in range(run.num_robots)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+def _robots_in_processes(learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
+                         robot_factory: RobotFactory, operator_factory: OperatorFactory | None,
+                         on_episode: EpisodeCallback | None, versions: dict[str, int],
+                         stop: Callable[[], bool], starting: Callable[[], None]
+                         ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
+    """Each robot in a child process (``robot_process``); all start their first episode together,
+    once every child has imported and built its robot (``starting`` is called then)."""
+    from robot_rl.app.robot_process import RobotJob, RobotProcesses
+
+    start_dir = Path(run.spool_dir) / "start_policy"  # the weights every robot starts from
+    policy.save_pretrained(start_dir)
+    jobs = [RobotJob(i, robot_client(i, learner, policy, run), str(start_dir), run, robot_factory,
+                     operator_factory) for i in range(run.num_robots)]
+    robots = RobotProcesses(jobs, on_episode, versions)
+    try:
+        robots.start()
+        starting()
+        robots.go()
+        robots.run_until_done(stop)
+    finally:
+        robots.close()
+    return robots.results, robots.errors
+
+
+def collect_result(learner: LearnerService, results: list[tuple[int, int, int]], errors: list[BaseException],
+                   versions: dict[str, int], *, trained: bool) -> LocalRunResult:
+    """Raise the first robot failure, else sum the robots' (episodes, steps, successes) with the learner's state."""
+    if errors:
+        raise RuntimeError(f"{len(errors)} robot(s) failed; first error: {errors[0]}") from errors[0]
+    return LocalRunResult(
+        episodes=sum(r[0] for r in results), steps=sum(r[1] for r in results), successes=sum(r[2] for r in results),
+        updates=learner.trainer.step, weights_version=learner.trainer.version, robot_versions=versions,
+        store=learner.store.stats(), per_version=learner.store.outcomes.per_version(),
+        checkpoint=latest_checkpoint(learner.config.trainer.checkpoint_dir) if trained else None)
+
+
+def robot_client(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig) -> ClientConfig:
+    """Robot ``index``'s link to ``learner``: its id, the learner's endpoints, its own spool."""
+    robot_id = f"sim-{index}"
+    return ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
+                        pub_endpoint=learner.pub_endpoint, spool_dir=str(Path(run.spool_dir) / robot_id),
+                        config_hash=policy.config_hash(), policy_version=0)
+
+
+def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
+               robot_factory: RobotFactory, versions: dict[str, int],
+               stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
+               on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
+    return run_robot(index, robot_client(index, learner, policy, run), policy, run, robot_factory, versions, stop,
+                     operator_factory, on_episode)
+
+
+def run_robot(index: int, client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
+              robot_factory: RobotFactory, versions: dict[str, int],
+              stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
+              on_episode: EpisodeCallback | None = None,
+              on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
+    """Build robot ``index`` and its operator, then ``run_edge`` (on a thread or in a robot process)."""
+    parts = robot_factory(index)
+    operator = operator_factory(index, parts[0]) if operator_factory is not None else None
+    try:
+        return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode,
+                        on_ready=on_ready)
+    finally:
+        # On this thread, which made its GL context: left to the garbage collector at exit,
+        # EGL prints EGL_NOT_INITIALIZED tracebacks after the results.
+        parts[0].disconnect()
+
+
+def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
+             robot_parts: tuple[Any, Any, Callable[[int], str]],
+             versions: dict[str, int] | None = None,
+             stop: Callable[[], bool] | None = None,
+             operator: Any = None,
+             on_episode: EpisodeCallback | None = None,
+             on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
+    """One edge node: run ``run.episodes_per_robot`` episodes streaming to the learner in ``client``.
+
+    ``stop`` (checked before each episode) ends the run early; ``on_ready`` is called once the
+    node is built and linked, before the first episode (it may block: a start barrier).
+    Returns (episodes, steps, successes). Used by ``run_local`` and by ``robot-rl edge``.
+    """
+    robot, task, reset = robot_parts
+    robot_id = client.robot_id
+    own_policy = copy.deepcopy(policy)
+    streamer = EdgeStreamer(client, own_policy, segment_steps=run.segment_steps,
+                            image_encoding=ImageEncoding(run.image_format))
+    node = EdgeNode(robot, own_policy, WallClock(), run.edge, task=task, robot_id=robot_id, policy_version=0,
+                    intervention=operator)
+    if operator is not None:
+        operator.bind(node)
+    streamer.attach(node).start()
+    episodes = steps = successes = 0
+    try:
+        if not streamer.link.wait_connected(10.0):
+            log.warning("%s: learner not reachable yet; running anyway, segments wait in the spool", robot_id)
+        if on_ready is not None:
+            on_ready()
+        for episode in range(run.episodes_per_robot):
+            if stop is not None and stop():
+                break
+            instruction = reset(episode)
+            if operator is not None:
+                operator.begin_episode(episode)
+            result = node.run_episode(run.max_steps, instruction, episode_id=episode)
+            if on_episode is not None:
+                on_episode(robot_id, result, node.policy_version)
+            episodes += 1
+            steps += result.num_steps
+            successes += int(result.success)
+            log.info("%s episode %d: %d steps, success=%s, policy v%d, late ticks so far %d", robot_id, episode,
+                     result.num_steps, result.success, node.policy_version, node.stats.late_ticks)
+        if not streamer.link.flush(30.0):
+            log.warning("%s: not everything acked yet; the rest stays in the spool for next time", robot_id)
+    finally:
+        if versions is not None:
+            versions[robot_id] = node.policy_version
+        streamer.stop()
+        node.close()
+    return episodes, steps, successes

@@ -1,0 +1,297 @@
+"""The main job (``robot-rl run``) on its embedded default.
+
+A learner and ``run.num_robots`` simulated SO-101 edge nodes on loopback, a simulated
+operator watching each robot and taking over when the policy goes wrong, all on CPU.
+The policy starts from the behaviour-cloned checkpoint (recorded and trained first if
+missing); the learner fine-tunes it (``learner=hgdagger`` by default: on the operator's
+corrections and the demonstrations) while the robots keep acting, and hot-swaps each new
+version into the robots between two chunks. At the end it writes a learning-curve plot
+and prints a summary.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from robot_rl.app.learning_curve import LearningCurve
+from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
+from robot_rl.learner.algorithms.configs import ALGORITHMS
+
+if TYPE_CHECKING:
+    from robot_rl.app.local_run import LocalRunConfig
+    from robot_rl.config import RobotRLConfig
+    from robot_rl.learner.config import LearnerConfig
+
+log = logging.getLogger(__name__)
+
+
+def ensure_bc_checkpoint(cfg: RobotRLConfig) -> Path:
+    """The starting policy: ``policy.path`` if given, else the BC checkpoint under
+    ``bc.checkpoint_dir``, else the one shipped in ``checkpoints/`` if it was trained for the
+    configured model and tasks, else one trained now (records demonstrations first)."""
+    from robot_rl.app.behaviour_cloning import train_bc
+    from robot_rl.app.policies import shipped_bc_checkpoint
+
+    if cfg.policy.path:
+        return Path(cfg.policy.path)
+    checkpoint = Path(cfg.bc.checkpoint_dir)
+    shipped = shipped_bc_checkpoint(cfg)
+    if not (checkpoint / "model.safetensors").exists() and shipped is not None:
+        print(f"starting from the BC checkpoint that ships with robot_rl: {shipped}")
+        return shipped
+    if not (checkpoint / "model.safetensors").exists():
+        print(f"no BC checkpoint at {checkpoint}: recording demonstrations and training one first (one-time)")
+        result = train_bc(cfg)
+        print(f"BC start: success {result['success']:.0%} over {result['eval_episodes']} sim episodes")
+    return checkpoint
+
+
+@dataclass(frozen=True)
+class ScriptedOperatorFactory:
+    """Each robot gets a scripted operator (seeded by ``settings.seed`` + its index) behind the
+    real takeover path, driving at the demonstrator's ``expert_speed`` (its corrections are
+    training data too). Picklable, so a robot process builds its own operator."""
+
+    fps: int
+    expert_speed: float = 1.0
+    settings: ScriptedOperatorConfig = field(default_factory=ScriptedOperatorConfig)
+
+    def __call__(self, index: int, robot):
+        from robot_rl.app.sim import demo_expert
+        from robot_rl.hardware.teleop.blend import TakeoverBlender
+        from robot_rl.hardware.teleop.intervention import TeleopIntervention
+        from robot_rl.hardware.teleop.scripted import scripted_operator_for_sim
+
+        settings = replace(self.settings, seed=self.settings.seed + index)
+        operator = scripted_operator_for_sim(settings, robot, demo_expert(robot, self.expert_speed))
+        blender = TakeoverBlender(self.fps, settings.blend_time_s, settings.max_step_per_tick)
+        return TeleopIntervention(operator, blender)
+
+
+def operator_factory(cfg: RobotRLConfig) -> ScriptedOperatorFactory | None:
+    """The run's operators (``run.operator``; null: none), driving at the demonstrator's speed."""
+    if cfg.run.operator is None:
+        return None
+    return ScriptedOperatorFactory(cfg.robot.fps, cfg.demos.expert_speed, cfg.run.operator)
+
+
+class Progress:
+    """One live line: episodes, rolling success, interventions, updates/s, versions per robot."""
+
+    def __init__(self, curve: LearningCurve, total: int) -> None:
+        self.curve = curve
+        self.bar = tqdm(total=total, desc="run", unit="ep")
+        self.learner = None
+        self.robot_versions: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._step0 = 0
+
+    def attach(self, learner) -> None:
+        """Called as the robots start: the curve's clock and the updates/s count from here."""
+        self.learner = learner
+        self.curve.start_clock()
+        self._t0 = time.monotonic()
+        self._step0 = learner.trainer.step
+
+    def on_episode(self, robot_id: str, episode, version: int) -> None:
+        self.curve.add(robot_id, episode, version)
+        with self._lock:
+            self.robot_versions[robot_id] = version
+            recent = self.curve.recent()
+            updates = self.learner.trainer.step if self.learner else 0
+            published = self.learner.trainer.version if self.learner else 0
+            rate = (updates - self._step0) / max(time.monotonic() - self._t0, 1e-9)
+            versions = " ".join(f"{r}:v{v}" for r, v in sorted(self.robot_versions.items()))
+            self.bar.set_postfix_str(
+                f"success {recent['success']:.0%} autonomous {recent['autonomous']:.0%} "
+                f"interventions {recent['intervention']:.0%} | updates {updates} ({rate:.1f}/s) "
+                f"published v{published} | {versions}"
+            )
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def local_learner_config(cfg: RobotRLConfig, checkpoint: Path, run_dir: Path,
+                         demos: Path | None = None) -> LearnerConfig:
+    """The learner of a run whose robots share this machine: starts from ``checkpoint``, stores what
+    the simulated robots record (their cameras, image size and rate), keeps its store and
+    checkpoints under ``run_dir``, and trains and stores at ``run.learner_nice`` so the robots'
+    control ticks are served first (a learner on its own GPU box needs no such thing)."""
+    from robot_rl.app.behaviour_cloning import ensure_demos
+    from robot_rl.app.sim import sim_config
+
+    robot = sim_config(cfg)
+    config = copy.deepcopy(cfg.learner)
+    config.init_checkpoint = str(checkpoint)
+    config.store = replace(config.store, root=str(run_dir / "store"), fps=robot.fps, cameras=tuple(robot.cameras),
+                           image_height=robot.image_height, image_width=robot.image_width,
+                           commit_nice=max(config.store.commit_nice, cfg.run.learner_nice))
+    if config.store.demonstrations is None:
+        config.store.demonstrations = str(demos if demos is not None else ensure_demos(cfg))
+    config.trainer = replace(config.trainer, checkpoint_dir=str(run_dir / "checkpoints"),
+                             thread_nice=max(config.trainer.thread_nice, cfg.run.learner_nice))
+    return config
+
+
+def share_cpu_with_robots(cfg: RobotRLConfig, *, overlapping: bool = True) -> None:
+    """Cap PyTorch's intra-op threads for a run whose robots and learner share this process.
+
+    PyTorch starts one intra-op thread per core, for the trainer and for every robot's policy.
+    On a small CPU the trainer's second thread waits at every parallel op for a core that a
+    robot or the dataset writer holds (BENCHMARKS.md "learning": more updates per second with
+    one). ``run.torch_threads: null`` keeps PyTorch's default (a learner on a machine of its own).
+    ``overlapping=False`` (a synchronous collect-then-train loop, whose trainer has the CPU to
+    itself while the robots wait) gives it one thread per core whatever the setting.
+    """
+    import os
+
+    import torch
+
+    threads = cfg.run.torch_threads if overlapping else len(os.sched_getaffinity(0))
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def learner_label(config: LearnerConfig) -> str:
+    """The algorithm and the stream mix it samples: hgdagger is ``bc`` at 0 / 0.5 / 0.5, and the
+    plot and the summary should say which data it imitated."""
+    t = config.trainer
+    return (f"{ALGORITHMS.name_of(config.algorithm)}, online / corrections / demonstrations "
+            f"{t.online_ratio:g} / {t.intervention_ratio:g} / {t.demonstration_ratio:g}")
+
+
+def local_run_config(cfg: RobotRLConfig, run_dir: Path) -> LocalRunConfig:
+    """What ``run_local`` needs of the run's settings, its spool under ``run_dir``."""
+    from robot_rl.app.local_run import LocalRunConfig
+
+    budget = cfg.run.time_budget_min
+    return LocalRunConfig(num_robots=cfg.run.num_robots, episodes_per_robot=cfg.run.episodes,
+                          max_steps=cfg.run.max_episode_steps, spool_dir=str(run_dir / "spool"), edge=cfg.edge,
+                          time_budget_s=budget * 60.0 if budget else None, robots=cfg.run.robots,
+                          min_updates=cfg.run.min_updates or None)
+
+
+def run_main_job(cfg: RobotRLConfig) -> dict:
+    from robot_rl.app.local_run import make_sim_robot_factory, run_local
+    from robot_rl.app.sim import sim_config, task_families
+    from robot_rl.policies.flow_vla import FlowVLA
+
+    run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
+    families = task_families(cfg)  # a bad value fails now, not after a BC start was trained
+    checkpoint = ensure_bc_checkpoint(cfg)
+    share_cpu_with_robots(cfg)
+    policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
+    learner_config = local_learner_config(cfg, checkpoint, run_dir)
+    run = local_run_config(cfg, run_dir)
+    curve = LearningCurve()
+    progress = Progress(curve, run.num_robots * run.episodes_per_robot)
+    print(
+        f"robot-rl run: learner ({learner_label(learner_config)}) + {run.num_robots} simulated SO-101 "
+        f"+ {'scripted operator' if cfg.run.operator else 'no operator'}, loopback, CPU; output {run_dir}"
+    )
+    try:
+        result = run_local(
+            learner_config, policy, run,
+            make_sim_robot_factory(sim_config(cfg), families, seed_base=cfg.seed + cfg.seeds.robots,
+                                   stride=cfg.seeds.stride),
+            operator_factory=operator_factory(cfg),
+            on_episode=progress.on_episode,
+            on_start=progress.attach,
+        )
+    finally:
+        progress.close()
+    summary = summarize(curve, result, run_dir, cfg.run.curve_window, ALGORITHMS.name_of(learner_config.algorithm),
+                        heldout=start_vs_final(cfg, checkpoint, result.checkpoint),
+                        learner=learner_label(learner_config))
+    print_summary(summary)
+    return summary
+
+
+def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None) -> dict | None:
+    """The start's and the final weights' success alone (no operator) on ``run.eval_episodes``
+    scenes no robot of the run saw, paired (same scenes, same flow noise): the live window of 30
+    episodes, watched by the operator, moves by +-17 points on its own (BENCHMARKS.md "learning")."""
+    from robot_rl.app.evaluation import heldout_eval_all, paired_scores
+
+    episodes = cfg.run.eval_episodes
+    if episodes <= 0 or final is None:
+        return None
+    print(f"held-out check: the start and the final weights on {episodes} unseen scenes (run.eval_episodes)")
+    before, after = heldout_eval_all([start, final], cfg, episodes, "held-out")
+    return {"start": before, "final": after, "episodes": episodes, "final_vs_start": paired_scores(after, before)}
+
+
+def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
+              heldout: dict | None = None, learner: str | None = None) -> dict:
+    """``learner``: how the plot and the table name the learner (``learner_label``; default the algorithm)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    learner = learner or algorithm
+    png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({learner})")
+    summary = {
+        "algorithm": algorithm,
+        "learner": learner,
+        "episodes": result.episodes,
+        "steps": result.steps,
+        "updates": result.updates,
+        "updates_with_robots": result.updates_with_robots,  # the rest came after them (run.min_updates)
+        "weights_version": result.weights_version,
+        "robot_versions": result.robot_versions,
+        "per_version": {str(k): v for k, v in curve.per_version().items()},
+        "first_vs_last": curve.first_vs_last(),
+        "operator": curve.operator_effort(),
+        "curve_png": str(png),
+        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "heldout": heldout,  # ``start_vs_final``: None when off or not trained
+        "episodes_log": curve.to_json(),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def print_summary(summary: dict) -> None:
+    table = Table(title=f"robot-rl run: success per policy version ({summary.get('learner', summary['algorithm'])})")
+    for col in ("version", "episodes", "success", "autonomous", "interventions"):
+        table.add_column(col, justify="right")
+    for version, row in summary["per_version"].items():
+        table.add_row(f"v{version}", str(row["episodes"]), f"{row['success']:.0%}", f"{row['autonomous']:.0%}",
+                      f"{row['intervention']:.0%}")
+    console = Console()
+    console.print(table)
+    console.print(
+        f"{summary['episodes']} episodes, {summary['steps']} steps, {summary['updates']} updates, "
+        f"weights v{summary['weights_version']}, robots on {summary['robot_versions']}"
+    )
+    with_robots = summary.get("updates_with_robots")
+    if with_robots is not None and with_robots < summary["updates"]:
+        print(f"{with_robots} updates while the robots acted, {summary['updates'] - with_robots} after "
+              f"(run.min_updates)")
+    operator = summary.get("operator")
+    if operator and operator["episodes_taken_over"]:
+        print(f"the operator took over in {operator['episodes_taken_over']} episodes and drove "
+              f"{operator['steps_driven']} steps ({operator['share_of_steps']:.1%} of all)")
+    heldout = summary.get("heldout")
+    if heldout:
+        from robot_rl.app.evaluation import format_score
+        from robot_rl.app.statistics import PairedComparison
+
+        missing = "not scored (see the log)"
+        print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "
+              f"{format_score(heldout['start'], missing)} -> final {format_score(heldout['final'], missing)}")
+        paired = heldout.get("final_vs_start")
+        if paired:
+            comparison = PairedComparison.from_dict(paired)
+            print(f"final against start, scene by scene: {comparison.describe('the final', 'the start')}")

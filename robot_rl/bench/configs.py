@@ -1,0 +1,146 @@
+"""Each benchmark's own settings (``robot-rl bench NAME bench.KEY=VALUE``), in Hydra's ``bench`` group.
+
+``robot-rl bench NAME`` composes the configuration with ``bench=NAME`` (``--quick``: the preset
+``configs/bench/NAME_quick.yaml``, a smoke run that is not for BENCHMARKS.md), so a benchmark's
+settings are typed and checked like every other: ``bench.arms=[rwr,awr]``, ``bench.swaps=20``.
+The rest of the configuration (``edge.*``, ``learner.*`` ...) applies as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BENCHMARKS_GROUP = "bench"
+SYNTHETIC_EPISODE_STEPS = 300  # bench transport's and store's episodes: 10 s at 30 Hz
+
+
+@dataclass
+class SimBenchConfig:
+    """``bench sim``: rendering, physics, the scripted expert, recording demonstrations."""
+
+    episodes: int = 20  # expert episodes per task family
+    demo_episodes: int = 40  # demonstrations recorded each way (one process; the sim in a child)
+
+
+@dataclass
+class AsyncBenchConfig:
+    """``bench async``: sync vs async_naive vs async_rollforward under simulated inference latency."""
+
+    episodes: int = 30  # per mode and latency (seeds.eval onwards)
+    reaction_episodes: int = 12  # reaction-latency episodes (seeds.reaction onwards)
+    realtime_episodes: int = 2  # wall-clock episodes per mode (seeds.realtime onwards)
+
+
+@dataclass
+class TransportBenchConfig:
+    """``bench transport``: ingest steps/s and weight hot-swap latency, ZeroMQ against LeRobot's gRPC."""
+
+    robots: list[int] = field(default_factory=lambda: [1, 4])  # edge processes streaming at once
+    sizes_mb: list[int] = field(default_factory=lambda: [10, 100])  # weights swapped
+    ingest_window_s: float = 6.0  # the store indexes every step in memory: keep it short
+    swaps: int = 10
+    swap_gap_s: float = 1.0  # between two publishes (the edge keeps ticking)
+    swap_timeout_s: float = 30.0
+
+
+@dataclass
+class StoreBenchConfig:
+    """``bench store``: the learner's dataset writer, seconds per episode and the trainer it leaves."""
+
+    episodes: int = 16
+    batches: list[int] = field(default_factory=lambda: [1, 8])  # store.commit_batch settings, side by side
+    writers: list[str] = field(default_factory=lambda: ["thread", "process"])  # store.writer, each with every batch
+    episode_steps: int = SYNTHETIC_EPISODE_STEPS
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or not self.batches or min(self.batches) < 1 or self.episode_steps < 1:
+            raise ValueError(f"bench store: episodes, batches and episode_steps must be >= 1, got {self}")
+        if not self.writers or any(w not in ("thread", "process") for w in self.writers):
+            raise ValueError(f"bench store: writers must be thread and/or process, got {self.writers}")
+
+
+@dataclass
+class ReplanBenchConfig:
+    """``bench replan``: held-out success of given weights at re-planning floors, paired."""
+
+    weights: list[str] = field(default_factory=list)  # weights directories; empty: the shipped BC start
+    floors: list[int] = field(default_factory=lambda: [0, 10])  # edge.min_request_threshold values
+    episodes: int = 80  # held-out scenes per weights and floor
+
+    def __post_init__(self) -> None:
+        if not self.floors or min(self.floors) < 0:
+            raise ValueError(f"bench.floors must be integers >= 0, got {self.floors}")
+        if self.episodes < 1:
+            raise ValueError(f"bench.episodes must be >= 1, got {self.episodes}")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of ``bench learning``: which learner preset, whether it trains, operator on/off, sync or async."""
+
+    learner: str  # the ``learner=`` preset
+    train: bool = True
+    operator: bool = True
+    sync: bool = False
+
+
+ARMS: dict[str, Arm] = {
+    "none": Arm("rwr", train=False),
+    "rwr": Arm("rwr"),
+    "awr": Arm("awr"),
+    "rl": Arm("rl"),
+    "hgdagger": Arm("hgdagger"),
+    "rwr_no_intervention": Arm("rwr", operator=False),
+    "rwr_sync": Arm("rwr", sync=True),
+    "hgdagger_sync": Arm("hgdagger", sync=True),
+}
+
+
+@dataclass
+class LearningBenchConfig:
+    """``bench learning``: the algorithms side by side, and the async learner against a sync loop
+    (the arms and the measures: ``robot_rl.bench.learning``)."""
+
+    minutes_per_arm: float = 6.0  # wall-clock (robot) time of each arm
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
+    num_robots: int = 2
+    window: int = 20  # episodes in the rolling success rate
+    sync_collect_episodes: int = 4  # sync arms: episodes per collect phase (all robots)
+    sync_updates: int = 50  # sync arms: updates per train phase
+    eval_episodes: int = 40  # held-out scenes for each arm's final weights (0 = off)
+    # Save each training arm's weights this often (robot time) and score every copy held-out
+    # afterwards (0 = off; robot_rl.bench.timeline).
+    heldout_every_s: float = 0.0
+    timeline_episodes: int = 40  # held-out scenes per saved copy
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown or not self.arms:
+            raise ValueError(f"bench.arms: unknown arm(s) {unknown or '(none given)'}; known: {list(ARMS)}")
+        if self.minutes_per_arm <= 0 or self.heldout_every_s < 0:
+            raise ValueError("bench.minutes_per_arm must be > 0 and bench.heldout_every_s >= 0")
+        for name in ("num_robots", "window", "sync_collect_episodes", "sync_updates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"bench.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_episodes < 0 or self.timeline_episodes < 0:
+            raise ValueError("bench.eval_episodes and bench.timeline_episodes must be >= 0")
+
+
+BENCHMARK_CONFIGS: dict[str, type] = {
+    "sim": SimBenchConfig,
+    "async": AsyncBenchConfig,
+    "transport": TransportBenchConfig,
+    "store": StoreBenchConfig,
+    "replan": ReplanBenchConfig,
+    "learning": LearningBenchConfig,
+}
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    for name, node in BENCHMARK_CONFIGS.items():
+        ConfigStore.instance().store(group=BENCHMARKS_GROUP, name=name, node=node)
+
+
+register()
