@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -69,6 +70,48 @@ class CameraCalibration:
     @staticmethod
     def load_yaml(path: str | Path) -> CameraCalibration:
         return CameraCalibration(**yaml.safe_load(Path(path).read_text()))
+
+
+class Undistorter:
+    """Removes one camera's lens distortion from its frames with the intrinsics ``robot-rl calibrate
+    camera`` measured. The remap tables are computed once (``initUndistortRectifyMap``), so a frame
+    costs one ``cv2.remap`` (about a millisecond at 640x480), well inside a 33 ms tick."""
+
+    def __init__(self, calibration: CameraCalibration, source: str = "") -> None:
+        self.size = (calibration.image_height, calibration.image_width)
+        self.source = source
+        dist = np.asarray(calibration.distortion, dtype=np.float64)
+        self._maps = cv2.initUndistortRectifyMap(calibration.K, dist, None, calibration.K,
+                                                 (calibration.image_width, calibration.image_height), cv2.CV_16SC2)
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        if image.shape[:2] != self.size:
+            raise ValueError(f"camera frame is {image.shape[1]}x{image.shape[0]} but the intrinsics {self.source} "
+                             f"were calibrated at {self.size[1]}x{self.size[0]}; recalibrate at this size")
+        return cv2.remap(image, self._maps[0], self._maps[1], cv2.INTER_LINEAR)
+
+
+class UndistortingRobot:
+    """A robot whose named cameras' frames come undistorted (``robot.undistort: {camera: intrinsics.yaml}``);
+    everything else is the robot's own."""
+
+    def __init__(self, robot: Any, intrinsics: dict[str, str]) -> None:
+        unknown = sorted(set(intrinsics) - set(robot.camera_names))
+        if unknown:
+            raise ValueError(f"robot.undistort names cameras {unknown}; the robot has {list(robot.camera_names)}")
+        self.robot = robot
+        self.undistorters = {cam: Undistorter(CameraCalibration.load_yaml(path), str(path))
+                             for cam, path in intrinsics.items()}
+
+    def get_observation(self) -> Any:
+        observation = self.robot.get_observation()
+        images = dict(observation["images"])
+        for cam, undistort in self.undistorters.items():
+            images[cam] = undistort(images[cam])
+        return {**observation, "images": images}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.robot, name)
 
 
 class CalibrationError(RuntimeError):

@@ -70,6 +70,23 @@ class LatencyReport:
         return path
 
 
+def default_latency_path(output_dir: str | Path, robot_name: str) -> Path:
+    """Where ``robot-rl calibrate latency`` writes a robot's report, and where the edge looks for it."""
+    return Path(output_dir) / "calibration" / robot_name / "latency.yaml"
+
+
+def read_delay_prior(path: str | Path) -> int:
+    """The delay prior (ticks) of a saved ``LatencyReport``; a clear error for anything else."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+        prior = int(data["delay_prior_ticks"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} is not a latency calibration (robot-rl calibrate latency): {exc}") from exc
+    if prior < 0:
+        raise ValueError(f"{path}: delay_prior_ticks must be >= 0, got {prior}")
+    return prior
+
+
 def measure_command_delay(robot: Robot, clock: Clock, config: StepTestConfig | None = None) -> list[int]:
     """Ticks from sending a step command to the first joint reading that shows it, per trial.
 

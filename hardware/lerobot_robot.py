@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from robot_rl.hardware.lerobot_robot_config import LeRobotRobotConfig
-from robot_rl.hardware.robot import Observation, validate_action
+from robot_rl.hardware.robot import Observation, RobotFaultError, validate_action
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,11 @@ class LeRobotRobot:
         return self._limits
 
     @property
+    def max_joint_velocity(self) -> Any:
+        """Action units per second (the edge bounds every target by it)."""
+        return self.config.max_joint_velocity
+
+    @property
     def observation_features(self) -> dict[str, type | tuple[int, ...]]:
         return dict(self.robot.observation_features)
 
@@ -123,11 +128,14 @@ class LeRobotRobot:
 
     def get_observation(self) -> Observation:
         self._require_connected()
-        raw = self.robot.get_observation()
+        try:
+            raw = self.robot.get_observation()
+        except (ConnectionError, TimeoutError, OSError) as exc:  # the bus or a camera stopped answering
+            raise RobotFaultError(f"{self.name}: no reading from the robot ({exc})") from exc
         state = np.array([raw[k] for k in self._action_keys], dtype=np.float32)
         if not np.isfinite(state).all():
             bad = [self.joint_names[i] for i in np.flatnonzero(~np.isfinite(state))]
-            raise RuntimeError(f"{self.name}: joint reading is NaN/inf for {bad}; check the motor bus")
+            raise RobotFaultError(f"{self.name}: joint reading is NaN/inf for {bad}; check the motor bus")
         images = {cam: np.ascontiguousarray(raw[cam], dtype=np.uint8) for cam in self.camera_names}
         return {"images": images, "state": state}
 
@@ -137,7 +145,10 @@ class LeRobotRobot:
         target = validate_action(action, self.joint_names)
         lower, upper = self.joint_limits
         target = np.clip(target, lower, upper).astype(np.float32)
-        sent = self.robot.send_action({k: float(v) for k, v in zip(self._action_keys, target, strict=True)})
+        try:
+            sent = self.robot.send_action({k: float(v) for k, v in zip(self._action_keys, target, strict=True)})
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            raise RobotFaultError(f"{self.name}: command not delivered ({exc})") from exc
         return np.array([sent.get(k, t) for k, t in zip(self._action_keys, target, strict=True)], dtype=np.float32)
 
     def camera_frame_ages_s(self) -> dict[str, float]:

@@ -31,6 +31,14 @@ class LeRobotRobotConfig:
     max_relative_target: float | None = None
     disable_torque_on_disconnect: bool = True
     joint_limits: dict[str, list[float]] | None = None
+    # Fastest a joint target may move (action units per second: degrees, gripper 0..100), one
+    # number or one per joint. Every commanded target is bounded by it, the first tick, takeovers
+    # and hand-backs included. 120 deg/s is a third of an SO-101 servo's no-load speed: quick
+    # enough for manipulation, slow enough for a hand to get out of the way.
+    max_joint_velocity: Any = 120.0
+    # Cameras whose frames are undistorted before anything sees them: {camera: intrinsics.yaml}
+    # from `robot-rl calibrate camera`; the policy and the recording get the undistorted frames.
+    undistort: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     # Never start LeRobot's interactive calibration from a session: run `robot-rl calibrate motors`.
     calibrate_on_connect: bool = False

@@ -14,9 +14,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 # Re-exported: backends import these from here or from robot_rl.core.
-from robot_rl.core.robot_io import InvalidActionError, Observation, features_for, validate_action
+from robot_rl.core.robot_io import InvalidActionError, Observation, RobotFaultError, features_for, validate_action
 
-__all__ = ["InvalidActionError", "Observation", "Robot", "features_for", "validate_action"]
+__all__ = ["InvalidActionError", "Observation", "Robot", "RobotFaultError", "features_for", "validate_action"]
 
 
 @runtime_checkable
@@ -46,9 +46,16 @@ class Robot(Protocol):
         """LeRobot-style: ``{"shoulder_pan.pos": float, ...}``."""
         ...
 
+    # Optional: ``max_joint_velocity`` (action units per second, one number or one per joint).
+    # The edge bounds every commanded target by it; a robot without it (the sim) is bounded only
+    # by ``edge.max_joint_delta_per_tick``.
+
     def connect(self) -> None: ...
 
-    def get_observation(self) -> Observation: ...
+    def get_observation(self) -> Observation:
+        """The newest reading. Raises RobotFaultError when the robot cannot be read (silent driver,
+        state too old, bus down): the session then stops the episode in a controlled way."""
+        ...
 
     def send_action(self, action: np.ndarray) -> np.ndarray:
         """Command joint targets; returns the action actually sent (clipped to limits).

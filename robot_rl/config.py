@@ -220,6 +220,11 @@ def describe_error(exc: BaseException, overrides: Sequence[str] = ()) -> str:
 
     if isinstance(exc, MissingConfigException):
         return _missing_option_message(str(exc))
+    if "To append to your config use" in str(exc) and "'" in str(exc):
+        key = str(exc).split("'")[1]
+        if _is_free_dict(_reference_config(_choices(overrides)), key):  # new keys in a dict setting: need a +
+            return (f"{key} gets new keys here, which Hydra adds only with a +: "
+                    + str(exc).splitlines()[-1].removeprefix("To append to your config use ").strip())
     cause = exc
     while cause.__cause__ is not None and not isinstance(cause, (ConfigAttributeError, ConfigKeyError,
                                                                  ValidationError)):
@@ -243,6 +248,16 @@ def _unknown_key_message(full_key: str, overrides: Sequence[str] = ()) -> str:
     near = difflib.get_close_matches(leaf, valid, n=1)
     close = [f"{parent}.{near[0]}" if parent else near[0]] if near else _close_full_keys(reference, leaf)
     return message + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def _is_free_dict(reference: DictConfig, key: str) -> bool:
+    """``key`` is a setting whose value is a plain dict (``robot.cameras``), not a dataclass: it
+    takes any keys, which a Hydra override adds only with a leading ``+``."""
+    node = OmegaConf.select(reference, key, default=None)
+    if not isinstance(node, DictConfig):
+        return False
+    schema = OmegaConf.get_type(node)
+    return schema is None or not is_dataclass(schema)
 
 
 def _choices(overrides: Sequence[str]) -> tuple[str, ...]:

@@ -69,7 +69,7 @@ def tiny_sim_weights(directory: Path, monkeypatch) -> tuple[Path, Any]:
 
 
 def store_config(root: Path, **overrides) -> StoreConfig:
-    base = dict(root=str(root), joint_names=JOINTS, cameras=CAMERAS, image_height=IMG, image_width=IMG,
+    base = dict(root=str(root), fps=30, joint_names=JOINTS, cameras=CAMERAS, image_height=IMG, image_width=IMG,
                 background_commit=False, writer="thread")  # in-process: tests patch the recorder
     return StoreConfig(**{**base, **overrides})
 
@@ -114,10 +114,16 @@ def learner_config(root: Path, router: str = "tcp://127.0.0.1:*", pub: str = "tc
                          service=ServiceConfig(router_endpoint=router, pub_endpoint=pub, heartbeat_interval_s=0.2))
 
 
+def robot_features() -> dict:
+    """What the test robots record, as their hello says it (``Hello.features``)."""
+    return {"fps": 30, "joint_names": list(JOINTS), "cameras": {cam: [IMG, IMG] for cam in CAMERAS}}
+
+
 def client_config(robot: str, learner, spool: Path, **overrides):
     from robot_rl.bridges.zmq.client import ClientConfig
 
     base = dict(robot_id=robot, router_endpoint=learner.router_endpoint, pub_endpoint=learner.pub_endpoint,
+                features=robot_features(),
                 spool_dir=str(spool / robot), config_hash=tiny_policy().config_hash(), heartbeat_interval_s=0.2,
                 hello_retry_s=0.1, ack_timeout_s=2.0, server_timeout_s=2.0)
     return ClientConfig(**{**base, **overrides})

@@ -186,3 +186,39 @@ def test_calibrate_motors_refuses_the_sim(capsys):
 
     assert calibrate.main(["motors", "robot=sim_so101"]) == 2
     assert "robot=so101" in capsys.readouterr().err
+
+
+def test_undistortion_is_applied_to_the_cameras_the_robot_config_names(tmp_path):
+    import cv2
+    import numpy as np
+
+    from robot_rl.calibration.camera import CameraCalibration, UndistortingRobot
+
+    h, w = 48, 64
+    calibration = CameraCalibration(image_width=w, image_height=h, camera_matrix=[[60.0, 0, w / 2], [0, 60.0, h / 2],
+                                                                                   [0, 0, 1]],
+                                    distortion=[-0.4, 0.15, 0.0, 0.0, 0.0], reprojection_error_px=0.2, views_used=9,
+                                    views_rejected=0)
+    path = calibration.save_yaml(tmp_path / "front.yaml")
+    grid = np.zeros((h, w, 3), dtype=np.uint8)
+    grid[::8] = 255
+    grid[:, ::8] = 255
+
+    class TwoCameras:
+        camera_names = ("front", "wrist")
+        name = "arm"
+
+        def get_observation(self):
+            return {"images": {"front": grid, "wrist": grid}, "state": np.zeros(6, dtype=np.float32)}
+
+    robot = UndistortingRobot(TwoCameras(), {"front": str(path)})
+    obs = robot.get_observation()
+    expected = cv2.undistort(grid, calibration.K, np.asarray(calibration.distortion))
+    assert np.abs(obs["images"]["front"].astype(int) - expected.astype(int)).mean() < 8  # OpenCV's own result
+    assert not np.array_equal(obs["images"]["front"], grid)  # the lines are straightened
+    assert obs["images"]["wrist"] is grid and robot.name == "arm"  # other cameras and attributes untouched
+    with pytest.raises(ValueError, match="robot has"):
+        UndistortingRobot(TwoCameras(), {"top": str(path)})
+    small = CameraCalibration(**{**calibration.__dict__, "image_width": 32})
+    with pytest.raises(ValueError, match="recalibrate at this size"):
+        UndistortingRobot(TwoCameras(), {"front": str(small.save_yaml(tmp_path / "small.yaml"))}).get_observation()

@@ -51,6 +51,14 @@ def test_a_misspelled_setting_is_refused_naming_the_valid_ones(override, names):
         assert name in message
 
 
+def test_a_new_key_in_a_dict_setting_says_to_add_it_with_a_plus():
+    with pytest.raises(ConfigError) as error:
+        load_config(["robot=ros2_arm", "robot.cameras={front:{topic:/image}}"])
+    assert str(error.value).endswith("+robot.cameras={front:{topic:/image}}") and "\n" not in str(error.value)
+    cfg = load_config(["robot=ros2_arm", "+robot.cameras={front:{topic:/image}}"])
+    assert cfg.robot.cameras == {"front": {"topic": "/image"}}
+
+
 @pytest.mark.parametrize("override, needle", [
     ("robot.fps=fast", "robot.fps"),
     ("run.robots=fibers", "expected one of [process, thread]"),

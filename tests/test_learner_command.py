@@ -29,3 +29,17 @@ def test_a_checkpoint_decides_the_architecture_and_init_checkpoint_comes_first(t
 def test_a_policy_the_learner_cannot_train_is_refused():
     with pytest.raises(ConfigError, match="policy=flow_vla"):
         build_policy(load_config(["policy=hold"]))
+
+
+def test_the_learner_starts_from_the_checkpoint_an_edge_of_the_same_config_runs():
+    """Without policy.path both sides fall back to the same checkpoint (the shipped BC start), so
+    the first weights the learner publishes are the ones the robots already run."""
+    import torch
+
+    from robot_rl.app.policies import load_policy
+
+    config = load_config([])
+    learner, edge = build_policy(config), load_policy(config)
+    served, running = learner.state_dict(), edge.state_dict()
+    assert served.keys() == running.keys()
+    assert all(torch.equal(served[k], running[k]) for k in served)

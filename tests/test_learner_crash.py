@@ -209,9 +209,10 @@ def run_edge(router: str, pub: str, spool: str, first_episode: int, episodes: in
     from robot_rl.bridges.zmq.client import ClientConfig
     from robot_rl.bridges.zmq.segments import ImageEncoding
     from robot_rl.bridges.zmq.streaming import StreamingClient
-    from tests.learner_helpers import make_step, tiny_policy
+    from tests.learner_helpers import make_step, robot_features, tiny_policy
 
     config = ClientConfig(robot_id="r0", router_endpoint=router, pub_endpoint=pub, spool_dir=spool,
+                          features=robot_features(),
                           config_hash=tiny_policy().config_hash(), heartbeat_interval_s=0.2, hello_retry_s=0.1,
                           ack_timeout_s=2.0, server_timeout_s=2.0, fetch_weights=False)
     out = open(log_path, "a", buffering=1)  # noqa: SIM115 - line-buffered progress log, lives with the process

@@ -88,7 +88,7 @@ def final_progress(robot: SimSO101, policy: FlowVLA) -> tuple[float, float]:
 
 
 def learner_config(root: Path, demos: Path) -> LearnerConfig:
-    store = StoreConfig(root=str(root / "store"), joint_names=SIM_JOINTS, cameras=SIM.cameras,
+    store = StoreConfig(root=str(root / "store"), fps=SIM.fps, joint_names=SIM_JOINTS, cameras=SIM.cameras,
                         image_height=SIM.image_height, image_width=SIM.image_width, demonstrations=str(demos))
     trainer = TrainerConfig(batch_size=32, lr=1e-3, min_steps_to_train=1,
                             online_ratio=0.25, intervention_ratio=0.25, demonstration_ratio=0.5,

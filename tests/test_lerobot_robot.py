@@ -7,64 +7,14 @@ calibration file handling and a real LeRobot camera (``image_files``) reading PN
 
 from __future__ import annotations
 
-import json
-from contextlib import contextmanager
-from unittest.mock import MagicMock, patch
-
 import cv2
 import numpy as np
 import pytest
-from lerobot.motors.feetech import FeetechMotorsBus
 
 from robot_rl.hardware.lerobot_robot import LeRobotRobot, LeRobotRobotConfig, RobotNotCalibratedError
 from robot_rl.hardware.robot import InvalidActionError, Robot
-
-JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
-# Calibrated ranges (encoder ticks): shoulder_pan spans 1000..3000 -> +-87.9 degrees.
-RANGES = {j: (1000, 3000) for j in JOINTS}
-RANGES["wrist_roll"] = (0, 4095)
-
-
-def _bus_mock() -> MagicMock:
-    """A Feetech bus that remembers goal positions and reports them as present positions."""
-    bus = MagicMock(name="FeetechBusMock")
-    bus.is_connected = False
-    bus.is_calibrated = True
-    bus.model_resolution_table = FeetechMotorsBus.model_resolution_table
-    bus.present = {}
-
-    def connect(*_a, **_k):
-        bus.is_connected = True
-
-    def disconnect(*_a, **_k):
-        bus.is_connected = False
-
-    def sync_read(register, *_a, **_k):
-        assert register == "Present_Position"
-        return dict(bus.present)
-
-    def sync_write(register, values, *_a, **_k):
-        assert register == "Goal_Position"
-        bus.present.update(values)
-
-    @contextmanager
-    def torque_disabled(*_a, **_k):
-        yield
-
-    bus.connect.side_effect = connect
-    bus.disconnect.side_effect = disconnect
-    bus.sync_read.side_effect = sync_read
-    bus.sync_write.side_effect = sync_write
-    bus.torque_disabled.side_effect = torque_disabled
-    return bus
-
-
-def _write_calibration(directory, robot_id: str) -> None:
-    data = {
-        j: {"id": i + 1, "drive_mode": 0, "homing_offset": 0, "range_min": lo, "range_max": hi}
-        for i, (j, (lo, hi)) in enumerate(RANGES.items())
-    }
-    (directory / f"{robot_id}.json").write_text(json.dumps(data))
+from tests.lerobot_mocks import JOINTS, feetech_bus_mock, mocked_so101_bus
+from tests.lerobot_mocks import write_calibration as _write_calibration
 
 
 @pytest.fixture
@@ -81,13 +31,8 @@ def image_paths(tmp_path):
 
 @pytest.fixture
 def make_robot(tmp_path, image_paths):
-    bus = _bus_mock()
+    bus = feetech_bus_mock()
     made: list[LeRobotRobot] = []
-
-    def side_effect(*_args, **kwargs):
-        bus.motors = kwargs["motors"]
-        bus.present = {m: 0.0 for m in bus.motors}
-        return bus
 
     def factory(calibrated: bool = True, **overrides) -> LeRobotRobot:
         cal_dir = tmp_path / "calibration"
@@ -107,10 +52,7 @@ def make_robot(tmp_path, image_paths):
         made.append(robot)
         return robot
 
-    with (
-        patch("lerobot.robots.so_follower.so_follower.FeetechMotorsBus", side_effect=side_effect),
-        patch("lerobot.robots.so_follower.so_follower.SOFollower.configure", lambda self: None),
-    ):
+    with mocked_so101_bus(bus):
         yield factory, bus
     for robot in made:
         robot.disconnect()

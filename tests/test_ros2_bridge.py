@@ -173,3 +173,50 @@ def test_connect_times_out_with_a_pointer_to_the_topics():
     with pytest.raises(TimeoutError, match="/nobody_publishes_this"):
         robot.connect()
     assert not robot.is_connected
+
+
+def test_split_joint_states_are_merged_and_every_trajectory_point_is_bounded():
+    """A driver that publishes the gripper on its own JointState connects; a plan that jumps is sent
+    with every point one velocity-limited step from the one before (the controller runs them all)."""
+    arm = FakeArm("--split")
+    robot = make_robot(cameras={}, max_joint_velocity=2.0)  # 0.1 units per tick at 20 fps
+    try:
+        robot.connect()
+        np.testing.assert_allclose(robot.get_observation()["state"], [0.0, 0.0, 0.0])
+        plan = [np.array([5.0, -5.0, 0.05 * (i + 1)], dtype=np.float32) for i in range(6)]
+        robot.set_plan_source(lambda: plan)
+        robot.send_action(np.zeros(3, dtype=np.float32))
+        points = np.array(arm.next("trajectory")["points"])
+        steps = np.abs(np.diff(points, axis=0))
+        assert steps.max() <= 0.1 + 1e-6
+        np.testing.assert_allclose(points[-1], [0.6, -0.6, 0.3], atol=1e-6)  # 6 bounded steps towards the plan
+    finally:
+        robot.disconnect()
+        arm.stop()
+
+
+@pytest.mark.slow
+def test_a_session_whose_driver_falls_silent_stops_in_control_and_saves_the_episode_as_aborted(tmp_path):
+    arm = FakeArm("--silent-after", "1.5", "--rate", "50")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "robot_rl.cli", "session", "robot=ros2_arm", "policy=hold", "teleop=none",
+           f"output_dir={out}", "session.episodes=2", "session.max_episode_steps=300", "session.keys=none",
+           f"robot.joint_names=[{','.join(JOINTS)}]", f"robot.domain_id={DOMAIN_ID}", "robot.fps=20",
+           "robot.stale_after_ms=300", "+robot.cameras={front:{topic:/camera/image_raw,height:24,width:32}}"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", HF_HUB_OFFLINE="1")
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        arm.stop()
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 4, text[-3000:]
+    assert "ROBOT FAULT" in text and "ms old" in text and "Traceback" not in text
+    from robot_rl.data import load_episode_arrays
+
+    episodes = load_episode_arrays(out / "session", repo_id="local/robot_rl_session")
+    assert len(episodes) == 1  # the episode under way is saved; the second never starts
+    assert 20 <= len(episodes[0]["action"]) < 300  # ~1.5 s of ticks before the driver fell silent
+    assert int(np.asarray(episodes[0]["episode_seed"]).reshape(-1)[0]) == -1  # a real scene: no sim seed
+    log = [json.loads(line) for line in (out / "session_log.jsonl").read_text().splitlines()]
+    assert [entry["verdict"] for entry in log] == ["aborted"]

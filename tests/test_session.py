@@ -25,7 +25,7 @@ def test_scripted_operator_session_in_sim_with_estop_writes_a_dataset(tmp_path):
     cmd = [
         sys.executable, "-m", "robot_rl.cli", "session",
         "robot=sim_so101", "policy=hold", "teleop=scripted", "teleop.stuck_ticks=20",
-        "session.episodes=3", "session.max_episode_steps=90", "session.realtime=false",
+        "session.episodes=3", "session.max_episode_steps=90", "session.realtime=false", "session.seed=40",
         f"session.dataset_root={root}", "session.keys=script", "session.key_script=[1:30:e]",
         "robot.image_height=32", "robot.image_width=32", "robot.cameras=[front]",
     ]
@@ -42,7 +42,10 @@ def test_scripted_operator_session_in_sim_with_estop_writes_a_dataset(tmp_path):
     episodes = load_episode_arrays(root, repo_id="local/robot_rl_session")
     assert len(episodes) == 2  # episode 3 never started
     first, second = episodes
-    assert len(first["action"]) == 90
+    first_success = np.asarray(first["next.success"]).reshape(-1)
+    assert len(first["action"]) == 90 or first_success[-1]  # ran out of time, or the operator's push succeeded
+    # The sim's scenes are recorded with the seeds that set them up (session.seed, then one more each).
+    assert [int(np.asarray(e["episode_seed"]).reshape(-1)[0]) for e in episodes] == [40, 41]
     flags = np.asarray(first["is_intervention"]).reshape(-1).astype(bool)
     assert flags.any() and not flags[:20].any()  # the operator took over, after its grace period
     assert len(second["action"]) == 31  # e-stopped at tick 30: ticks 0..30 recorded

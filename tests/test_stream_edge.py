@@ -152,6 +152,15 @@ def test_edge_command_needs_a_learner_and_keys_off_loopback(capsys):
     assert len(err.splitlines()) == 1 and "link.secret_key" in err
 
 
+def test_edge_command_builds_the_robot_it_is_given_not_a_sim(capsys):
+    from robot_rl.cli import main
+
+    # A real arm: the same refusal as a session's (no named checkpoint), before any sim is built.
+    assert main(["edge", "robot=so101", "link.learner=tcp://127.0.0.1:5555"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "policy.path is not set" in err
+
+
 def test_edge_command_answers_help(capsys):
     from robot_rl.cli import main
     from robot_rl.commands import edge

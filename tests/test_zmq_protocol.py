@@ -49,7 +49,8 @@ from robot_rl.core import Step
 pytestmark = pytest.mark.timeout(60)
 
 SAMPLES = [
-    Hello(robot_id="so101-a", config_hash="abc123", policy_version=-1),
+    Hello(robot_id="so101-a", config_hash="abc123", policy_version=-1,
+          features={"fps": 30, "joint_names": ["a", "b"], "cameras": {"front": [24, 32]}}),
     HelloOk(server_id="learner", config_hash="abc123", latest_version=3, heartbeat_interval_s=1.0,
             max_message_bytes=1 << 20),
     Error(code="bad_message", message="what went wrong", in_reply_to="segment"),
@@ -173,7 +174,7 @@ def test_version_mismatch_has_its_own_code():
     with pytest.raises(ProtocolError) as info:
         decode_message([_envelope(v=99)])
     assert info.value.code == "version_mismatch"
-    assert "this side speaks 1" in str(info.value)
+    assert f"this side speaks {PROTOCOL_VERSION}" in str(info.value)
 
 
 def test_oversized_messages_are_refused_before_parsing():

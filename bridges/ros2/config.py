@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from robot_rl.core.registry import ROBOTS
 
@@ -44,6 +45,13 @@ class Ros2ArmConfig:
     scale: list[float] | None = None
     offset: list[float] | None = None
     joint_limits: dict[str, list[float]] | None = None  # action units
+    # Fastest a joint target may move, in action units per second (after scale/offset), one
+    # number or one per joint; bounds every commanded target and every point of a trajectory.
+    # The default suits degrees; with radians as action units set it (e.g. 1.5).
+    max_joint_velocity: Any = 90.0
+    # Cameras whose frames are undistorted before anything sees them: {camera: intrinsics.yaml}
+    # from `robot-rl calibrate camera`; the policy and the recording get the undistorted frames.
+    undistort: dict[str, str] = field(default_factory=dict)
     stale_after_ms: float = 200.0
     connect_timeout_s: float = 5.0
     max_plan_points: int = 50  # cap on the trajectory length sent each tick

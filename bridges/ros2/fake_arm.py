@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-topic", default="/camera/image_raw")
     parser.add_argument("--compressed-topic", default="/camera/image_raw/compressed")
     parser.add_argument("--image-size", type=int, nargs=2, default=(24, 32), metavar=("H", "W"))
+    parser.add_argument("--split", action="store_true",
+                        help="publish the last joint (the gripper) in a JointState of its own, as some drivers do")
+    parser.add_argument("--silent-after", type=float, default=None, metavar="S",
+                        help="stop publishing joint states S seconds after the first command (a driver that hangs)")
     args = parser.parse_args(argv)
 
     import cv2
@@ -56,10 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     def report(record: dict) -> None:
         print(json.dumps(record), flush=True)
 
+    first_command: list[float] = []  # monotonic time of the first command received
+
+    def commanded() -> None:
+        if not first_command:
+            first_command.append(time.monotonic())
+
     def on_trajectory(msg: JointTrajectory) -> None:
         nonlocal position
         index = [msg.joint_names.index(j) for j in joints]
         points = [[p.positions[i] for i in index] for p in msg.points]
+        commanded()
         if points:
             position = np.array(points[0], dtype=np.float64)
         report({"type": "trajectory", "joint_names": list(msg.joint_names), "points": points,
@@ -68,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_forward(msg: Float64MultiArray) -> None:
         nonlocal position
+        commanded()
         position = np.array(msg.data, dtype=np.float64)
         report({"type": "forward", "data": list(msg.data)})
 
@@ -76,13 +89,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         node.create_subscription(Float64MultiArray, args.command_topic, on_forward, reliable)
 
-    def publish() -> None:
+    def joint_state(names: list[str], values: list[float]) -> JointState:
         state = JointState()
         state.header.stamp = node.get_clock().now().to_msg()
         # Reversed order on purpose: drivers do not publish in the order a config lists.
-        state.name = list(reversed(joints))
-        state.position = list(reversed(position.tolist()))
-        state_pub.publish(state)
+        state.name = list(reversed(names))
+        state.position = list(reversed(values))
+        return state
+
+    def publish() -> None:
+        if args.silent_after is not None and first_command and time.monotonic() - first_command[0] > args.silent_after:
+            return  # hung: no joint states (nor images) any more
+        values = position.tolist()
+        if args.split:
+            state_pub.publish(joint_state(joints[:-1], values[:-1]))
+            state_pub.publish(joint_state(joints[-1:], values[-1:]))
+        else:
+            state_pub.publish(joint_state(joints, values))
         image_pub.publish(messages.rgb_to_image(frame))
         compressed = CompressedImage()
         compressed.format = "png"

@@ -19,16 +19,15 @@ def duration_s(d: Duration) -> float:
     return d.sec + d.nanosec * 1e-9
 
 
-def joint_positions(msg: JointState, joint_names: tuple[str, ...]) -> np.ndarray | None:
-    """Positions of ``joint_names`` from a JointState (any order); None if one is missing.
+def joint_positions(msg: JointState, joint_names: tuple[str, ...]) -> dict[str, float]:
+    """Positions of those of ``joint_names`` that ``msg`` carries, by name (any order).
 
     Drivers publish joints in their own order and sometimes split them over several
-    JointState messages (arm and gripper); matching by name handles both.
+    JointState messages (arm and gripper); the caller merges the parts by name.
     """
-    index = {name: i for i, name in enumerate(msg.name)}
-    if any(j not in index or index[j] >= len(msg.position) for j in joint_names):
-        return None
-    return np.array([msg.position[index[j]] for j in joint_names], dtype=np.float64)
+    count = len(msg.position)
+    wanted = set(joint_names)
+    return {name: float(msg.position[i]) for i, name in enumerate(msg.name) if name in wanted and i < count}
 
 
 def image_to_rgb(msg: Image) -> np.ndarray:

@@ -1,9 +1,11 @@
 """Any ROS 2 arm as a robot_rl ``Robot``: JointState and camera topics in, joint commands out.
 
 A background executor thread receives messages and keeps only the newest of each (the
-control loop wants the present, not a backlog). ``get_observation`` never waits on the
-network: it returns the newest state, or raises ``StaleStateError`` when that state is
-older than ``stale_after_ms`` (a driver that stopped publishing must stop the policy).
+control loop wants the present, not a backlog). Joint positions are merged by name, so a
+driver that publishes arm and gripper in separate JointState messages works; the state's
+age is that of its oldest joint. ``get_observation`` never waits on the network: it returns
+the newest state, or raises ``StaleStateError`` when that state is older than
+``stale_after_ms`` (a driver that stopped publishing must stop the policy).
 
 QoS: sensor streams (joint states, images) are best-effort, keep-last: a late sample is
 useless and must not hold up newer ones (a best-effort reader also matches a reliable
@@ -13,7 +15,9 @@ an old target.
 Commands: with ``command_type="trajectory"`` each tick publishes this tick's target plus
 the rest of the edge's plan (``set_plan_source``) as one JointTrajectory, point i due at
 (i+1)/fps, so the controller interpolates smoothly and keeps moving sensibly if a tick is
-late. ``"forward"`` publishes the single target as Float64MultiArray.
+late. Every point is bounded against the one before it by ``max_joint_velocity`` (the
+controller executes the whole plan if no new command comes, so each step of it must be safe).
+``"forward"`` publishes the single target as Float64MultiArray.
 """
 
 from __future__ import annotations
@@ -28,15 +32,16 @@ import numpy as np
 
 from robot_rl.bridges.ros2 import messages
 from robot_rl.bridges.ros2.config import Ros2ArmConfig
-from robot_rl.core.robot_io import Observation, features_for, validate_action
+from robot_rl.core.motion_limits import JointDeltaClamp, step_limit_per_tick
+from robot_rl.core.robot_io import Observation, RobotFaultError, features_for, validate_action
 
 log = logging.getLogger(__name__)
 
 PlanSource = Callable[[], "list[np.ndarray]"]
 
 
-class StaleStateError(RuntimeError):
-    """The newest joint state is too old to act on."""
+class StaleStateError(RobotFaultError):
+    """The newest joint state is too old to act on (or none has come yet)."""
 
 
 class Ros2Robot:
@@ -54,9 +59,10 @@ class Ros2Robot:
         self._offset = np.asarray(self.config.offset or [0.0] * n, dtype=np.float64)
         self._lower, self._upper = self._limits()
         self._plan_source: PlanSource | None = None
+        self._step_clamp = JointDeltaClamp(step_limit_per_tick(self.config.max_joint_velocity, self.fps, None, n), n)
         self._lock = threading.Lock()
-        self._state: np.ndarray | None = None
-        self._state_time = 0.0
+        self._positions: dict[str, float] = {}  # ROS units, merged by name across JointState messages
+        self._position_times: dict[str, float] = {}
         self._images: dict[str, np.ndarray] = {}
         self._image_errors = 0
         # rclpy's objects (imported at connect, so the config works without ROS 2 installed).
@@ -75,6 +81,11 @@ class Ros2Robot:
     @property
     def joint_limits(self) -> tuple[np.ndarray, np.ndarray]:
         return self._lower, self._upper
+
+    @property
+    def max_joint_velocity(self) -> Any:
+        """Action units per second (the edge bounds every target by it)."""
+        return self.config.max_joint_velocity
 
     @property
     def camera_shapes(self) -> dict[str, tuple[int, int]]:
@@ -128,7 +139,8 @@ class Ros2Robot:
             self._context.try_shutdown()
         self._node = self._executor = self._thread = self._context = self._publisher = None
         with self._lock:
-            self._state = None
+            self._positions.clear()
+            self._position_times.clear()
             self._images.clear()
 
     # -- I/O --------------------------------------------------------------------------
@@ -136,9 +148,10 @@ class Ros2Robot:
     def get_observation(self) -> Observation:
         self._require_connected()
         with self._lock:
-            state, received, images = self._state, self._state_time, dict(self._images)
+            state, received, images = self._merged_state(), self._state_time(), dict(self._images)
         if state is None:
-            raise StaleStateError(f"no JointState received yet on {self.config.joint_state_topic}")
+            missing = [j for j in self.joint_names if j not in self._positions]
+            raise StaleStateError(f"no JointState received yet on {self.config.joint_state_topic} for {missing}")
         age_ms = (time.monotonic() - received) * 1000.0
         if age_ms > self.config.stale_after_ms:
             raise StaleStateError(
@@ -156,7 +169,7 @@ class Ros2Robot:
         if self.config.command_type == "forward":
             self._publisher.publish(messages.forward_command(self._to_ros(target)))
             return target
-        points = [target, *self._planned()]
+        points = [target, *self._step_clamp.along(target, self._planned())]
         ros_points = np.stack([self._to_ros(p) for p in points[: self.config.max_plan_points]])
         self._publisher.publish(messages.trajectory(self.joint_names, ros_points, 1.0 / self.fps))
         return target
@@ -190,13 +203,13 @@ class Ros2Robot:
         deadline = time.monotonic() + self.config.connect_timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                ready = self._state is not None and all(c in self._images for c in self.camera_names)
+                ready = self._merged_state() is not None and all(c in self._images for c in self.camera_names)
             # Commands published before the controller's subscription is matched are lost.
             if ready and self._publisher.get_subscription_count() > 0:
                 return
             time.sleep(0.01)
         with self._lock:
-            have_state = self._state is not None
+            have_state = self._merged_state() is not None
             missing = [self._cameras[c].topic for c in self.camera_names if c not in self._images]
         state = f"JointState on {self.config.joint_state_topic} with joints {list(self.joint_names)}"
         what = [] if have_state else [state]
@@ -210,12 +223,23 @@ class Ros2Robot:
 
     def _on_joint_state(self, msg) -> None:
         positions = messages.joint_positions(msg, self.joint_names)
-        if positions is None:
-            return  # a JointState for other joints (e.g. a separate gripper topic share)
-        state = positions * self._scale + self._offset
+        if not positions:
+            return  # a JointState for other joints only
+        now = time.monotonic()
         with self._lock:
-            self._state = state
-            self._state_time = time.monotonic()
+            self._positions.update(positions)
+            self._position_times.update(dict.fromkeys(positions, now))
+
+    def _merged_state(self) -> np.ndarray | None:
+        """The joint vector in action units once every joint has been heard of (lock held)."""
+        if len(self._positions) < len(self.joint_names):
+            return None
+        ros = np.array([self._positions[j] for j in self.joint_names], dtype=np.float64)
+        return ros * self._scale + self._offset
+
+    def _state_time(self) -> float:
+        """When the oldest joint of the state was last heard of (lock held)."""
+        return min(self._position_times.get(j, 0.0) for j in self.joint_names)
 
     def _image_callback(self, name: str, compressed: bool) -> Callable:
         def callback(msg) -> None:

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -60,6 +61,7 @@ class ClientConfig:
     pub_endpoint: str | None  # learner's PUB for weight announcements; None: announcements only after hello
     spool_dir: str | Path
     config_hash: str = ""
+    features: dict[str, Any] = field(default_factory=dict)  # what this robot records (Hello.features)
     policy_version: int = -1  # weights version in use at start
     curve: ClientCurve | None = None
     allow_insecure: bool = False
@@ -122,6 +124,7 @@ class ZmqClient:
         self.policy_version = config.policy_version
         self.stats = ClientStats()
         self.server: HelloOk | None = None  # set while the handshake holds
+        self.refusal: str | None = None  # why the learner refused us last (config, key), until it accepts us
         self.latest_announce: WeightsAnnounce | None = None
         self._spool = spool if spool is not None else Spool(config.spool_dir)
         self._own_spool = spool is None
@@ -134,6 +137,7 @@ class ZmqClient:
         self._last_hello_s = self._last_heartbeat_s = -1e9
         self._last_heard_s = now
         self._ctx = zmq.Context()
+        self._monitor: zmq.Socket | None = None
         self._dealer = self._new_dealer()
         self._sub = self._new_sub(config.pub_endpoint) if config.pub_endpoint else None
         self.stats.pending = len(self._spool)
@@ -148,6 +152,12 @@ class ZmqClient:
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)
         if self.config.curve:
             apply_client_curve(sock, self.config.curve)
+            # A learner that does not know our key drops the CURVE handshake without a word on the
+            # socket; ZeroMQ's monitor is where that shows (HANDSHAKE_FAILED_AUTH).
+            if self._monitor is not None:
+                self._monitor.close(0)
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
         sock.connect(self.config.router_endpoint)
         return sock
 
@@ -204,9 +214,32 @@ class ZmqClient:
             self._drain(self._dealer)
         if self._sub is not None and self._sub in ready:
             self._drain(self._sub)
+        self._read_monitor()
         self._timers(time.monotonic())
 
+    def _read_monitor(self) -> None:
+        """Note a CURVE handshake the learner refused (``refusal``): an unknown or wrong key."""
+        if self._monitor is None:
+            return
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                reason = (f"CURVE handshake refused (ZeroMQ error {event['value']}): the learner does not know "
+                          f"robot {self.config.robot_id!r}'s key (its robot_keys_dir needs "
+                          f"{self.config.robot_id}.key), or link.learner_key is not the learner's public key")
+                if reason != self.refusal:
+                    log.error("robot %s: %s", self.config.robot_id, reason)
+                self.refusal = reason
+
     def close(self) -> None:
+        if self._monitor is not None:
+            self._dealer.disable_monitor()
+            self._monitor.close(0)
         self._dealer.close(0)
         if self._sub is not None:
             self._sub.close(0)
@@ -259,6 +292,7 @@ class ZmqClient:
             log.info("robot %s: connected to learner %s (%d segments to re-send)",
                      self.config.robot_id, msg.server_id, len(self._spool))
         self.server = msg
+        self.refusal = None
         self.stats.connected = True
         self._in_flight.clear()  # everything unacked goes again, in spool order
 
@@ -278,6 +312,7 @@ class ZmqClient:
             self._last_hello_s = -1e9  # say hello right away
         elif msg.code in ("config_mismatch", "version_mismatch", "identity_mismatch"):
             log.error("robot %s: learner refused us (%s): %s", self.config.robot_id, msg.code, msg.message)
+            self.refusal = msg.message
             self._drop_session(reset_socket=False)
             self._last_hello_s = time.monotonic() + self.config.refused_retry_s - self.config.hello_retry_s
         elif msg.code == "weights_unavailable" and self._fetch is not None:
@@ -385,7 +420,7 @@ class ZmqClient:
         if not self.connected:
             if now - self._last_hello_s >= cfg.hello_retry_s:
                 self._last_hello_s = now
-                self._send(Hello(robot_id=cfg.robot_id, config_hash=cfg.config_hash,
+                self._send(Hello(robot_id=cfg.robot_id, config_hash=cfg.config_hash, features=cfg.features,
                                  policy_version=self.policy_version))
             return
         if now - self._last_heartbeat_s >= cfg.heartbeat_interval_s:
@@ -421,6 +456,8 @@ class ZmqClient:
         self._in_flight.clear()
         self._fetch = None
         if reset_socket:  # Lazy-Pirate style: a fresh socket drops whatever was queued in the old one
+            if self._monitor is not None:
+                self._dealer.disable_monitor()
             self._dealer.close(0)
             self._dealer = self._new_dealer()
             self._last_hello_s = -1e9

@@ -83,6 +83,9 @@ class Hello(Message):
     robot_id: str
     config_hash: str  # hash of the policy/robot config; must match the learner's
     policy_version: int  # weights version in use (-1: none yet)
+    # What the robot records per step: {"fps", "joint_names", "cameras": {name: [H, W]}}
+    # (robot_rl.learner.layout); {} says nothing, and is accepted only by a store that already knows.
+    features: Document = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

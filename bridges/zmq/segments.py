@@ -45,6 +45,7 @@ SCALAR_COLUMNS: dict[str, type] = {
     "delay_ticks": int,
     "stall": bool,
     "lateness_s": float,
+    "scene_seed": int,
 }
 REQUIRED_ARRAYS = ("state", "action")
 OPTIONAL_ARRAYS = ("policy_action", "rolled_state")  # each with a "has_<name>" mask column

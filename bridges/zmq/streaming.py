@@ -81,6 +81,7 @@ class StreamingClient:
         self._drained = threading.Event()
         self._startup_error: BaseException | None = None
         self._snapshot: dict[str, int | bool] = {}
+        self._refusal: str | None = None
         self._thread: threading.Thread | None = None
         self._held: _Job | None = None  # a job the spool could not take yet (disk error)
 
@@ -112,6 +113,11 @@ class StreamingClient:
     @property
     def connected(self) -> bool:
         return bool(self._snapshot.get("connected", False))
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the learner refused this robot (config hash, CURVE key), while it does."""
+        return self._refusal
 
     def _log_rejection(self, episode_id: int, seq: int) -> None:
         now = time.monotonic()
@@ -225,6 +231,7 @@ class StreamingClient:
 
     def _publish_state(self, client: ZmqClient) -> None:
         self._snapshot = client.stats.as_map()
+        self._refusal = client.refusal
         with self._seq_lock:
             if self._queue.empty() and self._held is None and client.pending == 0:
                 self._drained.set()

@@ -72,6 +72,7 @@ class SimSO101:
         self._connected = False
         self._seeds = np.random.default_rng(self.config.seed)
         self._task: TaskSpec | None = None
+        self.scene_seed: int | None = None  # the seed of the last reset
         self._progress: TaskProgress | None = None
         self._last_action = HOME_DEG.astype(np.float32)
         self._step = 0
@@ -191,6 +192,7 @@ class SimSO101:
         mujoco.mj_forward(self.model, self.data)
 
         self._task = task
+        self.scene_seed = seed  # recorded with the episode: replay re-creates this scene from it
         self._last_action = start
         self._step = 0
         self._progress = TaskProgress(start_position=self._cube_position(task.color))

@@ -8,7 +8,8 @@ device (or pushed by the session's keyboard) switch takeovers on and off; the re
 Takeover: the blender starts from the node's last commanded target (the follower's
 current pose as far as the servos are concerned), so the command never jumps.
 Hand-back: ``node.hand_back()`` flushes the action queue so the policy restarts from a
-fresh chunk computed from the current state, not from a plan made before the takeover.
+fresh chunk computed from the current state, not from a plan made before the takeover, and
+eases its first actions under the blender's per-tick bound.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from robot_rl.hardware.teleop.blend import TakeoverBlender
 
 log = logging.getLogger(__name__)
 
+# After a hand-back the policy's commands are eased towards its plan for at most this long:
+# at the blender's bound (3 deg/tick) that covers 180 degrees, any gap an arm can have.
+HAND_BACK_EASE_S = 2.0
+
 
 class HandBackTarget(Protocol):
     """What the hook needs from the edge node (EdgeNode satisfies it)."""
@@ -32,7 +37,7 @@ class HandBackTarget(Protocol):
     @property
     def last_command(self) -> np.ndarray | None: ...
 
-    def hand_back(self) -> None: ...
+    def hand_back(self, ease_step: np.ndarray | float | None = None, ease_ticks: int = 0) -> None: ...
 
 
 class TeleopIntervention:
@@ -118,7 +123,8 @@ class TeleopIntervention:
         self.intervening = False
         self.blender.stop()
         if hand_back and self.node is not None:
-            self.node.hand_back()
+            # The policy's first actions after the hand-back are bounded as a takeover's are.
+            self.node.hand_back(self.blender.max_step, round(HAND_BACK_EASE_S * self.blender.fps))
 
     def _current_pose(self, observation: Observation) -> np.ndarray:
         """Where the servos are being told to be now: the last command, else the measured state."""

@@ -341,7 +341,8 @@ def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
             instruction = reset(episode)
             if operator is not None:
                 operator.begin_episode(episode)
-            result = node.run_episode(run.max_steps, instruction, episode_id=episode)
+            result = node.run_episode(run.max_steps, instruction, episode_id=episode,
+                                      seed=getattr(robot, "scene_seed", None))
             if on_episode is not None:
                 on_episode(robot_id, result, node.policy_version)
             episodes += 1

@@ -137,7 +137,10 @@ def local_learner_config(cfg: RobotRLConfig, checkpoint: Path, run_dir: Path,
     robot = sim_config(cfg)
     config = copy.deepcopy(cfg.learner)
     config.init_checkpoint = str(checkpoint)
-    config.store = replace(config.store, root=str(run_dir / "store"), fps=robot.fps, cameras=tuple(robot.cameras),
+    from robot_rl.hardware.sim.scene import JOINT_NAMES
+
+    config.store = replace(config.store, root=str(run_dir / "store"), fps=robot.fps, joint_names=JOINT_NAMES,
+                           cameras=tuple(robot.cameras),
                            image_height=robot.image_height, image_width=robot.image_width,
                            commit_nice=max(config.store.commit_nice, cfg.run.learner_nice))
     if config.store.demonstrations is None:

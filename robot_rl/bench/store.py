@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robot_rl.bench.configs import StoreBenchConfig
-from robot_rl.bench.transport import CAMERAS, IMAGE, SEGMENT_STEPS, synthetic_steps
+from robot_rl.bench.transport import CAMERAS, IMAGE, JOINTS, SEGMENT_STEPS, synthetic_steps
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -95,7 +95,8 @@ def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = 
     from robot_rl.learner.config import StoreConfig
     from robot_rl.learner.store import ReplayStore
 
-    config = StoreConfig(root=str(root), cameras=CAMERAS, image_height=IMAGE, image_width=IMAGE,
+    config = StoreConfig(root=str(root), fps=30, joint_names=JOINTS, cameras=CAMERAS, image_height=IMAGE,
+                         image_width=IMAGE,
                          background_commit=True, commit_batch=batch, writer=writer)
     segments = []
     for episode in range(cfg.episodes):

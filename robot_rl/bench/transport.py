@@ -66,6 +66,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # lerobot's wri
 SEGMENT_STEPS = 15  # 0.5 s at 30 fps, the edge's default
 CAMERAS = ("front", "wrist")
 IMAGE = 96
+JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")  # the SO-101's
 TEXT_DIM = 384
 
 
@@ -164,7 +165,8 @@ def zmq_ingest(robots: int, window_s: float, workdir: Path) -> dict[str, float]:
 
     policy = ballast_policy(0)
     config = LearnerConfig(
-        store=StoreConfig(root=str(workdir / "store"), cameras=CAMERAS, image_height=IMAGE, image_width=IMAGE),
+        store=StoreConfig(root=str(workdir / "store"), fps=30, joint_names=JOINTS, cameras=CAMERAS,
+                          image_height=IMAGE, image_width=IMAGE),
         trainer=TrainerConfig(device="cpu", log_dir="", checkpoint_dir=str(workdir / "ckpt")),
         service=ServiceConfig(router_endpoint="tcp://127.0.0.1:*", pub_endpoint="tcp://127.0.0.1:*",
                               status_every_s=1e9))

@@ -21,7 +21,7 @@ Options with dashes belong to the calibration; key=value arguments are configura
 
 examples:
   robot-rl calibrate camera --images 'shots/*.png' --out calib/front.yaml
-  robot-rl calibrate latency robot=so101 policy.path=outputs/bc_policy --out calib/latency.yaml
+  robot-rl calibrate latency robot=so101 policy.path=outputs/bc_policy   # -> outputs/calibration/follower/latency.yaml
   robot-rl calibrate motors robot=so101 robot.port=/dev/ttyACM0
 """
 
@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     cam.add_argument("--marker-m", type=float, default=0.03)
     cam.add_argument("--dictionary", default="DICT_5X5_100")
     lat = sub.add_parser("latency", help="command-to-motion delay, camera age, inference latency")
-    lat.add_argument("--out", default="outputs/calibration/latency.yaml")
+    lat.add_argument("--out", default=None,
+                     help="default: OUTPUT_DIR/calibration/ROBOT/latency.yaml, which sessions on that robot read")
     lat.add_argument("--joint", type=int, default=0, help="index of the joint stepped")
     lat.add_argument("--step", type=float, default=4.0, help="step size (degrees)")
     lat.add_argument("--trials", type=int, default=4)
@@ -106,13 +107,15 @@ def _latency(args, overrides: list[str]) -> int:
         return 2
     finally:
         robot.disconnect()
-    out = report.save_yaml(args.out)
+    from robot_rl.calibration.latency import default_latency_path
+
+    out = report.save_yaml(args.out or default_latency_path(cfg.output_dir, str(getattr(robot, "name", "robot"))))
     p90 = report.inference_ms.get("p90")
     inference = f"{p90:.1f} ms" if p90 is not None else "n/a (no policy.path)"
     print(f"command-to-motion {report.command_to_motion_ticks} ticks (trials {report.command_to_motion_trials}); "
           f"camera age {report.camera_frame_age_ms or 'n/a'}; inference p90 {inference}; "
           f"delay prior {report.delay_prior_ticks} ticks -> {out} "
-          f"(use edge.delay_prior_ticks={report.delay_prior_ticks})")
+          f"(sessions and edges on this robot read it; elsewhere: edge.latency_calibration={out})")
     return 0
 
 

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 HELP = """the learner service: stores every step the edge nodes stream exactly once, trains the policy
 with the learner's algorithm and publishes its weights. Flags: --resume continues from the latest
 checkpoint in learner.trainer.checkpoint_dir; --no-train only ingests. It starts from
-learner.init_checkpoint, else policy.path, else a new model of policy.model.
+learner.init_checkpoint, else the checkpoint an edge would run (policy.path, else the BC
+checkpoint, else the shipped one), else a new model of policy.model. Joints, cameras and image
+sizes come from the policy and from the robots' hellos: no robot settings are needed.
 
   robot-rl learner learner=rwr learner.algorithm.beta=0.25
   robot-rl learner --resume learner.service.router_endpoint=tcp://0.0.0.0:5555 \\
@@ -38,8 +40,11 @@ GROUPS: tuple[str, ...] = ("policy", "learner", "learner/algorithm")
 
 
 def build_policy(config: RobotRLConfig) -> FlowVLA:
-    """The learner's policy: ``learner.init_checkpoint`` if given, else what ``policy`` builds
-    (``policy=flow_vla``: the checkpoint at ``policy.path``, or a new model of ``policy.model``)."""
+    """The learner's policy: ``learner.init_checkpoint`` if given, else the checkpoint an edge of
+    the same configuration starts from (``policy.path``, else the BC checkpoint, else the shipped
+    one: ``robot_rl.app.policies``), so learner and robots begin with the same weights; with none
+    of these, a new model of ``policy.model``."""
+    from robot_rl.app.policies import NoCheckpointError, resolved_policy_config
     from robot_rl.config import ConfigError
     from robot_rl.core.registry import POLICIES
     from robot_rl.policies.flow_vla import FlowVLA
@@ -49,7 +54,14 @@ def build_policy(config: RobotRLConfig) -> FlowVLA:
         return FlowVLA.from_pretrained(config.learner.init_checkpoint)
     if not isinstance(config.policy, FlowVLAPolicyConfig):
         raise ConfigError(f"the learner trains policy=flow_vla, not policy={POLICIES.name_of(config.policy)}")
-    return POLICIES.build(config.policy)
+    try:
+        policy_config = resolved_policy_config(config)
+    except NoCheckpointError:
+        log.warning("no checkpoint to start from (policy.path, bc.checkpoint_dir, the shipped one): "
+                    "training a new model of policy.model")
+        policy_config = config.policy
+    log.info("learner starts from %s", policy_config.path or "a new model")
+    return POLICIES.build(policy_config)
 
 
 def stop_on_signals(stop: threading.Event) -> None:

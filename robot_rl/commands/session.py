@@ -3,34 +3,50 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
 
 HELP = """\
 an operator session on one robot, real or simulated.
 
-The policy drives; the operator takes over and hands back with the teleop device, gives each
-episode a verdict (keys shown on screen) and can e-stop (exit code 3). Every episode is recorded
-locally (LeRobotDataset v3 in session.dataset_root); with link.learner set it is also streamed to
-that learner, whose new weights are swapped in between chunks. A real robot runs only the
-checkpoint named by policy.path (or policy=hold, a dry run that keeps the arm still).
+The policy drives; the operator takes over and hands back with the teleop device (keyboard jog
+keys are shown on screen), gives each episode a verdict and can e-stop (exit code 3); r rerecords
+the episode in the same scene. Every episode is recorded locally (LeRobotDataset v3 in
+session.dataset_root, a line per episode in session.log_path); with link.learner set it is also
+streamed to that learner, which acks it, and the weights it publishes are swapped in between
+chunks (the status line shows the version). With the learner away, episodes wait in the spool
+and are sent when it is back. A real robot runs only the checkpoint named by policy.path (or
+policy=hold, a dry run that keeps the arm still); every joint target is bounded by
+robot.max_joint_velocity. A driver that falls silent stops the session (exit code 4), the
+episode saved as aborted.
 
 examples:
   robot-rl session robot=so101 teleop=leader policy.path=outputs/bc_policy session.episodes=20
-  robot-rl session robot=sim_so101 policy=hold teleop=scripted link.learner=tcp://127.0.0.1:5555
+  robot-rl session robot=sim_so101 teleop=keyboard link.learner=tcp://127.0.0.1:5555
 """
 
 # The root config groups this command reads.
 GROUPS: tuple[str, ...] = ("robot", "policy", "teleop", "edge", "link", "session")
 
 
+def run_reporting_faults(command: str, cfg: RobotRLConfig) -> int:
+    """``run_session(cfg)``; a robot, device or learner that is not there or refuses is one line
+    on stderr and exit code 2, never a traceback."""
+    from robot_rl.bridges.zmq.spool import SpoolError
+    from robot_rl.core.robot_io import RobotFaultError
+    from robot_rl.session.runner import run_session
+
+    try:
+        return run_session(cfg)
+    except (ValueError, TimeoutError, ConnectionError, FileNotFoundError, RobotFaultError, SpoolError) as exc:
+        print(f"robot-rl {command}: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str]) -> int:
     """``argv``: configuration overrides only."""
     from robot_rl.config import load_config
-    from robot_rl.session.runner import run_session
 
-    cfg = load_config(argv)
-    try:
-        return run_session(cfg)
-    except (ValueError, TimeoutError, ConnectionError, FileNotFoundError) as exc:
-        # A robot or device that is not there, or refuses: one line, no traceback.
-        print(f"robot-rl session: {exc}", file=sys.stderr)
-        return 2
+    return run_reporting_faults("session", load_config(argv))

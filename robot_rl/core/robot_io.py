@@ -19,6 +19,12 @@ class Observation(TypedDict):
     state: np.ndarray
 
 
+class RobotFaultError(RuntimeError):
+    """The robot cannot be driven safely any more: its driver fell silent, its state is too old,
+    its bus stopped answering. The session stops the episode in a controlled way (hold, then the
+    e-stop path) and saves what was recorded as aborted."""
+
+
 class InvalidActionError(ValueError):
     """An action that must never reach the motors (NaN, inf, wrong shape, wrong type)."""
 

@@ -59,6 +59,7 @@ class Step:
     rolled_state: np.ndarray | None = None
     stall: bool = False
     lateness_s: float = 0.0
+    scene_seed: int = -1  # the sim seed that set the episode's scene up; -1: a real scene (no seed re-creates it)
 
 
 @dataclass

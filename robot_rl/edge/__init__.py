@@ -4,6 +4,7 @@ Start with ``EdgeNode`` (node.py) and ``EdgeConfig`` (config.py); the timing con
 is in DESIGN.md and in node.py's module docstring.
 """
 
+from robot_rl.core.motion_limits import JointDeltaClamp
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction
 from robot_rl.edge.config import EdgeConfig, ModeRules
 from robot_rl.edge.delay import DelayEstimator
@@ -19,7 +20,6 @@ from robot_rl.edge.inference import (
 )
 from robot_rl.edge.latency import LatencyModel
 from robot_rl.edge.node import EdgeNode, EpisodeTask, at_tick
-from robot_rl.edge.safety import JointDeltaClamp
 from robot_rl.edge.stats import ChunkRecord, EdgeStats
 
 __all__ = [

@@ -64,13 +64,18 @@ class EdgeConfig:
     delay_window: int = 10
     delay_quantile: float = 0.9
     delay_prior_ticks: int = 3
+    # The file `robot-rl calibrate latency` wrote for this robot; its delay prior replaces
+    # delay_prior_ticks. null = ${output_dir}/calibration/ROBOT/latency.yaml when it exists.
+    latency_calibration: str | None = None
 
     # Seam smoothing: linearly blend this many new actions with what the old plan
     # would have commanded at the same ticks. 0 = off.
     blend_ticks: int = 0
 
     # Safety: largest change of any joint target between two ticks (degrees, gripper
-    # units); one number for every joint or a list with one per joint. None = off.
+    # units); one number for every joint or a list with one per joint. None = off. A real
+    # arm's own velocity limit (``robot.max_joint_velocity``, units/s) applies on top of it,
+    # always: the tighter of the two bounds each joint (robot_rl.core.motion_limits).
     # (Typed Any: the config system has no union of a number and a list; JointDeltaClamp checks it.)
     max_joint_delta_per_tick: Any = None
 

@@ -41,12 +41,12 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from robot_rl.core.clock import Clock
+from robot_rl.core.motion_limits import JointDeltaClamp, step_limit_per_tick
 from robot_rl.core.types import Episode, Step
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.delay import DelayEstimator
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, InferenceWorker, PolicySwap, make_worker
-from robot_rl.edge.safety import JointDeltaClamp
 from robot_rl.edge.stats import ChunkRecord, EdgeStats
 from robot_rl.hardware.robot import InvalidActionError, Observation, Robot, validate_action
 from robot_rl.policies.base import ChunkPolicy
@@ -138,7 +138,10 @@ class EdgeNode:
         self.worker: InferenceWorker = worker or make_worker(policy, policy_version, action_dim, clock, self.config)
         self.queue = ActionQueue()
         self.delay = DelayEstimator(self.config.delay_window, self.config.delay_quantile, self.config.delay_prior_ticks)
-        self.clamp = JointDeltaClamp(self.config.max_joint_delta_per_tick, action_dim)
+        # Every target (policy, human, hold) moves each joint at most this far per tick.
+        self.clamp = JointDeltaClamp(step_limit_per_tick(
+            getattr(robot, "max_joint_velocity", None), self.config.fps, self.config.max_joint_delta_per_tick,
+            action_dim), action_dim)
         self.stats = EdgeStats()
 
         self._policy_version = policy_version
@@ -149,6 +152,7 @@ class EdgeNode:
         self._last_late_warning = float("-inf")
         self._late_since_warning = 0
         self._last_tick_time: float | None = None
+        self._ease: tuple[JointDeltaClamp, int] | None = None  # after a hand-back: (bound, policy ticks left)
         self.hand_backs = 0  # takeovers that ended with a hand-back (hand_back calls)
         self.reset_episode("")
 
@@ -216,9 +220,12 @@ class EdgeNode:
         """The policy the inference worker computes chunks with now (a swap changes it between chunks)."""
         return self.worker.runner.policy
 
-    def reset_episode(self, instruction: str = "") -> None:
-        """Start a new episode: empty plan, tick 0 now, answers to old requests ignored."""
+    def reset_episode(self, instruction: str = "", scene_seed: int | None = None) -> None:
+        """Start a new episode: empty plan, tick 0 now, answers to old requests ignored.
+        ``scene_seed``: the sim seed the scene was set up with (None: a real scene); every Step
+        carries it, so the learner's store and replay can re-create exactly the sim's scenes."""
         self.instruction = instruction
+        self.scene_seed = -1 if scene_seed is None else int(scene_seed)
         self.queue.clear()
         self._generation += 1
         self._tick = 0
@@ -229,10 +236,11 @@ class EdgeNode:
         self._hold: np.ndarray | None = None
         self._had_chunk = False
         self._episode_limit: int | None = None
+        self._ease = None
         self._last_request_tick = -1
         self._newest_spliced_id = -1
 
-    def hand_back(self) -> None:
+    def hand_back(self, ease_step: np.ndarray | float | None = None, ease_ticks: int = 0) -> None:
         """A human hands control back to the policy: forget the plan, ask for a fresh chunk.
 
         The queued plan (and any chunk still being computed) was made from where the arm
@@ -240,11 +248,19 @@ class EdgeNode:
         old path. So the queue is flushed, answers to earlier requests are ignored, and the
         next tick asks for a chunk from the measured state. The arm holds the human's last
         target until it arrives, counted as waiting by design, not as a stall.
+
+        The new chunk starts where the policy thinks the arm should be, which may be far from
+        the human's last target: until the commands catch up with the plan (at most
+        ``ease_ticks`` policy actions) each joint moves by at most ``ease_step`` per tick (the
+        takeover blender's bound), so a hand-back is as gentle as a takeover, on top of the
+        robot's velocity limit.
         """
         self.queue.clear()
         self._generation += 1
         self._had_chunk = False
         self.hand_backs += 1
+        if ease_step is not None and ease_ticks > 0:
+            self._ease = (JointDeltaClamp(ease_step, len(self._joint_names)), int(ease_ticks))
 
     def tick(self) -> Step:
         """Run one control tick and return its Step."""
@@ -288,7 +304,7 @@ class EdgeNode:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if not getattr(self.robot, "is_connected", True):
             raise RuntimeError(f"robot {self.robot_id!r} is not connected; call robot.connect() first")
-        self.reset_episode(instruction)
+        self.reset_episode(instruction, seed)
         self._episode_limit = max_steps
         episode = Episode(self.robot_id, episode_id, instruction, task_family=task_family, seed=seed)
         for _ in range(max_steps):
@@ -548,9 +564,25 @@ class EdgeNode:
                 log.error("teleop action rejected, holding instead: %s", exc)
                 target = self._hold
         target = self.clamp(np.asarray(target, dtype=np.float32), self._hold)
+        if self._ease is not None:
+            target = self._eased(choice, target)
         sent = np.asarray(self.robot.send_action(target), dtype=np.float32)
         self._hold = sent.copy()
         return sent
+
+    def _eased(self, choice: _Choice, target: np.ndarray) -> np.ndarray:
+        """A policy action right after a hand-back, under the hand-back's bound (see ``hand_back``)."""
+        assert self._ease is not None and self._hold is not None
+        if choice.is_intervention:  # taken over again before the policy moved: nothing to ease
+            self._ease = None
+            return target
+        if choice.source is None:  # still holding, waiting for the first chunk
+            return target
+        bound, left = self._ease
+        eased = bound(target, self._hold)
+        caught_up = bool(np.array_equal(eased, target))
+        self._ease = None if caught_up or left <= 1 else (bound, left - 1)
+        return eased
 
     def _record(
         self, n: int, time_s: float, lateness: float, obs: Observation, state: np.ndarray, choice: _Choice,
@@ -577,6 +609,7 @@ class EdgeNode:
             rolled_state=source.rolled_state if source is not None else None,
             stall=choice.stall,
             lateness_s=lateness,
+            scene_seed=self.scene_seed,
         )
         step.done = self._is_done(step)
         self._count(choice)

@@ -170,10 +170,13 @@ class EdgeStreamer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def attach(self, node: EdgeNode) -> EdgeStreamer:
-        """Become ``node``'s step sink and swap target."""
+    def attach(self, node: EdgeNode, *, stream_steps: bool = True) -> EdgeStreamer:
+        """Become ``node``'s swap target and, with ``stream_steps``, its step sink (steps go out
+        as they happen). Without it the caller hands over whole episodes (``send_episode``): an
+        operator session, which streams an episode only once its verdict says it is kept."""
         self.node = node
-        node.step_sink = self.sink
+        if stream_steps:
+            node.step_sink = self.sink
         return self
 
     def start(self) -> EdgeStreamer:
@@ -216,9 +219,7 @@ class EdgeStreamer:
         """The node's ``step_sink``: list appends and a non-blocking enqueue only."""
         if step.tick == 0 or self._episode_id is None:
             self._start_episode()
-        if step.policy_version != self._reported_version:
-            self._reported_version = step.policy_version
-            self.link.set_policy_version(step.policy_version)
+        self._report_version(step.policy_version)
         self._current.append(step)
         if step.done:
             self._hold(self._current, done=True)
@@ -227,6 +228,24 @@ class EdgeStreamer:
             self._hold(self._current[:-1], done=False)
             self._current = self._current[-1:]
         self._drain_unsent()
+
+    def send_episode(self, steps: list[Step]) -> None:
+        """Stream one whole, ended episode (a new episode id; its last step carries done).
+        Never blocks: what the link's queue cannot take yet is offered again later, in order."""
+        self._start_episode()
+        for start in range(0, len(steps), self.segment_steps):
+            part = steps[start:start + self.segment_steps]
+            done = start + self.segment_steps >= len(steps)
+            if done:
+                part[-1].done = True
+            self._hold(part, done=done)
+        self._report_version(steps[-1].policy_version if steps else self._reported_version)
+        self._drain_unsent()
+
+    def _report_version(self, version: int) -> None:
+        if version != self._reported_version:
+            self._reported_version = version
+            self.link.set_policy_version(version)
 
     def end_episode(self) -> None:
         """The episode ended after its last tick (an operator's verdict, already written into that

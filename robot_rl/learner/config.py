@@ -77,14 +77,14 @@ class StoreConfig:
 
     root: str = "outputs/learner/store"  # the dataset, its ledger and the staged episodes
     repo_id: str = "local/robot_rl_replay"  # the dataset's LeRobot repo id
-    # What each recorded step holds: the robots' control rate, joints and camera frames (the
-    # root config follows the robot's; the policy must read a subset of them).
-    fps: int = 30
-    joint_names: tuple[str, ...] = (
-        "shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
-    cameras: tuple[str, ...] = ("front", "wrist")
-    image_height: int = 96
-    image_width: int = 96
+    # What each recorded step holds: the robots' control rate, joints and camera frames. null =
+    # the first robot's hello says (robot_rl.learner.layout; kept in ROOT/layout.json), so the
+    # learner needs no robot settings; a value pins that field and refuses robots that differ.
+    fps: int | None = None
+    joint_names: tuple[str, ...] | None = None
+    cameras: tuple[str, ...] | None = None
+    image_height: int | None = None
+    image_width: int | None = None
     # Recorded demonstrations (a LeRobotDataset v3 dir) preloaded into the demonstration stream.
     demonstrations: str | None = None
     demonstrations_repo_id: str = "local/robot_rl"  # the repo id those demonstrations were recorded under
@@ -110,8 +110,8 @@ class StoreConfig:
     writer: str = "process"
 
     def __post_init__(self) -> None:
-        self.joint_names = tuple(self.joint_names)
-        self.cameras = tuple(self.cameras)
+        self.joint_names = tuple(self.joint_names) if self.joint_names is not None else None
+        self.cameras = tuple(self.cameras) if self.cameras is not None else None
         if self.writer not in ("thread", "process"):
             raise ValueError(f"StoreConfig: writer must be 'thread' or 'process', got {self.writer!r}")
         if self.commit_batch < 1:
@@ -120,15 +120,11 @@ class StoreConfig:
             raise ValueError(f"StoreConfig: commit_linger_s must be >= 0, got {self.commit_linger_s}")
         if not 0 <= self.commit_nice <= 19:
             raise ValueError(f"StoreConfig: commit_nice must be in 0..19, got {self.commit_nice}")
-        if self.fps <= 0 or self.image_height <= 0 or self.image_width <= 0:
+        if any(v is not None and v <= 0 for v in (self.fps, self.image_height, self.image_width)):
             raise ValueError(f"StoreConfig: fps and image size must be > 0, got fps={self.fps}, "
                              f"image={self.image_height}x{self.image_width}")
-        if not self.joint_names:
+        if self.joint_names is not None and not self.joint_names:
             raise ValueError("StoreConfig: joint_names must name at least one joint")
-
-    @property
-    def camera_shapes(self) -> dict[str, tuple[int, int]]:
-        return {cam: (self.image_height, self.image_width) for cam in self.cameras}
 
 
 @dataclass

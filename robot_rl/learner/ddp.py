@@ -334,7 +334,8 @@ def follow_rank(config: LearnerConfig, policy: FlowVLA, ctx: DistContext, *, res
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: log.info("rank %d: signal %d; waiting for rank 0 to stop us",
                                                           ctx.rank, signum))
-    trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras), config.trainer, config.algorithm,
+    trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras or policy.config.cameras), config.trainer,
+                                 config.algorithm,
                                  ctx)
     if resume:
         trainer.resume(check_index=False)

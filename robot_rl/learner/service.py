@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from robot_rl.bridges.zmq.keys import ServerCurve
 from robot_rl.bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
 from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from robot_rl.core.layout import RecordedLayout
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
 from robot_rl.learner.hub import HubPusher, dataset_snapshot
@@ -53,11 +54,13 @@ def server_config(service: ServiceConfig, config_hash: str) -> ServerConfig:
 
 
 def check_layout(config: LearnerConfig, policy: FlowVLA) -> None:
-    """The store must record what the policy reads, or training would fail much later."""
+    """What ``learner.store`` pins must hold what the policy reads, or training would fail much
+    later (what it leaves open is checked at each robot's hello)."""
     store, pc = config.store, policy.config
-    missing = [c for c in pc.cameras if c not in store.cameras]
-    if missing or len(store.joint_names) != pc.state_dim or len(store.joint_names) != pc.action_dim:
-        raise ValueError(f"learner.store records cameras {list(store.cameras)} and {len(store.joint_names)} joints, "
+    missing = [c for c in pc.cameras if store.cameras is not None and c not in store.cameras]
+    joints = len(store.joint_names) if store.joint_names is not None else pc.state_dim
+    if missing or joints != pc.state_dim or pc.state_dim != pc.action_dim:
+        raise ValueError(f"learner.store records cameras {store.cameras} and {joints} joints, "
                          f"but the policy reads cameras {list(pc.cameras)} with state_dim {pc.state_dim} / "
                          f"action_dim {pc.action_dim}; make learner.store match the policy config")
 
@@ -73,7 +76,8 @@ class LearnerService(ServerHandlers):
         self.config = config
         self.robots: dict[str, RobotStatus] = {}
         check_layout(config, policy)
-        self.store = ReplayStore(config.store)
+        self.state_dim = policy.config.state_dim
+        self.store = ReplayStore(config.store, train_cameras=policy.config.cameras)
         try:
             self.server = ZmqServer(server_config(config.service, policy.config_hash()), handlers=self)
             self.logger = make_logger(config, self.store.outcomes) if train else None
@@ -163,10 +167,29 @@ class LearnerService(ServerHandlers):
     # ------------------------------------------------------------ wire handlers (serving thread)
 
     def on_hello(self, peer: Peer, msg: Hello) -> Error | None:
+        refusal = self._layout_refusal(msg)
+        if refusal is not None:
+            log.error("robot %s refused: %s", msg.robot_id, refusal)
+            return Error(code="config_mismatch", in_reply_to=msg.TYPE, message=refusal)
         status = self.robots.get(msg.robot_id) or RobotStatus(msg.robot_id, msg.policy_version)
         status.policy_version, status.connected, status.last_seen_s = msg.policy_version, True, time.monotonic()
         self.robots[msg.robot_id] = status
         return None
+
+    def _layout_refusal(self, msg: Hello) -> str | None:
+        """Why a robot may not stream here (its joints, cameras or image sizes), or None."""
+        if not msg.features:
+            if self.store.layout is None:
+                return "the hello does not say what the robot records (features), and this store has no layout yet"
+            return None  # a client that leaves it to the segments' own checks
+        try:
+            offered = RecordedLayout.from_document(msg.features)
+        except ValueError as exc:
+            return str(exc)
+        if len(offered.joint_names) != self.state_dim:
+            return (f"the learner's policy drives {self.state_dim} joints, this robot has "
+                    f"{len(offered.joint_names)} {list(offered.joint_names)}")
+        return self.store.adopt_layout(offered)
 
     def on_segment(self, peer: Peer, msg: Segment) -> Ack | Error:
         reply = self.on_segments([(peer, msg)])[0]

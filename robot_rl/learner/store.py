@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -59,6 +59,7 @@ from robot_rl.learner.index import (
     dataset_episode_to_columns,
     steps_to_columns,
 )
+from robot_rl.learner.layout import RecordedLayout, differences, mismatch, pinned_layout, read_layout, write_layout
 from robot_rl.learner.ledger import CommitRecord, Ledger
 from robot_rl.learner.metrics import OutcomeTracker, outcome_from_columns
 from robot_rl.learner.store_writer import RecorderSpec, make_writer
@@ -109,18 +110,22 @@ def _staging_key(robot_id: str, episode_id: int, seq: int) -> str:
 class ReplayStore:
     """Exactly-once, crash-safe storage of streamed episodes plus the trainer's sampling index."""
 
-    def __init__(self, config: StoreConfig, *, decode_workers: int = DECODE_WORKERS) -> None:
+    def __init__(self, config: StoreConfig, *, train_cameras: Sequence[str] | None = None,
+                 decode_workers: int = DECODE_WORKERS) -> None:
+        """``train_cameras``: the cameras the policy reads (what the sampling index keeps) when
+        ``config.cameras`` does not say which are recorded."""
         self.config = config
-        self._decoder = (ThreadPoolExecutor(decode_workers, thread_name_prefix="store-decode")
-                         if decode_workers > 1 else None)
         root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         self.dataset_root = root / "dataset"
-        # In its own process by default (config.writer): LeRobot's writer would hold the GIL the trainer needs.
-        self.writer = make_writer(config.writer, RecorderSpec(str(self.dataset_root), config.fps, config.joint_names,
-                                                              config.camera_shapes, config.repo_id),
-                                  nice=config.commit_nice)
-        self.index = SamplingIndex(config.cameras)
+        self.layout = self._known_layout(root)
+        cameras = config.cameras or train_cameras or (self.layout.cameras if self.layout else None)
+        if not cameras:
+            raise ValueError("ReplayStore: say which cameras to train on (learner.store.cameras, or the policy's)")
+        self._decoder = (ThreadPoolExecutor(decode_workers, thread_name_prefix="store-decode")
+                         if decode_workers > 1 else None)
+        self.writer: Any = None  # opened once the layout is known (at start, or at the first robot's hello)
+        self.index = SamplingIndex(cameras)
         self.outcomes = OutcomeTracker()
         self.counters: Counter[str] = Counter()
         self._lock = threading.RLock()  # staging spool, ledger and the dedup maps
@@ -137,7 +142,13 @@ class ReplayStore:
         self._committer: threading.Thread | None = None
         self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | None] | None] | None = None
         self._indexer: threading.Thread | None = None
-        self._restore()  # synchronous, index included
+        self._load_demonstrations()
+        if self.layout is not None:
+            self._open_store(self.layout)  # synchronous, index included
+        elif len(self._staging):
+            raise ValueError(f"{root} holds staged segments but no {root / 'layout.json'}: the store is damaged")
+        else:
+            log.info("replay store %s is new: it records the layout of the first robot that says hello", root)
         if config.background_commit:
             self._committer = threading.Thread(target=self._commit_loop, name="store-commit", daemon=True)
             self._committer.start()
@@ -146,6 +157,54 @@ class ReplayStore:
             self._index_jobs = queue.Queue(maxsize=INDEX_QUEUE)  # full: ingest waits (bounded memory)
             self._indexer = threading.Thread(target=self._index_loop, name="store-index", daemon=True)
             self._indexer.start()
+
+    # ------------------------------------------------------------ layout
+
+    def _known_layout(self, root: Path) -> RecordedLayout | None:
+        """The layout from ``layout.json`` (checked against what ``learner.store`` pins), else the
+        one the config pins completely, else None (the first robot's hello decides)."""
+        stored = read_layout(root)
+        if stored is None:
+            return pinned_layout(self.config)
+        pinned = differences(self.config, stored)
+        if pinned:
+            raise ValueError(f"learner.store pins a layout the store at {root} does not record: it has "
+                             f"{'; '.join(pinned)}; use another learner.store.root or drop those settings")
+        return stored
+
+    def _open_store(self, layout: RecordedLayout) -> None:
+        """Open the dataset writer for ``layout`` and rebuild what is on disk (ledger, dataset, staging)."""
+        write_layout(self.config.root, layout)
+        # In its own process by default (config.writer): LeRobot's writer would hold the GIL the trainer needs.
+        self.writer = make_writer(self.config.writer, RecorderSpec(str(self.dataset_root), layout.fps,
+                                                                   layout.joint_names, layout.camera_shapes,
+                                                                   self.config.repo_id),
+                                  nice=self.config.commit_nice)
+        missing = [c for c in self.index.cameras if c not in layout.cameras]
+        if missing:
+            raise ValueError(f"the policy trains on cameras {list(self.index.cameras)}, the store records "
+                             f"{list(layout.cameras)}")
+        self._restore()
+
+    def adopt_layout(self, offered: RecordedLayout) -> str | None:
+        """A robot's layout (from its hello): the store's from now on if it has none yet; else it
+        must match. Returns None when the robot may stream, else one line saying why not."""
+        with self._lock:
+            if self.layout is not None:
+                different = mismatch(self.layout, offered)
+                return None if different is None else f"this robot records {different}"
+            pinned = differences(self.config, offered)
+            if pinned:
+                return f"this robot records {'; '.join(pinned)}"
+            missing = [c for c in self.index.cameras if c not in offered.cameras]
+            if missing:
+                return (f"the learner's policy reads cameras {list(self.index.cameras)}, this robot has "
+                        f"{list(offered.cameras)}")
+            self._open_store(offered)
+            self.layout = offered
+            log.info("replay store %s records %s (from the first robot's hello)", self.config.root,
+                     offered.describe())
+            return None
 
     # ------------------------------------------------------------ ingest
 
@@ -284,7 +343,8 @@ class ReplayStore:
             self._index_jobs.put(None)
             self._indexer.join()
             self._indexer = None
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         with self._lock:
             self._ledger.close()
             self._staging.close()
@@ -302,7 +362,7 @@ class ReplayStore:
         counts = self.index.counts()
         with self._lock:
             return {
-                "episodes_stored": self.writer.num_episodes,
+                "episodes_stored": self.writer.num_episodes if self.writer is not None else 0,
                 "episodes_open": len(self._open),
                 "segments_staged": len(self._staging),
                 "segments_ingested": self.counters["segments"],
@@ -344,7 +404,7 @@ class ReplayStore:
             self._index_jobs.put((op, key, steps))
         elif op == "append":
             assert steps is not None
-            self.index.append(key, steps_to_columns(steps, self.config.cameras), steps[0].instruction)
+            self.index.append(key, steps_to_columns(steps, self.index.cameras), steps[0].instruction)
         else:
             self.index.mark_finished(key)
 
@@ -358,7 +418,7 @@ class ReplayStore:
                 op, key, steps = job
                 if op == "append":
                     assert steps is not None
-                    self.index.append(key, steps_to_columns(steps, self.config.cameras), steps[0].instruction)
+                    self.index.append(key, steps_to_columns(steps, self.index.cameras), steps[0].instruction)
                 else:
                     self.index.mark_finished(key)
             except Exception:  # the data is staged and will be in the dataset; only sampling misses it
@@ -383,10 +443,12 @@ class ReplayStore:
 
     def _check_layout(self, steps: Sequence[Step], segment: Segment) -> None:
         """Whole-segment checks on the stacked arrays (no per-step Python loop)."""
-        dim = len(self.config.joint_names)
-        cameras = set(self.config.cameras)
-        shape = (self.config.image_height, self.config.image_width, 3)
         where = f"segment {segment.robot_id}/{segment.episode_id}/{segment.seq}"
+        layout = self.layout
+        if layout is None:
+            raise ProtocolError(f"{where}: no robot has said what it records yet (hello with features)",
+                                code="rejected")
+        dim = len(layout.joint_names)
         if not steps:
             return
         for name in ("state", "action"):
@@ -394,16 +456,16 @@ class ReplayStore:
             if value is None or value.shape[1:] != (dim,):  # decode_segment checked dtype and rows
                 got = None if value is None else tuple(value.shape[1:])
                 raise ProtocolError(f"{where}: {name} has shape {got}, this learner stores ({dim},) "
-                                    f"joints {list(self.config.joint_names)}", code="rejected")
+                                    f"joints {list(layout.joint_names)}", code="rejected")
             finite = np.isfinite(value).all(axis=1)
             if not finite.all():
                 tick = steps[int(np.argmin(finite))].tick
                 raise ProtocolError(f"{where}: tick {tick} {name} holds NaN/inf; not stored", code="rejected")
         # decode_segment decoded every image to its camera's declared shape, so checking the declaration is enough.
         declared = {cam: tuple(info["shape"]) for cam, info in segment.images.items()}
-        if set(declared) != cameras or any(s != shape for s in declared.values()):
-            raise ProtocolError(f"{where}: images {declared}, this learner stores cameras {sorted(cameras)} "
-                                f"at {shape}", code="rejected")
+        expected = {cam: (h, w, 3) for cam, (h, w) in layout.camera_shapes.items()}
+        if declared != expected:
+            raise ProtocolError(f"{where}: images {declared}, this learner stores cameras {expected}", code="rejected")
 
     # ------------------------------------------------------------ internals: committing
 
@@ -534,7 +596,6 @@ class ReplayStore:
             self._remember_commit(record)
         self._resolve_intents()
         self._load_dataset_into_index()
-        self._load_demonstrations()
         self._load_staging()
         log.info("replay store %s: %d episodes stored, %d open, streams %s", self.config.root,
                  self.writer.num_episodes, len(self._open), self.index.counts())
@@ -556,7 +617,7 @@ class ReplayStore:
                     self._staging.ack(_staging_key(record.robot_id, record.episode_id, seq))
 
     def _load_dataset_into_index(self) -> None:
-        if self.writer.num_episodes == 0:
+        if self.writer is None or self.writer.num_episodes == 0:
             return
         from robot_rl.data.reader import load_episode_arrays
 
@@ -569,7 +630,7 @@ class ReplayStore:
                 key = ("~unledgered", int(episode["episode_index"]), 0)
             else:
                 key = (record.robot_id, record.episode_id, record.fragment)
-            columns = dataset_episode_to_columns(episode, self.config.cameras)
+            columns = dataset_episode_to_columns(episode, self.index.cameras)
             self.index.append(key, columns, episode["instruction"])
             self._record_outcome(key[0], key[1], columns)
 
@@ -581,7 +642,7 @@ class ReplayStore:
         episodes = load_episode_arrays(self.config.demonstrations, self.config.demonstrations_repo_id)
         for i, episode in enumerate(episodes):
             self.index.append((DEMO_ROBOT, i, 0),
-                              dataset_episode_to_columns(episode, self.config.cameras, robot_episode=False),
+                              dataset_episode_to_columns(episode, self.index.cameras, robot_episode=False),
                               episode["instruction"])
         log.info("preloaded %d demonstration episodes from %s", len(episodes), self.config.demonstrations)
 

@@ -86,7 +86,9 @@ def write_staged(recorder: EpisodeRecorder, robot_id: str, episode_id: int,
     steps = [step for frames in segments for step in _decode_staged(frames)]
     if not steps:
         raise EpisodeWriteError(f"episode {episode_id} of robot {robot_id} has no steps to write")
-    episode = Episode(robot_id, episode_id, steps[0].instruction, steps=steps, success=any(s.success for s in steps))
+    seed = steps[0].scene_seed
+    episode = Episode(robot_id, episode_id, steps[0].instruction, steps=steps, success=any(s.success for s in steps),
+                      seed=seed if seed >= 0 else None)
     index = recorder.write_episode(episode, finalize=False)
     return WrittenEpisode(index, {
         "success": np.array([s.success for s in steps]),

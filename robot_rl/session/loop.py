@@ -1,37 +1,50 @@
 """The operator session: episodes on one robot with a policy, a human (or scripted) operator, recording.
 
-Per episode: reset (the sim resets itself; on a real robot the operator gets
+Per episode: reset (the sim sets up the next scene itself; on a real robot the operator gets
 ``reset_time_s`` to put the scene back), then control ticks until the operator says
 success / failure / rerecord, the task reports success, or time runs out; then the
-verdict (asked with a key if nobody gave one), and the episode is written to the local
-LeRobotDataset v3 (always, learner or not; rerecorded episodes are not written).
+verdict (asked with a key if nobody gave one). The episode is written to the local
+LeRobotDataset v3 (always, learner or not), then streamed to the learner, and the session
+says it is saved once the learner has acked it (or that it waits in the spool). A
+rerecorded attempt is neither written nor streamed, and the same scene is set up again.
 
 E-stop (key ``e``, Esc, or Ctrl-C): the arm is told to hold its measured position, the
 episode so far is saved as a failure, the session ends (exit code 3). It never waits
 for anything first: it is checked right after every tick.
+
+Robot fault (``RobotFaultError``: a driver that fell silent, a state older than its limit,
+a bus that stopped answering): the arm is told to hold its last commanded target, the
+episode so far is saved as aborted, and the session ends (exit code 4) with one line
+saying what failed. Never a traceback, never a lost episode.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from robot_rl.core.clock import Clock
+from robot_rl.core.robot_io import RobotFaultError
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.edge import EdgeNode
 from robot_rl.hardware.teleop import TeleopEvent, TeleopIntervention
 from robot_rl.hardware.teleop.keys import KeySource
 from robot_rl.session.config import SessionConfig
+from robot_rl.session.scenes import SceneDraw
 from robot_rl.session.status import KEY_COMMANDS, KEY_HELP, StatusLine, format_status
 
 log = logging.getLogger(__name__)
 
 EXIT_ESTOP = 3
+EXIT_ROBOT_FAULT = 4
 _VERDICTS = {TeleopEvent.SUCCESS: "success", TeleopEvent.FAILURE: "failure", TeleopEvent.RERECORD: "rerecord"}
 
 
@@ -42,15 +55,24 @@ class SessionResult:
     rerecorded: int = 0
     intervention_steps: int = 0
     estopped: bool = False
+    fault: str | None = None  # what stopped the robot, if a fault did
     outcomes: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
+        if self.fault is not None:
+            return EXIT_ROBOT_FAULT
         return EXIT_ESTOP if self.estopped else 0
 
 
 class OperatorSession:
-    """Runs the episodes; the parts (robot, node, hook, keys, recorder) are built by the caller."""
+    """Runs the episodes; the parts (robot, node, hook, keys, recorder) are built by the caller.
+
+    ``scenes`` sets up each episode's scene (the sim's seeds and task families; a real robot
+    has none); ``streamer`` (an ``EdgeStreamer`` attached to ``node``) sends each saved
+    episode to the learner; ``log_path`` gets one JSON line per episode (verdict, dataset
+    index, scene seed, whether the learner acked it).
+    """
 
     def __init__(
         self,
@@ -64,6 +86,8 @@ class OperatorSession:
         status: StatusLine | None = None,
         streamer=None,
         viewer=None,
+        scenes: SceneDraw | None = None,
+        log_path: str | Path | None = None,
     ) -> None:
         self.config = config
         self.robot = robot
@@ -75,6 +99,8 @@ class OperatorSession:
         self.status = status or StatusLine(interval_s=config.status_interval_s)
         self.streamer = streamer
         self.viewer = viewer
+        self.scenes = scenes or SceneDraw(None)
+        self.log_path = Path(log_path) if log_path is not None else None
         self.result = SessionResult()
         self._quit = False
         self._tick_times: deque[float] = deque(maxlen=30)
@@ -83,19 +109,32 @@ class OperatorSession:
 
     def run(self) -> SessionResult:
         self.status.say(KEY_HELP)
+        jog_help = getattr(self.hook.teleop, "key_help", None)
+        if jog_help is not None:
+            self.status.say(jog_help())
         for episode in range(self.config.episodes):
-            instruction = self._reset(episode)
-            if instruction is None:  # e-stop during the reset wait
-                break
-            outcome = self._run_episode(episode, instruction)
-            if outcome == "estop" or self._quit:
+            outcome = self._episode_with_rerecords(episode)
+            if outcome in ("estop", "aborted") or self._quit:
                 break
         self.status.say(
             f"session over: {self.result.episodes_recorded} episodes recorded in {self.recorder.root}, "
             f"{self.result.successes} successes, {self.result.rerecorded} rerecorded"
             + ("  (E-STOP)" if self.result.estopped else "")
+            + (f"  (ROBOT FAULT: {self.result.fault})" if self.result.fault else "")
         )
         return self.result
+
+    def _episode_with_rerecords(self, episode: int) -> str | None:
+        """Episode ``episode``, attempted again in the same scene for as long as the operator says rerecord."""
+        again = False
+        while True:
+            instruction = self._reset(episode, again)
+            if instruction is None:  # e-stop during the reset wait
+                return "estop"
+            outcome = self._run_episode(episode, instruction)
+            if outcome != "rerecord" or self._quit:
+                return outcome
+            again = True
 
     def estop(self, steps: list[Step] | None = None, episode: int = 0, instruction: str = "") -> None:
         """Hold the measured position, save what was recorded, end the session."""
@@ -105,35 +144,52 @@ class OperatorSession:
         try:
             measured = self.robot.get_observation()["state"]
             self.robot.send_action(np.asarray(measured, dtype=np.float32))
-        except Exception:
-            log.exception("e-stop: could not command a hold; cut the arm's power if it still moves")
+        except Exception as exc:  # noqa: BLE001 - an e-stop must finish whatever the robot does
+            log.error("e-stop: could not command a hold (%s); cut the arm's power if it still moves", exc)
         self.status.say("E-STOP: arm holding its position; session ends")
         if steps:
             self._write(episode, instruction, steps, "failure")
 
+    def abort(self, fault: RobotFaultError, steps: list[Step], episode: int, instruction: str) -> None:
+        """A robot fault: hold the last commanded target (no reading is needed for it), save the
+        episode as aborted, end the session (the e-stop path)."""
+        self.result.fault = str(fault)
+        hold = self.node.last_command
+        if hold is not None:
+            try:
+                self.robot.send_action(hold)
+            except Exception as exc:  # noqa: BLE001 - the robot is failing: say so, keep the episode
+                log.error("robot fault: could not command a hold either (%s)", exc)
+        self.status.say(f"ROBOT FAULT: {fault}. Arm told to hold; episode {episode + 1} saved as aborted; "
+                        "session ends (check the driver, then start a new session)")
+        self.result.estopped = True
+        if steps:
+            self._write(episode, instruction, steps, "aborted")
+
     # -- one episode -----------------------------------------------------------------------
 
-    def _reset(self, episode: int) -> str | None:
+    def _reset(self, episode: int, same_scene: bool) -> str | None:
+        scene = self.scenes.next(same_scene)
         reset = getattr(self.robot, "reset", None)
-        if reset is not None:  # the sim resets its own scene
-            instruction = reset(seed=self.config.seed + episode)
+        if reset is not None:  # the sim sets up its own scene
+            instruction = reset(seed=scene.seed, family=scene.family)
         else:
             instruction = self.config.instruction
-            if episode > 0 and not self._wait_for_reset(episode):
+            if (episode > 0 or same_scene) and not self._wait_for_reset(episode, same_scene):
                 return None
         operator_reset = getattr(self.hook.teleop, "reset_episode", None)
         if operator_reset is not None:
             operator_reset(episode)
         self.hook.reset()
-        self.node.reset_episode(instruction)
-        if self.streamer is not None:
-            self.streamer.begin_episode(self._stream_episode_id(episode))
-        self.status.say(f"episode {episode + 1}/{self.config.episodes}: {instruction!r}")
+        self.node.reset_episode(instruction, scene.seed)
+        again = " (again, same scene)" if same_scene else ""
+        self.status.say(f"episode {episode + 1}/{self.config.episodes}{again}: {instruction!r}")
         return instruction
 
-    def _wait_for_reset(self, episode: int) -> bool:
+    def _wait_for_reset(self, episode: int, same_scene: bool) -> bool:
         """Reset time between episodes on a real robot; [n] skips it, [e] stops."""
-        self.status.say(f"reset the scene: {self.config.reset_time_s:.0f} s ([n] to start now)")
+        what = "put the scene back as it was" if same_scene else "reset the scene"
+        self.status.say(f"{what}: {self.config.reset_time_s:.0f} s ([n] to start now)")
         deadline = time.monotonic() + self.config.reset_time_s
         while time.monotonic() < deadline:
             for command in self._commands(episode, -1):
@@ -152,6 +208,9 @@ class OperatorSession:
         except KeyboardInterrupt:  # Ctrl-C is an e-stop too
             self.estop(steps, episode, instruction)
             return "estop"
+        except RobotFaultError as fault:
+            self.abort(fault, steps, episode, instruction)
+            return "aborted"
 
     def _control(self, episode: int, instruction: str, steps: list[Step]) -> str:
         verdict: str | None = None
@@ -195,7 +254,12 @@ class OperatorSession:
 
     def _apply(self, command: str) -> None:
         if command == "toggle":
-            self.hook.push_event(TeleopEvent.HAND_BACK if self.hook.intervening else TeleopEvent.TAKE_OVER)
+            if self.hook.intervening:
+                self.hook.push_event(TeleopEvent.HAND_BACK)
+                self.status.say("operator hands back: the policy drives again (eased from your pose)")
+            else:
+                self.hook.push_event(TeleopEvent.TAKE_OVER)
+                self.status.say("operator takes over: you drive; [space] hands back")
         elif command in ("success", "failure", "rerecord", "estop"):
             self.hook.push_event(TeleopEvent(command))
         elif command == "quit":
@@ -215,27 +279,58 @@ class OperatorSession:
                     return command
             time.sleep(0.05)
 
+    # -- saving --------------------------------------------------------------------------
+
     def _write(self, episode: int, instruction: str, steps: list[Step], verdict: str) -> None:
+        """Record locally, then stream to the learner and wait (bounded) for its ack."""
         self.result.outcomes.append(verdict)
+        if verdict == "rerecord":
+            self.result.rerecorded += 1
+            self.status.say(f"episode {episode + 1}: thrown away; rerecording it in the same scene")
+            self._log(episode, verdict, steps, None, None)
+            return
         success = verdict == "success"
         steps[-1].done = True
         steps[-1].success = success
-        if self.streamer is not None:  # the verdict travels on the episode's last streamed step
-            self.streamer.end_episode()
-        if verdict == "rerecord":
-            self.result.rerecorded += 1
-            self.status.say(f"episode {episode + 1}: thrown away (rerecord)")
-            return
+        seed = steps[0].scene_seed
         record = Episode(getattr(self.robot, "name", "robot"), episode, instruction, steps=steps, success=success,
-                         seed=self.config.seed + episode)
+                         seed=seed if seed >= 0 else None)
         index = self.recorder.write_episode(record)
         self.result.episodes_recorded += 1
         self.result.successes += success
         self.result.intervention_steps += record.intervention_steps
+        delivery = self._stream(steps)
+        self._log(episode, verdict, steps, index, delivery)
         self.status.say(
             f"episode {episode + 1}: {verdict}, {len(steps)} steps, {record.intervention_steps} intervened "
-            f"-> dataset episode {index}"
+            f"-> dataset episode {index}{'' if delivery is None else '; ' + delivery}"
         )
+
+    def _stream(self, steps: list[Step]) -> str | None:
+        """Send a saved episode to the learner; what became of it, in words (None: no learner)."""
+        if self.streamer is None:
+            return None
+        self.streamer.send_episode(steps)
+        link = self.streamer.link
+        if link.connected and link.flush(self.config.ack_timeout_s):
+            return f"learner acked it (weights v{self.node.policy_version} in use)"
+        pending = link.stats().get("pending", 0)
+        return (f"learner not reachable: it waits in the spool ({pending} segments unacked) "
+                "and is sent when the learner is back")
+
+    def _log(self, episode: int, verdict: str, steps: list[Step], index: int | None, delivery: str | None) -> None:
+        if self.log_path is None:
+            return
+        versions = sorted({s.policy_version for s in steps})
+        line: dict[str, Any] = {
+            "episode": episode, "verdict": verdict, "steps": len(steps),
+            "intervention_steps": sum(s.is_intervention for s in steps), "dataset_index": index,
+            "scene_seed": steps[0].scene_seed if steps and steps[0].scene_seed >= 0 else None,
+            "policy_versions": versions, "learner": delivery, "time": time.time(),
+        }
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
 
     def _show(self, episode: int, tick: int) -> None:
         times = self._tick_times
@@ -246,8 +341,3 @@ class OperatorSession:
             latencies[-1] * 1000.0 if latencies else None, self.node.delay.estimate(),
             self.node.policy_version, self.hook.intervening,
         ))
-
-    def _stream_episode_id(self, episode: int) -> int:
-        from robot_rl.edge.streaming import wall_clock_episode_id
-
-        return wall_clock_episode_id()

@@ -1,4 +1,10 @@
-"""Wire a session from the configuration: robot, policy, teleop hook, edge node, keys, recorder, learner."""
+"""Wire an edge session from the configuration: robot, policy, teleop hook, edge node, keys, recorder, learner.
+
+One runtime for every robot and both commands: ``robot-rl session`` (an operator at the keys,
+a leader arm or a gamepad) and ``robot-rl edge`` (unattended: no teleop, no keys, verdicts
+from the task) build the robot from ``robot=`` (the sim, a LeRobot robot, a ROS 2 arm), the
+same node, recorder and link.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,13 @@ import contextlib
 import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robot_rl.core.clock import VirtualClock, WallClock
 from robot_rl.core.errors import ConfigError
+from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import ROBOTS, TELEOPS
 from robot_rl.hardware.sim.config import SimConfig
 from robot_rl.session.config import SessionConfig
@@ -18,10 +26,11 @@ from robot_rl.session.config import SessionConfig
 if TYPE_CHECKING:
     from robot_rl.bridges.zmq.client import ClientConfig
     from robot_rl.config import RobotRLConfig
+    from robot_rl.edge.config import EdgeConfig
 
 log = logging.getLogger(__name__)
 
-LINK_FLUSH_S = 10.0  # at the session's end, how long to wait for the learner to ack what was streamed
+LINK_CONNECT_S = 5.0  # at the start, how long to wait for the learner's hello before recording without it
 
 
 def check_policy_choice(cfg: RobotRLConfig) -> None:
@@ -35,58 +44,126 @@ def check_policy_choice(cfg: RobotRLConfig) -> None:
                       "(policy.path=outputs/bc_policy), or policy=hold for a dry run without a model")
 
 
+def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
+    """``cfg`` for ``robot-rl edge``: no teleop device, no keys, verdicts from the task."""
+    from robot_rl.hardware.teleop.base import NoTeleopConfig
+
+    session = dataclasses.replace(cfg.session, keys="none", key_script=[], ask_outcome=False)
+    return dataclasses.replace(cfg, teleop=NoTeleopConfig(), session=session)
+
+
 def run_session(cfg: RobotRLConfig) -> int:
     """Run ``cfg.session`` on ``cfg.robot``; stream to ``cfg.link.learner`` if set. Returns the exit code."""
     from robot_rl.app.policies import load_policy
-    from robot_rl.data.recorder import EpisodeRecorder
     from robot_rl.edge import EdgeNode
     from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
     from robot_rl.session.loop import OperatorSession
+    from robot_rl.session.scenes import SceneDraw
     from robot_rl.session.status import StatusLine
 
     check_policy_choice(cfg)
     session_cfg, teleop_cfg = cfg.session, cfg.teleop
     simulated = isinstance(cfg.robot, SimConfig)
     robot = ROBOTS.build(cfg.robot)
+    if getattr(cfg.robot, "undistort", None):
+        from robot_rl.calibration.camera import UndistortingRobot
+
+        robot = UndistortingRobot(robot, dict(cfg.robot.undistort))
     if cfg.edge.fps != robot.fps:
         raise ConfigError(f"edge.fps={cfg.edge.fps} but the robot runs at {robot.fps} fps; set edge.fps={robot.fps}")
     clock = WallClock() if session_cfg.realtime or not simulated else VirtualClock()
-    # The learner's link, checked (addresses, keys) before anything moves.
-    client = cfg.link.client_config(str(getattr(robot, "name", "robot")), cfg.output_dir) if cfg.link.learner else None
+    robot_name = str(getattr(robot, "name", "robot"))
+    # The learner's link, checked (addresses, keys) before anything moves; the hello says what
+    # this robot records, so the learner needs no robot settings.
+    client = None
+    if cfg.link.learner:
+        layout = RecordedLayout.of_robot(robot, camera_shapes(robot))
+        client = dataclasses.replace(cfg.link.client_config(robot_name, cfg.output_dir),
+                                     features=layout.to_document())
+    edge_cfg = with_latency_calibration(cfg.edge, cfg.output_dir, robot_name)
 
     with contextlib.ExitStack() as stack:
         robot.connect()
         stack.callback(robot.disconnect)
         policy = load_policy(cfg)
+        check_policy_fits(policy, robot)
+        scenes = SceneDraw.for_sim(session_cfg.seed, cfg.task_families) if simulated else SceneDraw(None)
+        warm_up(policy, robot, session_cfg.instruction)
         teleop = TELEOPS.build(teleop_cfg, robot)
         teleop.connect()
         stack.callback(teleop.disconnect)
         blender = TakeoverBlender(robot.fps, teleop_cfg.blend_time_s, teleop_cfg.max_step_per_tick)
         hook = TeleopIntervention(teleop, blender)
-        node = EdgeNode(robot, policy, clock, cfg.edge, task=robot if simulated else None, intervention=hook,
-                        robot_id=getattr(robot, "name", None))
+        node = EdgeNode(robot, policy, clock, edge_cfg, task=robot if simulated else None, intervention=hook,
+                        robot_id=robot_name)
         stack.callback(node.close)
         hook.bind(node)
         if hasattr(robot, "set_plan_source"):  # ROS 2: send the rest of the plan as a trajectory
             robot.set_plan_source(lambda: [] if hook.intervening else [q.action for q in node.queue.pending()])
-        streamer = _start_streamer(client, policy, node, stack) if client is not None else None
+        streamer = (_start_streamer(client, policy, node, stack, session_cfg.final_ack_timeout_s)
+                    if client is not None else None)
         keys = _key_source(session_cfg)
         stack.callback(keys.close)
-        # LeRobot's dataset writer takes seconds to import; pay that now, not while the
-        # arm waits between the first two episodes.
-        import lerobot.datasets.lerobot_dataset  # noqa: F401 - imported for its import time only
-
-        recorder = EpisodeRecorder(
-            Path(session_cfg.dataset_root), robot.fps, tuple(robot.joint_names), camera_shapes(robot),
-            repo_id=session_cfg.repo_id, robot_type=getattr(robot, "name", "robot"),
-        )
+        recorder = _recorder(session_cfg, robot)
         session = OperatorSession(
             session_cfg, robot, node, hook, keys, recorder, clock,
             status=StatusLine(sys.stderr, session_cfg.status_interval_s), streamer=streamer,
-            viewer=_viewer(session_cfg),
+            viewer=_viewer(session_cfg), scenes=scenes, log_path=session_cfg.log_path,
         )
         result = session.run()
     return result.exit_code
+
+
+def check_policy_fits(policy: Any, robot: Any) -> None:
+    """The policy reads cameras the robot has and drives as many joints as it has; one line if not."""
+    cameras = tuple(getattr(getattr(policy, "config", None), "cameras", ()) or ())
+    missing = [c for c in cameras if c not in robot.camera_names]
+    if missing:
+        raise ConfigError(f"the policy reads cameras {list(cameras)} but robot {robot.name!r} has "
+                          f"{list(robot.camera_names)}: add {missing} to robot.cameras")
+    action_dim = getattr(policy, "action_dim", len(robot.joint_names))
+    if action_dim != len(robot.joint_names):
+        raise ConfigError(f"the policy drives {action_dim} joints but robot {robot.name!r} has "
+                          f"{len(robot.joint_names)} {list(robot.joint_names)}")
+
+
+def warm_up(policy: Any, robot: Any, instruction: str) -> float:
+    """One inference on the robot's real observation before tick 0 (nothing is sent to the arm):
+    loads the instruction encoder, allocates the model's buffers and compiles its kernels, so the
+    first chunk of the session costs what every later one does and the delay estimator never
+    sees a cold start. Returns the warm-up's seconds."""
+    started = time.perf_counter()
+    observation = robot.get_observation()
+    policy.predict_chunk(observation["images"], observation["state"], instruction or "warm up")
+    seconds = time.perf_counter() - started
+    log.info("policy warmed up in %.2f s (one inference before the first tick)", seconds)
+    return seconds
+
+
+def with_latency_calibration(edge: EdgeConfig, output_dir: str, robot_name: str) -> EdgeConfig:
+    """``edge`` with the delay prior that ``robot-rl calibrate latency`` measured for this robot,
+    read from ``edge.latency_calibration`` (default: the file that command writes for it)."""
+    from robot_rl.calibration.latency import default_latency_path, read_delay_prior
+
+    path = Path(edge.latency_calibration) if edge.latency_calibration else default_latency_path(output_dir, robot_name)
+    if not path.exists():
+        if edge.latency_calibration:
+            raise ConfigError(f"edge.latency_calibration={path} does not exist; run `robot-rl calibrate latency`")
+        return edge
+    prior = read_delay_prior(path)
+    log.info("delay prior %d ticks from %s (robot-rl calibrate latency)", prior, path)
+    return dataclasses.replace(edge, delay_prior_ticks=prior)
+
+
+def _recorder(config: SessionConfig, robot: Any) -> Any:
+    # LeRobot's dataset writer takes seconds to import; pay that now, not while the
+    # arm waits between the first two episodes.
+    from robot_rl.data.recorder import EpisodeRecorder
+
+    return EpisodeRecorder(
+        Path(config.dataset_root), robot.fps, tuple(robot.joint_names), camera_shapes(robot),
+        repo_id=config.repo_id, robot_type=getattr(robot, "name", "robot"),
+    )
 
 
 def camera_shapes(robot: Any) -> dict[str, tuple[int, int]]:
@@ -111,19 +188,29 @@ def _key_source(config: SessionConfig) -> Any:
     return NoKeys()
 
 
-def _start_streamer(client: ClientConfig, policy: Any, node: Any, stack: contextlib.ExitStack) -> Any:
-    """Stream episodes to the learner (``link``); local recording happens regardless. The policy's
-    config hash goes with them, so a learner that trains another model refuses them."""
+def _start_streamer(client: ClientConfig, policy: Any, node: Any, stack: contextlib.ExitStack,
+                    final_ack_timeout_s: float) -> Any:
+    """Stream saved episodes to the learner (``link``) and swap in the weights it publishes;
+    local recording happens regardless. The policy's config hash goes in the hello, so a learner
+    that trains another model refuses the robot, and the session says so in one line."""
     from robot_rl.edge.streaming import EdgeStreamer
 
     if hasattr(policy, "config_hash"):
         client = dataclasses.replace(client, config_hash=policy.config_hash())
-    streamer = EdgeStreamer(client, policy if hasattr(policy, "parameters") else None).attach(node).start()
+    streamer = EdgeStreamer(client, policy if hasattr(policy, "parameters") else None)
+    streamer.attach(node, stream_steps=False).start()
+    if not streamer.link.wait_connected(LINK_CONNECT_S):
+        refusal = streamer.link.refusal
+        if refusal:
+            streamer.stop(timeout_s=1.0)
+            raise ConnectionError(f"the learner at {client.router_endpoint} refused this robot: {refusal}")
+        log.warning("learner at %s not reachable yet: recording locally; episodes wait in %s and are sent "
+                    "when it is back", client.router_endpoint, client.spool_dir)
 
     def finish() -> None:
         # The last episode is written locally already; give the learner a bounded moment to ack it.
-        if not streamer.link.flush(LINK_FLUSH_S):
-            log.warning("not every segment reached the learner yet; the rest waits in %s for the next session",
+        if not streamer.link.flush(final_ack_timeout_s):
+            log.warning("not every episode reached the learner yet; the rest waits in %s for the next session",
                         client.spool_dir)
         streamer.stop()
 
