@@ -222,3 +222,22 @@ def test_undistortion_is_applied_to_the_cameras_the_robot_config_names(tmp_path)
     small = CameraCalibration(**{**calibration.__dict__, "image_width": 32})
     with pytest.raises(ValueError, match="recalibrate at this size"):
         UndistortingRobot(TwoCameras(), {"front": str(small.save_yaml(tmp_path / "small.yaml"))}).get_observation()
+
+
+def test_the_edge_reads_the_delay_prior_calibrate_latency_wrote_for_its_robot(tmp_path):
+    from robot_rl.calibration.latency import LatencyReport, default_latency_path
+    from robot_rl.core.errors import ConfigError
+    from robot_rl.edge import EdgeConfig
+    from robot_rl.session.runner import with_latency_calibration
+
+    edge = EdgeConfig(delay_prior_ticks=3)
+    assert with_latency_calibration(edge, str(tmp_path), "arm").delay_prior_ticks == 3  # nothing measured yet
+    LatencyReport(fps=30, command_to_motion_ticks=2, command_to_motion_trials=[2, 2],
+                  delay_prior_ticks=7).save_yaml(default_latency_path(tmp_path, "arm"))
+    assert with_latency_calibration(edge, str(tmp_path), "arm").delay_prior_ticks == 7
+    assert with_latency_calibration(edge, str(tmp_path), "other").delay_prior_ticks == 3  # per robot
+    with pytest.raises(ConfigError, match="calibrate latency"):
+        with_latency_calibration(EdgeConfig(latency_calibration=str(tmp_path / "none.yaml")), str(tmp_path), "arm")
+    (tmp_path / "bad.yaml").write_text("fps: 30\n")
+    with pytest.raises(ValueError, match="not a latency calibration"):
+        with_latency_calibration(EdgeConfig(latency_calibration=str(tmp_path / "bad.yaml")), str(tmp_path), "arm")

@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import pytest
 
 from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
@@ -217,3 +218,19 @@ def test_episodes_trickling_in_share_a_finalize_and_flush_does_not_wait_out_the_
 def test_commit_linger_must_not_be_negative(tmp_path):
     with pytest.raises(ValueError, match="commit_linger_s"):
         store_config(tmp_path, commit_linger_s=-1.0)
+
+
+def test_a_sim_episodes_scene_seed_reaches_the_stored_dataset_and_a_real_one_stays_unseeded(tmp_path):
+    """The seed travels on every step over the wire; the store writes it as the episode's seed
+    (replay re-creates that scene), and -1 (a real scene) as no seed."""
+    from robot_rl.data.reader import load_episode_arrays
+
+    sim, real = make_steps(6, episode=1), make_steps(6, episode=2)
+    for step in sim:
+        step.scene_seed = 1234
+    with ReplayStore(store_config(tmp_path)) as store:
+        for segment in segments("r0", 1, sim) + segments("r0", 2, real):
+            store.ingest(segment)
+        assert store.flush(60.0)
+    stored = load_episode_arrays(tmp_path / "dataset", "local/robot_rl_replay")
+    assert [int(np.asarray(e["episode_seed"]).reshape(-1)[0]) for e in stored] == [1234, -1]

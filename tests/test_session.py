@@ -147,3 +147,45 @@ def test_a_session_with_link_learner_streams_its_episodes_to_that_learner(tmp_pa
     from robot_rl.data import load_episode_arrays
 
     assert len(load_episode_arrays(tmp_path / "out" / "session", repo_id="local/robot_rl_session")) == 1
+
+
+def test_sim_scenes_rotate_the_task_families_and_a_rerecord_gets_the_same_scene_again():
+    from robot_rl.session.scenes import SceneDraw
+
+    draw = SceneDraw(100, ["push", "pick"])
+    first, again, second, third = draw.next(), draw.next(same=True), draw.next(), draw.next()
+    assert (first.seed, first.family) == (100, "push") and again == first
+    assert (second.seed, second.family, third.seed, third.family) == (101, "pick", 102, "push")
+    assert SceneDraw(None).next().seed is None  # a real robot's scene has no seed
+    assert SceneDraw.for_sim(None, None).next().seed != 0  # sessions do not all start at seed 0
+
+
+def test_r_rerecords_the_episode_in_the_same_scene_and_nothing_of_it_is_kept(tmp_path):
+    import json
+
+    from robot_rl.cli import main
+
+    out = tmp_path / "out"
+    code = main(["session", "robot=sim_so101", "policy=hold", "teleop=none", f"output_dir={out}",
+                 "session.episodes=2", "session.max_episode_steps=20", "session.realtime=false", "session.seed=7",
+                 "session.keys=script", "session.key_script=[0:5:r]", "robot.image_height=32",
+                 "robot.image_width=32", "robot.cameras=[front]"])
+    assert code == 0
+    log = [json.loads(line) for line in (out / "session_log.jsonl").read_text().splitlines()]
+    assert [e["verdict"] for e in log] == ["rerecord", "failure", "failure"]
+    assert [e["scene_seed"] for e in log] == [7, 7, 8]  # the rerecord repeats scene 7
+    assert [e["dataset_index"] for e in log] == [None, 0, 1]
+    from robot_rl.data import load_episode_arrays
+
+    episodes = load_episode_arrays(out / "session", repo_id="local/robot_rl_session")
+    assert [len(e["action"]) for e in episodes] == [20, 20]  # the 6-step attempt is not in the dataset
+
+
+def test_warm_up_runs_one_inference_on_the_real_observation_and_moves_nothing():
+    from robot_rl.session.runner import warm_up
+    from tests.edge_fakes import EncodingPolicy, KinematicRobot
+
+    robot, policy = KinematicRobot(start=5.0), EncodingPolicy()
+    warm_up(policy, robot, "push the cube")
+    assert policy.calls == 1 and np.allclose(policy.states[0], 5.0) and policy.instructions == ["push the cube"]
+    assert robot.sent == []  # the arm was not commanded
