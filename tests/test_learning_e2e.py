@@ -40,10 +40,11 @@ import numpy as np
 import pytest
 import torch
 
-from robot_rl.app.demos import DatasetLayout, expert_attempts, store_demos
+from robot_rl.app.demos import expert_attempts, store_demos
 from robot_rl.app.evaluation import evaluate_policy
 from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
 from robot_rl.app.main_job import ScriptedOperatorFactory
+from robot_rl.core.layout import RecordedLayout
 from robot_rl.data import load_episode_arrays
 from robot_rl.edge import EdgeConfig
 from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
@@ -114,7 +115,7 @@ def test_rwr_through_the_learner_loop_improves_a_weak_policy_on_held_out_scenes(
     started = time.monotonic()
     demos = tmp_path / "demos"
     attempts = expert_attempts(robot, ScriptedExpert(robot), [FAMILY], DEMO_EPISODES)
-    summary = store_demos(attempts, DatasetLayout.of(robot), demos, [FAMILY], DEMO_EPISODES, progress=False)
+    summary = store_demos(attempts, RecordedLayout.of_robot(robot), demos, [FAMILY], DEMO_EPISODES, progress=False)
     assert summary.stored == DEMO_EPISODES
     phases = {"demos": time.monotonic() - started}
     policy = weak_policy(demos)

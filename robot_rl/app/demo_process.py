@@ -30,7 +30,8 @@ from typing import Any
 
 import msgpack
 
-from robot_rl.app.demos import DatasetLayout, DemoSummary, expert_attempts, store_demos
+from robot_rl.app.demos import DemoSummary, expert_attempts, store_demos
+from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.types import Episode
 from robot_rl.hardware.sim.config import SimConfig
 
@@ -86,12 +87,11 @@ def _receive(receiver, process) -> dict[str, Any]:
     return message
 
 
-def _receive_layout(receiver, process) -> DatasetLayout:
+def _receive_layout(receiver, process) -> RecordedLayout:
     message = _receive(receiver, process)
     if message["type"] != "layout":
         raise DemoProcessError(f"expected the sim's layout first, got {message['type']!r}")
-    cameras = {cam: (int(h), int(w)) for cam, (h, w) in message["cameras"].items()}
-    return DatasetLayout(int(message["fps"]), tuple(message["joint_names"]), cameras)
+    return RecordedLayout.from_document(message["layout"])
 
 
 def _receive_attempts(receiver, process) -> Iterator[tuple[str, Episode]]:
@@ -127,9 +127,7 @@ def _child_main(job: DemoJob, sender) -> None:
     try:
         robot = SimSO101(job.robot)
         robot.connect()
-        layout = DatasetLayout.of(robot)
-        send({"type": "layout", "fps": layout.fps, "joint_names": list(layout.joint_names),
-              "cameras": {cam: list(size) for cam, size in layout.cameras.items()}})
+        send({"type": "layout", "layout": RecordedLayout.of_robot(robot).to_document()})
         expert = demo_expert(robot, job.expert_speed)
         attempts = expert_attempts(robot, expert, job.families, job.episodes_per_family, job.seed, job.stride)
         for family, episode in attempts:

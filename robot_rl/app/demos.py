@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from robot_rl.app.config import Seeds
+from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder
 
@@ -70,20 +71,6 @@ def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int
     return episode
 
 
-@dataclass(frozen=True)
-class DatasetLayout:
-    """What the dataset writer needs to know of the robot that recorded the episodes."""
-
-    fps: int
-    joint_names: tuple[str, ...]
-    cameras: dict[str, tuple[int, int]]  # camera -> (height, width)
-
-    @classmethod
-    def of(cls, robot) -> DatasetLayout:
-        cameras = {cam: (robot.config.image_height, robot.config.image_width) for cam in robot.camera_names}
-        return cls(int(robot.fps), tuple(robot.joint_names), cameras)
-
-
 def expert_attempts(
     robot, expert, families: Iterable[str], episodes_per_family: int, seed: int = 0, stride: int = Seeds.stride
 ) -> Iterator[tuple[str, Episode]]:
@@ -105,7 +92,7 @@ def expert_attempts(
 
 def store_demos(
     attempts: Iterable[tuple[str, Episode]],
-    layout: DatasetLayout,
+    layout: RecordedLayout,
     out_dir: str | Path,
     families: Iterable[str],
     episodes_per_family: int,
@@ -115,7 +102,7 @@ def store_demos(
     ``attempts`` raises (a sim that fails half-way, Ctrl-C)."""
     families = list(families)
     # Demonstrations can be re-recorded after a crash, so finalize in batches (resume costs seconds).
-    recorder = EpisodeRecorder(out_dir, layout.fps, layout.joint_names, layout.cameras, finalize_every=25)
+    recorder = EpisodeRecorder(out_dir, layout.fps, layout.joint_names, layout.camera_shapes, finalize_every=25)
     counts = {family: [0, 0] for family in families}  # family -> [stored, attempted]
     stored = steps = 0
     bar = tqdm(total=episodes_per_family * len(families), desc="recording demos", disable=not progress)
@@ -155,6 +142,7 @@ def record_demos(cfg: RobotRLConfig, progress: bool = True) -> DemoSummary:
     try:
         attempts = expert_attempts(robot, demo_expert(robot, cfg.demos.expert_speed), families, cfg.demos.episodes,
                                    seed, cfg.seeds.stride)
-        return store_demos(attempts, DatasetLayout.of(robot), cfg.demos.dir, families, cfg.demos.episodes, progress)
+        layout = RecordedLayout.of_robot(robot)
+        return store_demos(attempts, layout, cfg.demos.dir, families, cfg.demos.episodes, progress)
     finally:
         robot.disconnect()

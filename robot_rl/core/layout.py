@@ -1,6 +1,7 @@
 """``RecordedLayout``: what one robot records per step (control rate, joints, cameras and their
-image sizes). An edge says it in its hello (``Hello.features``); the learner's store adopts the
-first robot's and refuses robots that differ (``robot_rl.learner.layout``)."""
+image sizes), which is what a dataset of its episodes is created with. An edge says it in its
+hello (``Hello.features``), and the learner's store adopts the first robot's and refuses robots
+that differ (``robot_rl.learner.layout``); the demonstration process sends it the same way."""
 
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ class RecordedLayout:
         return cls(fps, joints, cameras)
 
     @classmethod
-    def of_robot(cls, robot: Any, camera_shapes: dict[str, tuple[int, int]]) -> RecordedLayout:
-        return cls(int(robot.fps), tuple(robot.joint_names), {c: (int(h), int(w)) for c, (h, w) in
-                                                                camera_shapes.items()})
+    def of_robot(cls, robot: Any) -> RecordedLayout:
+        """A connected robot's layout: its ``camera_shapes`` (H, W) where it has them, else the
+        image features it declares (LeRobot style: ``{"front": (H, W, 3)}``)."""
+        shapes = getattr(robot, "camera_shapes", None)
+        if shapes is None:
+            features = robot.observation_features
+            shapes = {cam: (features[cam][0], features[cam][1]) for cam in robot.camera_names}
+        return cls(int(robot.fps), tuple(robot.joint_names), {c: (int(h), int(w)) for c, (h, w) in shapes.items()})

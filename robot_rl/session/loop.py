@@ -230,6 +230,7 @@ class OperatorSession:
             if step.success:
                 verdict = "success"
                 break
+        self._hold_arm()
         if verdict is None:
             verdict = self._ask_verdict(episode)
             if verdict == "estop":
@@ -237,6 +238,16 @@ class OperatorSession:
                 return "estop"
         self._write(episode, instruction, steps, verdict)
         return verdict
+
+    def _hold_arm(self) -> None:
+        """The episode is over: forget the plan and command the last target alone, so the arm
+        stands still while the verdict is asked and the episode saved (a ROS 2 controller would
+        otherwise go on through the rest of the last trajectory it was sent). The sim does not move
+        between ticks (each command advances its physics by one), so it is left alone."""
+        self.node.queue.clear()
+        simulated = getattr(self.robot, "reset", None) is not None
+        if self.node.last_command is not None and not simulated:
+            self.robot.send_action(self.node.last_command)
 
     def _tick(self) -> Step:
         step = self.node.tick()

@@ -77,7 +77,7 @@ def run_session(cfg: RobotRLConfig) -> int:
     # this robot records, so the learner needs no robot settings.
     client = None
     if cfg.link.learner:
-        layout = RecordedLayout.of_robot(robot, camera_shapes(robot))
+        layout = RecordedLayout.of_robot(robot)
         client = dataclasses.replace(cfg.link.client_config(robot_name, cfg.output_dir),
                                      features=layout.to_document())
     edge_cfg = with_latency_calibration(cfg.edge, cfg.output_dir, robot_name)
@@ -160,19 +160,11 @@ def _recorder(config: SessionConfig, robot: Any) -> Any:
     # arm waits between the first two episodes.
     from robot_rl.data.recorder import EpisodeRecorder
 
+    layout = RecordedLayout.of_robot(robot)
     return EpisodeRecorder(
-        Path(config.dataset_root), robot.fps, tuple(robot.joint_names), camera_shapes(robot),
+        Path(config.dataset_root), layout.fps, layout.joint_names, layout.camera_shapes,
         repo_id=config.repo_id, robot_type=getattr(robot, "name", "robot"),
     )
-
-
-def camera_shapes(robot: Any) -> dict[str, tuple[int, int]]:
-    """(H, W) of each camera, for the recorder."""
-    shapes = getattr(robot, "camera_shapes", None)
-    if shapes is not None:
-        return dict(shapes)
-    features = robot.observation_features
-    return {cam: (int(features[cam][0]), int(features[cam][1])) for cam in robot.camera_names}
 
 
 def _key_source(config: SessionConfig) -> Any:
