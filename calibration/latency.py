@@ -5,7 +5,8 @@ Three numbers, each measured where it arises:
 * command-to-motion delay (ticks): hold the arm still, command a small step on one joint,
   and count the ticks until the robot's *own joint feedback* shows the move. Servo
   firmware, bus and driver buffering all add to it; the policy's state input lags the
-  commanded plan by this much.
+  commanded plan by this much (``EdgeConfig.command_lag_ticks``: roll-forward gives the policy
+  the target commanded that much before the new chunk starts).
 * camera frame age (ms): how old the newest frame is when the control loop reads it
   (exposure + USB + driver buffering), for robots whose cameras timestamp frames.
 * inference latency (ms): the distribution of the policy's chunk computation on this
@@ -65,7 +66,7 @@ class LatencyReport:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = asdict(self)
         # The block an operator pastes (or a session loads) into its edge config.
-        data["edge"] = {"delay_prior_ticks": self.delay_prior_ticks}
+        data["edge"] = {"delay_prior_ticks": self.delay_prior_ticks, "command_lag_ticks": self.command_to_motion_ticks}
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 
@@ -75,16 +76,17 @@ def default_latency_path(output_dir: str | Path, robot_name: str) -> Path:
     return Path(output_dir) / "calibration" / robot_name / "latency.yaml"
 
 
-def read_delay_prior(path: str | Path) -> int:
-    """The delay prior (ticks) of a saved ``LatencyReport``; a clear error for anything else."""
+def read_latency_calibration(path: str | Path) -> tuple[int, int]:
+    """(delay prior, command-to-motion) in ticks from a saved ``LatencyReport``; a clear error for
+    anything else."""
     try:
         data = yaml.safe_load(Path(path).read_text())
-        prior = int(data["delay_prior_ticks"])
+        prior, lag = int(data["delay_prior_ticks"]), int(data["command_to_motion_ticks"])
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path} is not a latency calibration (robot-rl calibrate latency): {exc}") from exc
-    if prior < 0:
-        raise ValueError(f"{path}: delay_prior_ticks must be >= 0, got {prior}")
-    return prior
+    if prior < 0 or lag < 0:
+        raise ValueError(f"{path}: delay_prior_ticks and command_to_motion_ticks must be >= 0, got {prior}, {lag}")
+    return prior, lag
 
 
 def measure_command_delay(robot: Robot, clock: Clock, config: StepTestConfig | None = None) -> list[int]:

@@ -234,7 +234,8 @@ def test_the_edge_reads_the_delay_prior_calibrate_latency_wrote_for_its_robot(tm
     assert with_latency_calibration(edge, str(tmp_path), "arm").delay_prior_ticks == 3  # nothing measured yet
     LatencyReport(fps=30, command_to_motion_ticks=2, command_to_motion_trials=[2, 2],
                   delay_prior_ticks=7).save_yaml(default_latency_path(tmp_path, "arm"))
-    assert with_latency_calibration(edge, str(tmp_path), "arm").delay_prior_ticks == 7
+    read = with_latency_calibration(edge, str(tmp_path), "arm")
+    assert (read.delay_prior_ticks, read.command_lag_ticks) == (7, 2)
     assert with_latency_calibration(edge, str(tmp_path), "other").delay_prior_ticks == 3  # per robot
     with pytest.raises(ConfigError, match="calibrate latency"):
         with_latency_calibration(EdgeConfig(latency_calibration=str(tmp_path / "none.yaml")), str(tmp_path), "arm")

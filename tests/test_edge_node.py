@@ -141,6 +141,17 @@ def test_rollforward_state_is_chunk_at_k_plus_d_and_on_time_chunk_starts_at_zero
     assert seam.delay_ticks == 6 and np.array_equal(seam.rolled_state, policy.states[1])
 
 
+def test_rollforward_with_a_command_lag_gives_the_state_the_arm_will_be_read_at():
+    """The arm reads 2 ticks behind its commands: the rolled state is the target commanded 2 ticks
+    before the new chunk starts (chunk 0 action k+d-2), the new chunk still starts at k+d."""
+    node, _, policy = make_node("async_rollforward", latency_ms=200.0, request_threshold=8, command_lag_ticks=2)
+    steps = run(node, 30)
+    record = node.stats.chunks[1]
+    k, d = record.executed_index, record.delay_used
+    assert np.array_equal(policy.states[1], np.full(6, k + d - 2, np.float32))
+    assert {t: (c, i) for t, c, i in executed(steps)}[24] == (1, 0)
+
+
 def test_rollforward_late_chunk_drops_only_the_extra_delay():
     # first inference 6 ticks (d becomes 6), second 9 ticks: 3 ticks later than planned
     node, _, _ = make_node("async_rollforward", latencies=[200.0, 300.0], request_threshold=10)

@@ -14,8 +14,9 @@ one calibration of a robot cell: camera, latency or motors.
   camera   ChArUco intrinsics from board images (--images, --out, --squares X Y, --square-m,
            --marker-m, --dictionary); reads no configuration
   latency  command-to-motion delay, camera frame age and inference latency on the configured
-           robot; writes the delay prior for edge.delay_prior_ticks (--out, --joint, --step,
-           --trials, --inference-runs); inference is timed for policy.path, or a policy without weights
+           robot; writes the delay prior and the command lag that sessions on that robot then use
+           (--out, --joint, --step, --trials, --inference-runs); inference is timed for policy.path,
+           or a policy without weights
   motors   LeRobot's motor calibration of the configured LeRobot robot (robot=so101 ...)
 Options with dashes belong to the calibration; key=value arguments are configuration overrides.
 

@@ -64,8 +64,15 @@ class EdgeConfig:
     delay_window: int = 10
     delay_quantile: float = 0.9
     delay_prior_ticks: int = 3
-    # The file `robot-rl calibrate latency` wrote for this robot; its delay prior replaces
-    # delay_prior_ticks. null = ${output_dir}/calibration/ROBOT/latency.yaml when it exists.
+    # Roll-forward: the measured joint state trails the commanded target by this many ticks
+    # (servo, bus and driver; `robot-rl calibrate latency` measures it as command-to-motion).
+    # The policy was trained on measured states, so the rolled state it gets is the target
+    # commanded this many ticks before the new chunk starts: where the arm will be read to be.
+    # 0 = the arm reads where it was told one tick ago (the sim, a kinematic arm).
+    command_lag_ticks: int = 0
+    # The file `robot-rl calibrate latency` wrote for this robot; its delay prior and command lag
+    # replace delay_prior_ticks and command_lag_ticks. null = ${output_dir}/calibration/ROBOT/latency.yaml
+    # when it exists.
     latency_calibration: str | None = None
 
     # Seam smoothing: linearly blend this many new actions with what the old plan
@@ -116,6 +123,8 @@ class EdgeConfig:
             problems.append(f"delay_quantile must be in (0, 1], got {self.delay_quantile}")
         if self.delay_prior_ticks < 0:
             problems.append(f"delay_prior_ticks must be >= 0, got {self.delay_prior_ticks}")
+        if self.command_lag_ticks < 0:
+            problems.append(f"command_lag_ticks must be >= 0, got {self.command_lag_ticks}")
         if self.blend_ticks < 0:
             problems.append(f"blend_ticks must be >= 0, got {self.blend_ticks}")
         if self.simulated_latency_ms < 0 or self.latency_jitter_ms < 0:

@@ -374,7 +374,9 @@ class EdgeNode:
             delay_used, policy_state, rolled, start = 0, state, None, None
         elif self.rules.rolls_forward and not intervening:
             delay_used = estimate
-            target = self.queue.planned_target(estimate)
+            # Where the arm will be *read* to be when the chunk starts: the target commanded
+            # command_lag_ticks before that (the policy learnt from measured states).
+            target = self.queue.planned_target(max(0, estimate - self.config.command_lag_ticks))
             target = self._hold if target is None else target  # nothing taken yet: where it stands
             assert target is not None  # tick 0 sets the hold before any request
             rolled = np.clip(target, self._lower, self._upper).astype(np.float32)

@@ -141,18 +141,18 @@ def warm_up(policy: Any, robot: Any, instruction: str) -> float:
 
 
 def with_latency_calibration(edge: EdgeConfig, output_dir: str, robot_name: str) -> EdgeConfig:
-    """``edge`` with the delay prior that ``robot-rl calibrate latency`` measured for this robot,
-    read from ``edge.latency_calibration`` (default: the file that command writes for it)."""
-    from robot_rl.calibration.latency import default_latency_path, read_delay_prior
+    """``edge`` with the delay prior and command lag ``robot-rl calibrate latency`` measured for
+    this robot, read from ``edge.latency_calibration`` (default: the file that command writes for it)."""
+    from robot_rl.calibration.latency import default_latency_path, read_latency_calibration
 
     path = Path(edge.latency_calibration) if edge.latency_calibration else default_latency_path(output_dir, robot_name)
     if not path.exists():
         if edge.latency_calibration:
             raise ConfigError(f"edge.latency_calibration={path} does not exist; run `robot-rl calibrate latency`")
         return edge
-    prior = read_delay_prior(path)
-    log.info("delay prior %d ticks from %s (robot-rl calibrate latency)", prior, path)
-    return dataclasses.replace(edge, delay_prior_ticks=prior)
+    prior, lag = read_latency_calibration(path)
+    log.info("delay prior %d ticks, command lag %d ticks from %s (robot-rl calibrate latency)", prior, lag, path)
+    return dataclasses.replace(edge, delay_prior_ticks=prior, command_lag_ticks=lag)
 
 
 def _recorder(config: SessionConfig, robot: Any) -> Any:
