@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"robot-rl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `robot-rl CMD --help | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
 
 
 def run_command(module: ModuleType, rest: list[str]) -> int:
