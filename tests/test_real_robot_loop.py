@@ -192,7 +192,7 @@ def test_two_real_robot_sessions_stream_to_a_restarted_learner_and_swap_its_weig
         assert all(int(np.asarray(e["episode_seed"]).reshape(-1)[0]) == -1 for e in local)  # real scenes
         log = [json.loads(line) for line in (root / robot_id / "session_log.jsonl").read_text().splitlines()]
         assert log[0]["learner"].startswith("learner acked")
-        assert any(entry["learner"].startswith("learner not reachable") for entry in log)  # the outage, said
+        assert any("waits in the spool" in entry["learner"] for entry in log)  # the outage, said
         assert "not every episode reached the learner" not in text  # the spool was emptied before the end
 
     # Every recorded step is in the learner's store exactly once: per robot, the same episodes

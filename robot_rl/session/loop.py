@@ -323,11 +323,12 @@ class OperatorSession:
             return None
         self.streamer.send_episode(steps)
         link = self.streamer.link
-        if link.connected and link.flush(self.config.ack_timeout_s):
+        connected = link.connected
+        if connected and link.flush(self.config.ack_timeout_s):
             return f"learner acked it (weights v{self.node.policy_version} in use)"
         pending = link.stats().get("pending", 0)
-        return (f"learner not reachable: it waits in the spool ({pending} segments unacked) "
-                "and is sent when the learner is back")
+        why = f"not acked within {self.config.ack_timeout_s:g} s" if connected else "learner not reachable"
+        return f"{why}: it waits in the spool ({pending} segments unacked) and is sent when the learner is back"
 
     def _log(self, episode: int, verdict: str, steps: list[Step], index: int | None, delivery: str | None) -> None:
         if self.log_path is None:
