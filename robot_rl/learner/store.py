@@ -174,16 +174,16 @@ class ReplayStore:
 
     def _open_store(self, layout: RecordedLayout) -> None:
         """Open the dataset writer for ``layout`` and rebuild what is on disk (ledger, dataset, staging)."""
+        missing = [c for c in self.index.cameras if c not in layout.cameras]
+        if missing:  # checked before anything is written or started
+            raise ValueError(f"the policy trains on cameras {list(self.index.cameras)}, the store records "
+                             f"{list(layout.cameras)}")
         write_layout(self.config.root, layout)
         # In its own process by default (config.writer): LeRobot's writer would hold the GIL the trainer needs.
         self.writer = make_writer(self.config.writer, RecorderSpec(str(self.dataset_root), layout.fps,
                                                                    layout.joint_names, layout.camera_shapes,
                                                                    self.config.repo_id),
                                   nice=self.config.commit_nice)
-        missing = [c for c in self.index.cameras if c not in layout.cameras]
-        if missing:
-            raise ValueError(f"the policy trains on cameras {list(self.index.cameras)}, the store records "
-                             f"{list(layout.cameras)}")
         self._restore()
 
     def adopt_layout(self, offered: RecordedLayout) -> str | None:
@@ -617,7 +617,7 @@ class ReplayStore:
                     self._staging.ack(_staging_key(record.robot_id, record.episode_id, seq))
 
     def _load_dataset_into_index(self) -> None:
-        if self.writer is None or self.writer.num_episodes == 0:
+        if self.writer.num_episodes == 0:
             return
         from robot_rl.data.reader import load_episode_arrays
 
