@@ -12,13 +12,21 @@ The adapter only translates between the two worlds:
     our instruction              -> "task"
 and returns the *whole* predicted chunk (``predict_action_chunk``), not one action at a
 time, because the edge runtime does its own chunk scheduling and roll-forward.
+
+The adapter is also a ``TrainablePolicy`` (``robot_rl.policies.trainable``), so the learner
+fine-tunes a LeRobot policy with the same algorithms as FlowVLA: a training batch goes through
+the policy's own preprocessor (normalisation, tokenisation) into its own ``forward``. Its
+``state_dict`` is the LeRobot policy's, key for key, so what the learner publishes and
+checkpoints is what ``PreTrainedPolicy.from_pretrained`` loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,7 @@ from lerobot.configs.policies import PreTrainedConfig
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
 from lerobot.policies.utils import prepare_observation_for_inference
+from lerobot.processor import DeviceProcessorStep, NormalizerProcessorStep
 from lerobot.utils.constants import (
     ACTION,
     OBS_IMAGES,
@@ -35,24 +44,31 @@ from lerobot.utils.constants import (
     POLICY_POSTPROCESSOR_DEFAULT_NAME,
     POLICY_PREPROCESSOR_DEFAULT_NAME,
 )
+from torch import nn
 
+from robot_rl.core.errors import ConfigError
 from robot_rl.policies.base import validate_chunk
 from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+from robot_rl.policies.trainable import StateOffsets, weighted_mean
 
 # Config fields that say where/how a policy runs, not what it computes.
 _RUNTIME_FIELDS = {"device", "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path"}
 
 
-class LeRobotChunkPolicy:
-    """A LeRobot ``PreTrainedPolicy`` plus its processors, behind the ChunkPolicy protocol.
+class LeRobotChunkPolicy(nn.Module):
+    """A LeRobot ``PreTrainedPolicy`` plus its processors, behind the TrainablePolicy protocol.
 
     ``camera_map`` maps our camera names to LeRobot's (``{"wrist": "gripper"}`` feeds our
     "wrist" image to ``observation.images.gripper``); unmapped cameras keep their name.
+    ``state_offsets``: the roll-forward augmentation the learner trains it with.
     """
 
     def __init__(self, policy: PreTrainedPolicy, preprocessor: Any, postprocessor: Any,
-                 camera_map: dict[str, str] | None = None, chunk_size: int | None = None):
+                 camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
+                 state_offsets: StateOffsets | None = None):
+        super().__init__()
         self.policy = policy.eval()
+        self.state_offsets = state_offsets or StateOffsets()
         self.preprocessor = preprocessor
         self.postprocessor = postprocessor
         self.camera_map = dict(camera_map or {})
@@ -61,9 +77,15 @@ class LeRobotChunkPolicy:
             raise ValueError(f"LeRobot policy {config.type!r} has no {ACTION!r} output feature")
         self.action_dim: int = int(config.output_features[ACTION].shape[0])
         self.chunk_size: int = chunk_size or _native_chunk_size(config)
-        self.state_dim: int | None = (int(config.input_features[OBS_STATE].shape[0])
-                                      if OBS_STATE in config.input_features else None)
+        if OBS_STATE not in config.input_features:
+            raise ValueError(f"LeRobot policy {config.type!r} reads no {OBS_STATE!r}; robot_rl feeds every policy "
+                             "the joint state (roll-forward replaces it by the commanded target)")
+        self.state_dim: int = int(config.input_features[OBS_STATE].shape[0])
         self.image_keys: list[str] = list(config.image_features)
+        ours = {theirs: mine for mine, theirs in self.camera_map.items()}
+        self.cameras: tuple[str, ...] = tuple(
+            ours.get(key.removeprefix(f"{OBS_IMAGES}."), key.removeprefix(f"{OBS_IMAGES}.")) for key in self.image_keys)
+        self._loss_takes_reduction = "reduction" in inspect.signature(policy.forward).parameters
         self.policy.reset()
 
     # ------------------------------------------------------------------ loading / saving
@@ -72,12 +94,13 @@ class LeRobotChunkPolicy:
         """``policy=lerobot``: the LeRobot checkpoint at ``config.path``."""
         if not config.path:
             raise ValueError("policy=lerobot needs policy.path=DIR_OR_HUB_ID (a LeRobot policy checkpoint)")
-        return cls.from_pretrained(config.path, device=config.device, camera_map=config.camera_map or None)
+        return cls.from_pretrained(config.path, device=config.device, camera_map=config.camera_map or None,
+                                   state_offsets=StateOffsets(config.max_state_offset, config.offset_weights))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,
                         camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
-                        revision: str | None = None) -> LeRobotChunkPolicy:
+                        revision: str | None = None, state_offsets: StateOffsets | None = None) -> LeRobotChunkPolicy:
         """Load policy and processors from a local directory or a Hugging Face Hub repo id."""
         source = str(name_or_path)
         local = Path(source).expanduser()
@@ -103,7 +126,8 @@ class LeRobotChunkPolicy:
             pretrained_revision=revision,
             preprocessor_overrides={"device_processor": {"device": str(config.device)}},
         )
-        return cls(policy, preprocessor, postprocessor, camera_map=camera_map, chunk_size=chunk_size)
+        return cls(policy, preprocessor, postprocessor, camera_map=camera_map, chunk_size=chunk_size,
+                   state_offsets=state_offsets)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write policy and processors in LeRobot's layout (loadable by LeRobot and by this adapter)."""
@@ -117,6 +141,94 @@ class LeRobotChunkPolicy:
         fields = {k: v for k, v in dataclasses.asdict(self.policy.config).items() if k not in _RUNTIME_FIELDS}
         blob = json.dumps({"type": self.policy.config.type, **fields}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+    # ------------------------------------------------------------------ what the learner needs
+    @property
+    def device(self) -> torch.device:
+        return next(self.policy.parameters()).device
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The LeRobot policy's own state dict (its key names), what its checkpoints and the wire hold."""
+        return self.policy.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.policy.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def to(self, *args: Any, **kwargs: Any) -> LeRobotChunkPolicy:
+        """Move the weights, and point the preprocessor's device step (where batches go) at them."""
+        super().to(*args, **kwargs)
+        device = str(self.device)
+        self.policy.config.device = device
+        for step in self.preprocessor.steps:
+            if isinstance(step, DeviceProcessorStep) and step.device != device:
+                step.device = device
+                step.__post_init__()
+        return self
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        return (p for p in self.policy.parameters() if p.requires_grad)
+
+    def needs_statistics(self) -> bool:
+        """True when the processors hold no state or action statistics (a policy built without data)."""
+        return not all(_has_stats(self.preprocessor, NormalizerProcessorStep, key) for key in (OBS_STATE, ACTION))
+
+    def fit_statistics(self, states: np.ndarray, actions: np.ndarray, instructions: Sequence[str]) -> None:
+        """Refused: a LeRobot policy's statistics live in its processors, which the wire does not carry,
+        so robots would normalise with other numbers than the learner. They come with the checkpoint."""
+        raise ConfigError(f"the LeRobot policy {self.policy.config.type!r} has no state/action normalisation "
+                          "statistics; start the learner from a checkpoint that has them (`robot-rl train-bc "
+                          "policy=lerobot ...` writes one from the demonstrations' statistics)")
+
+    def draw_training_randomness(self, batch_size: int, generator: torch.Generator) -> dict[str, int]:
+        """One seed for torch's RNG during the loss: LeRobot policies draw their noise (flow noise, a
+        VAE's latent) from it, and the seed from the algorithm's generator makes that reproducible."""
+        del batch_size
+        return {"seed": int(torch.randint(0, 2**62, (1,), generator=generator))}
+
+    def compute_loss(self, batch: dict[str, Any], weights: torch.Tensor | None = None, *,
+                     seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's own training loss per sample, weighted: (sum w l / sum w, l [B])."""
+        lerobot_batch = self.preprocessor(self._to_lerobot_batch(batch))
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            per_sample = self._per_sample_loss(lerobot_batch)
+        return weighted_mean(per_sample, weights), per_sample
+
+    def _per_sample_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """[B] losses. SmolVLA, pi0 and pi0.5 give them (``forward(reduction="none")``); ACT's forward
+        returns only the batch mean, so its two terms (masked L1, KL of the VAE latent) are formed per
+        sample from the model's outputs; any other policy runs its forward once per sample."""
+        policy = self.policy
+        if self._loss_takes_reduction:
+            loss, _ = policy.forward(batch, reduction="none")
+            return loss.reshape(loss.shape[0], -1).mean(dim=1) if loss.ndim > 1 else loss
+        if policy.config.type == "act":
+            return _act_per_sample_loss(policy, batch)
+        size = len(batch[ACTION])
+        rows = [policy.forward({k: _row(v, i, size) for k, v in batch.items()})[0] for i in range(size)]
+        return torch.stack(rows)
+
+    def _to_lerobot_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Our training batch (uint8 HWC images by camera, state, actions) under LeRobot's keys, CHW in 0..1."""
+        out: dict[str, Any] = {}
+        for ours, key in zip(self.cameras, self.image_keys, strict=True):
+            if f"images.{ours}" not in batch:
+                raise KeyError(f"the training batch has no images.{ours}; the LeRobot policy reads {self.image_keys}")
+            frames = torch.as_tensor(batch[f"images.{ours}"])
+            out[key] = frames.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
+        out[OBS_STATE] = torch.as_tensor(batch["state"], dtype=torch.float32)
+        actions = torch.as_tensor(batch["actions"], dtype=torch.float32)
+        if actions.ndim != 3 or actions.shape[1:] != (self.chunk_size, self.action_dim):
+            raise ValueError(f"batch['actions'] must be [B, {self.chunk_size}, {self.action_dim}], "
+                             f"got {tuple(actions.shape)}")
+        out[ACTION] = actions
+        pad = batch.get("action_is_pad")
+        out["action_is_pad"] = (torch.zeros(actions.shape[:2], dtype=torch.bool) if pad is None
+                                else torch.as_tensor(pad, dtype=torch.bool))
+        out["task"] = list(batch["instruction"])
+        return out
 
     # ------------------------------------------------------------------ inference
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
@@ -148,6 +260,36 @@ class LeRobotChunkPolicy:
                 raise ValueError(f"state has {state.size} values, the LeRobot policy expects {self.state_dim}")
             frame[OBS_STATE] = state
         return frame
+
+
+def _has_stats(pipeline: Any, step_type: type, key: str) -> bool:
+    return any(isinstance(step, step_type) and key in (step.stats or {}) for step in pipeline.steps)
+
+
+def _row(value: Any, i: int, size: int) -> Any:
+    """Sample ``i`` of a batch value, keeping its batch dimension (lists keep one element)."""
+    if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == size:
+        return value[i: i + 1]
+    if isinstance(value, list) and len(value) == size:
+        return value[i: i + 1]
+    return value
+
+
+def _act_per_sample_loss(policy: PreTrainedPolicy, batch: dict[str, Any]) -> torch.Tensor:
+    """ACT's loss (``ACTPolicy.forward``: L1 over the valid steps plus kl_weight times the latent's KL
+    divergence), per sample instead of over the batch."""
+    config = policy.config
+    batch = dict(batch)
+    if config.image_features:
+        batch[OBS_IMAGES] = [batch[key] for key in config.image_features]
+    actions_hat, (mu, log_sigma_x2) = policy.model(batch)
+    valid = (~batch["action_is_pad"]).unsqueeze(-1).to(actions_hat.dtype)
+    abs_err = (batch[ACTION] - actions_hat).abs() * valid
+    loss = abs_err.sum(dim=(1, 2)) / (valid.sum(dim=(1, 2)) * actions_hat.shape[-1]).clamp_min(1.0)
+    if config.use_vae and log_sigma_x2 is not None:
+        kld = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1)
+        loss = loss + config.kl_weight * kld
+    return loss
 
 
 def _native_chunk_size(config: PreTrainedConfig) -> int:

@@ -19,3 +19,15 @@ class LeRobotPolicyConfig:
     path: str | None = None  # a local checkpoint directory or a Hugging Face Hub id
     device: str | None = None  # null: the device the checkpoint was saved for
     camera_map: dict[str, str] = field(default_factory=dict)  # our camera -> LeRobot's image key, e.g. {wrist: gripper}
+    # Learner: train on states rolled forward 0..max_state_offset ticks (the edge's roll-forward, as FlowVLA does).
+    max_state_offset: int = 5
+    offset_weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
+
+    def __post_init__(self) -> None:
+        if self.max_state_offset < 0:
+            raise ValueError(f"policy.max_state_offset must be >= 0, got {self.max_state_offset}")
+        if self.offset_weights is not None:
+            self.offset_weights = tuple(float(w) for w in self.offset_weights)
+            if len(self.offset_weights) != self.max_state_offset + 1:
+                raise ValueError(f"policy.offset_weights needs {self.max_state_offset + 1} values (offsets "
+                                 f"0..{self.max_state_offset}), got {len(self.offset_weights)}")

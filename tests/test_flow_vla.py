@@ -103,7 +103,7 @@ def test_instruction_normalisation_spreads_near_parallel_embeddings_and_round_tr
     model = FlowVLA(tiny_config(text_dim=32, normalize_instruction=True),
                     text_encoder=InstructionEncoder(backend=encode, dim=32))
     rng = np.random.default_rng(1)
-    model.fit_normalization(rng.normal(50, 10, (100, A)), rng.normal(50, 10, (100, A)), list(close) * 5)
+    model.fit_statistics(rng.normal(50, 10, (100, A)), rng.normal(50, 10, (100, A)), list(close) * 5)
     raw = model.text_encoder.encode_batch(sorted(close))
     normalised = model.normalizer.normalize_text(raw)
     assert torch.allclose(normalised.mean(0), torch.zeros(32), atol=1e-5)

@@ -16,7 +16,7 @@ All network inputs/outputs are normalised; ``predict_chunk`` speaks robot units.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,13 @@ from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
 from robot_rl.policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float, random_shift
 from robot_rl.policies.flow_vla.normalization import Normalizer
 from robot_rl.policies.text_encoder import InstructionEncoder
+from robot_rl.policies.trainable import StateOffsets, weighted_mean
 
 Batch = dict[str, Any]
 
 
 class FlowVLA(nn.Module):
-    """The project's VLA; implements ``robot_rl.policies.base.ChunkPolicy``."""
+    """The project's VLA; implements ``robot_rl.policies.trainable.TrainablePolicy``."""
 
     def __init__(self, config: FlowVLAConfig | None = None, text_encoder: InstructionEncoder | None = None):
         super().__init__()
@@ -74,6 +75,18 @@ class FlowVLA(nn.Module):
         return self.config.action_dim
 
     @property
+    def cameras(self) -> tuple[str, ...]:
+        return tuple(self.config.cameras)
+
+    @property
+    def state_dim(self) -> int:
+        return self.config.state_dim
+
+    @property
+    def state_offsets(self) -> StateOffsets:
+        return StateOffsets(self.config.max_state_offset, self.config.offset_weights)
+
+    @property
     def device(self) -> torch.device:
         return self.action_position.device
 
@@ -89,7 +102,13 @@ class FlowVLA(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def fit_normalization(self, states: np.ndarray, actions: np.ndarray, instructions: Sequence[str]) -> None:
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        return self.parameters()  # the sentence encoder is outside the module: everything here trains
+
+    def needs_statistics(self) -> bool:
+        return not self.normalizer.fitted
+
+    def fit_statistics(self, states: np.ndarray, actions: np.ndarray, instructions: Sequence[str]) -> None:
         """Fit the normaliser on training data: states/actions [N, dim] and the instructions seen."""
         self.normalizer.fit(states, actions)
         if self.config.normalize_instruction:
@@ -190,6 +209,14 @@ class FlowVLA(nn.Module):
         pred = self.velocity(x_t, t, self._context_from_batch(batch))
         per_sample = masked_mse_per_sample(pred, target - noise, is_pad)
         return weighted_mean(per_sample, weights), per_sample
+
+    def draw_training_randomness(self, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Flow noise [B, H, A] and times [B] from ``generator``, by the same law as ``_sample_flow_time``."""
+        noise = torch.randn((batch_size, self.chunk_size, self.action_dim), generator=generator)
+        u = torch.rand(batch_size, generator=generator)
+        # "beta": Beta(1.5, 1) by inverse CDF (u ** (1/1.5)), mapped like _sample_flow_time.
+        flow_time = 1.0 - u.pow(1.0 / 1.5) * 0.999 if self.config.flow_time_sampling == "beta" else u
+        return {"noise": noise.to(self.device), "flow_time": flow_time.to(self.device)}
 
     def _sample_flow_time(self, n: int) -> torch.Tensor:
         if self.config.flow_time_sampling == "beta":
@@ -294,18 +321,3 @@ def masked_mse_per_sample(pred: torch.Tensor, target: torch.Tensor, is_pad: torc
     squared = (pred - target).pow(2) * valid
     count = valid.sum(dim=(1, 2)) * pred.shape[-1]
     return squared.sum(dim=(1, 2)) / count.clamp_min(1.0)
-
-
-def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """sum(w_i * l_i) / sum(w_i): exact, so a zero weight removes a sample's influence entirely.
-
-    All-zero weights give a zero loss (and zero gradients) instead of NaN.
-    """
-    if weights is None:
-        return per_sample.mean()
-    w = torch.as_tensor(weights, dtype=per_sample.dtype, device=per_sample.device)
-    if w.shape != per_sample.shape:
-        raise ValueError(f"weights must have shape {tuple(per_sample.shape)} (one per sample), got {tuple(w.shape)}")
-    if (w < 0).any() or not torch.isfinite(w).all():
-        raise ValueError("weights must be finite and non-negative")
-    return (w * per_sample).sum() / w.sum().clamp_min(torch.finfo(w.dtype).tiny)

@@ -66,7 +66,7 @@ def fit(
     torch.manual_seed(seed)
     sampler = EpisodeSampler(episodes, policy.config, seed=seed)
     if not policy.normalizer.fitted:
-        policy.fit_normalization(*sampler.all_states_and_actions(), [ep["instruction"] for ep in sampler.episodes])
+        policy.fit_statistics(*sampler.all_states_and_actions(), [ep["instruction"] for ep in sampler.episodes])
     policy.to(device).train()
     policy.text_encoder.encode_batch(sorted({ep["instruction"] for ep in sampler.episodes}))  # warm the cache once
 

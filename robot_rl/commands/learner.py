@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
-    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +39,32 @@ sizes come from the policy and from the robots' hellos: no robot settings are ne
 GROUPS: tuple[str, ...] = ("policy", "learner", "learner/algorithm")
 
 
-def build_policy(config: RobotRLConfig) -> FlowVLA:
+def build_policy(config: RobotRLConfig) -> TrainablePolicy:
     """The learner's policy: ``learner.init_checkpoint`` if given, else the checkpoint an edge of
     the same configuration starts from (``policy.path``, else the BC checkpoint, else the shipped
     one: ``robot_rl.app.policies``), so learner and robots begin with the same weights; with none
-    of these, a new model of ``policy.model``."""
+    of these, a new FlowVLA of ``policy.model`` (a LeRobot policy needs its checkpoint: its
+    normalisation statistics travel with it)."""
     from robot_rl.app.policies import NoCheckpointError, resolved_policy_config
     from robot_rl.config import ConfigError
     from robot_rl.core.registry import POLICIES
-    from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
+    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 
+    if not isinstance(config.policy, FlowVLAPolicyConfig | LeRobotPolicyConfig):
+        raise ConfigError(f"the learner trains policy=flow_vla or policy=lerobot, not "
+                          f"policy={POLICIES.name_of(config.policy)}")
     if config.learner.init_checkpoint:
-        return FlowVLA.from_pretrained(config.learner.init_checkpoint)
-    if not isinstance(config.policy, FlowVLAPolicyConfig):
-        raise ConfigError(f"the learner trains policy=flow_vla, not policy={POLICIES.name_of(config.policy)}")
-    try:
-        policy_config = resolved_policy_config(config)
-    except NoCheckpointError:
-        log.warning("no checkpoint to start from (policy.path, bc.checkpoint_dir, the shipped one): "
-                    "training a new model of policy.model")
-        policy_config = config.policy
+        policy_config = dataclasses.replace(config.policy, path=config.learner.init_checkpoint)
+    else:
+        try:
+            policy_config = resolved_policy_config(config)
+        except NoCheckpointError:
+            if not isinstance(config.policy, FlowVLAPolicyConfig):
+                raise
+            log.warning("no checkpoint to start from (policy.path, bc.checkpoint_dir, the shipped one): "
+                        "training a new model of policy.model")
+            policy_config = config.policy
     log.info("learner starts from %s", policy_config.path or "a new model")
     return POLICIES.build(policy_config)
 

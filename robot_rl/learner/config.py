@@ -253,7 +253,7 @@ class LearnerConfig:
     algorithm: Any = field(default_factory=_weighted_bc)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hub: HubConfig = field(default_factory=HubConfig)
-    # Initial weights: a FlowVLA checkpoint dir (save_pretrained layout); None: the policy group's
+    # Initial weights: a checkpoint dir of the configured policy (FlowVLA or LeRobot layout); None: the policy group's
     # (``policy.path``, else a new model of ``policy.model``). ``robot-rl run`` sets its BC start here.
     init_checkpoint: str | None = None
 

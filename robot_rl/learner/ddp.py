@@ -10,9 +10,9 @@ Who does what:
   ``DistributedDataParallel`` wrapper, so the gradients are averaged across ranks during
   ``backward``. Gradient clipping and the optimiser step then run on identical averaged
   gradients: all ranks keep bit-identical parameters.
-* **Why the whole batch travels and not only the shard**: algorithms draw their flow
-  noise from their own generator for ``len(batch)`` rows. Every rank has the same
-  generator state, draws the noise for the whole batch and keeps its rows, so N ranks
+* **Why the whole batch travels and not only the shard**: algorithms draw their loss's
+  randomness (flow noise and times) from their own generator for ``len(batch)`` rows. Every
+  rank has the same generator state, draws the noise for the whole batch and keeps its rows, so N ranks
   compute exactly what one process would compute on the same batch (mean of equal-size
   shard means = mean of the batch), up to float summation order.
 
@@ -51,7 +51,7 @@ from robot_rl.learner.config import LearnerConfig, TrainerConfig
 from robot_rl.learner.index import SamplingIndex
 from robot_rl.learner.publisher import PublishFn
 from robot_rl.learner.trainer import Trainer
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -180,14 +180,13 @@ def _describe(batch: dict[str, Any]) -> tuple[list[torch.Tensor], dict[str, Any]
 class _LossModule(nn.Module):
     """``forward`` = the policy's own ``compute_loss``: DDP syncs gradients only for calls through forward."""
 
-    def __init__(self, policy: FlowVLA, compute_loss: Callable[..., Any]) -> None:
+    def __init__(self, policy: TrainablePolicy, compute_loss: Callable[..., Any]) -> None:
         super().__init__()
         self.policy = policy
         self._compute_loss = compute_loss
 
-    def forward(self, batch: dict, weights: torch.Tensor | None, noise: torch.Tensor | None,
-                flow_time: torch.Tensor | None) -> Any:
-        return self._compute_loss(batch, weights, noise=noise, flow_time=flow_time)
+    def forward(self, batch: dict, weights: torch.Tensor | None, randomness: dict[str, Any]) -> Any:
+        return self._compute_loss(batch, weights, **randomness)
 
 
 def shard_rows(value: Any, rows: slice) -> Any:
@@ -197,13 +196,14 @@ def shard_rows(value: Any, rows: slice) -> Any:
     return value
 
 
-def route_loss_through_ddp(policy: FlowVLA, ctx: DistContext, batch_size: int) -> DistributedDataParallel:
+def route_loss_through_ddp(policy: TrainablePolicy, ctx: DistContext, batch_size: int) -> DistributedDataParallel:
     """Make ``policy.compute_loss`` compute this rank's shard through a DDP wrapper.
 
-    Algorithms call ``self.policy.compute_loss(batch, weights, noise=..., flow_time=...)``
-    with the whole batch; the replacement keeps rows ``[rank*n, (rank+1)*n)`` of every
-    argument and calls DDP, which all-reduces the gradients in ``backward``. Constructing
-    DDP broadcasts rank 0's parameters and buffers, so all ranks start identical.
+    Algorithms call ``self.policy.compute_loss(batch, weights, **randomness)`` with the whole
+    batch and the randomness drawn for it (``draw_training_randomness``); the replacement keeps
+    rows ``[rank*n, (rank+1)*n)`` of every argument and calls DDP, which all-reduces the
+    gradients in ``backward``. Constructing DDP broadcasts rank 0's parameters and buffers, so all
+    ranks start identical.
     """
     if batch_size % ctx.world_size:
         raise ValueError(f"trainer.batch_size {batch_size} must divide by the world size {ctx.world_size} "
@@ -214,13 +214,12 @@ def route_loss_through_ddp(policy: FlowVLA, ctx: DistContext, batch_size: int) -
     ddp = DistributedDataParallel(_LossModule(policy, original),
                                   device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
-    def compute_shard_loss(batch: dict, weights: torch.Tensor | None = None, *, noise: torch.Tensor | None = None,
-                           flow_time: torch.Tensor | None = None) -> Any:
+    def compute_shard_loss(batch: dict, weights: torch.Tensor | None = None, **randomness: Any) -> Any:
         if len(batch["actions"]) != batch_size:
             raise ValueError(f"data-parallel update expects the global batch of {batch_size} rows, "
                              f"got {len(batch['actions'])}")
         shard = {k: shard_rows(v, rows) for k, v in batch.items()}
-        return ddp(shard, shard_rows(weights, rows), shard_rows(noise, rows), shard_rows(flow_time, rows))
+        return ddp(shard, shard_rows(weights, rows), {k: shard_rows(v, rows) for k, v in randomness.items()})
 
     # The algorithms keep calling policy.compute_loss: this instance attribute shadows the method.
     policy.compute_loss = compute_shard_loss  # type: ignore[method-assign]  # shadows the method on purpose
@@ -238,7 +237,7 @@ class DistributedTrainer(Trainer):
     runs at the start of training on every rank.
     """
 
-    def __init__(self, policy: FlowVLA, index: SamplingIndex, config: TrainerConfig, algorithm_config: object,
+    def __init__(self, policy: TrainablePolicy, index: SamplingIndex, config: TrainerConfig, algorithm_config: object,
                  ctx: DistContext, publish: PublishFn | None = None,
                  on_checkpoint: Callable[[Path], None] | None = None, logger: Any = None) -> None:
         super().__init__(policy, index, config, algorithm_config, publish=publish if ctx.is_leader else None,
@@ -325,7 +324,7 @@ class DistributedTrainer(Trainer):
                 self.step += 1
 
 
-def follow_rank(config: LearnerConfig, policy: FlowVLA, ctx: DistContext, *, resume: bool = False) -> int:
+def follow_rank(config: LearnerConfig, policy: TrainablePolicy, ctx: DistContext, *, resume: bool = False) -> int:
     """What ranks other than 0 run under ``robot-rl learner``: follow rank 0's updates until it stops.
 
     SIGINT/SIGTERM are ignored here on purpose: rank 0 catches them, writes its final
@@ -334,7 +333,7 @@ def follow_rank(config: LearnerConfig, policy: FlowVLA, ctx: DistContext, *, res
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: log.info("rank %d: signal %d; waiting for rank 0 to stop us",
                                                           ctx.rank, signum))
-    trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras or policy.config.cameras), config.trainer,
+    trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras or policy.cameras), config.trainer,
                                  config.algorithm,
                                  ctx)
     if resume:

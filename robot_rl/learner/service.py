@@ -23,7 +23,7 @@ from robot_rl.learner.hub import HubPusher, dataset_snapshot
 from robot_rl.learner.metrics import make_logger
 from robot_rl.learner.store import ReplayStore
 from robot_rl.learner.trainer import Trainer
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +53,22 @@ def server_config(service: ServiceConfig, config_hash: str) -> ServerConfig:
                         peer_timeout_s=service.peer_timeout_s)
 
 
-def check_layout(config: LearnerConfig, policy: FlowVLA) -> None:
+def check_layout(config: LearnerConfig, policy: TrainablePolicy) -> None:
     """What ``learner.store`` pins must hold what the policy reads, or training would fail much
     later (what it leaves open is checked at each robot's hello)."""
-    store, pc = config.store, policy.config
-    missing = [c for c in pc.cameras if store.cameras is not None and c not in store.cameras]
-    joints = len(store.joint_names) if store.joint_names is not None else pc.state_dim
-    if missing or joints != pc.state_dim or pc.state_dim != pc.action_dim:
+    store = config.store
+    missing = [c for c in policy.cameras if store.cameras is not None and c not in store.cameras]
+    joints = len(store.joint_names) if store.joint_names is not None else policy.state_dim
+    if missing or joints != policy.state_dim or policy.state_dim != policy.action_dim:
         raise ValueError(f"learner.store records cameras {store.cameras} and {joints} joints, "
-                         f"but the policy reads cameras {list(pc.cameras)} with state_dim {pc.state_dim} / "
-                         f"action_dim {pc.action_dim}; make learner.store match the policy config")
+                         f"but the policy reads cameras {list(policy.cameras)} with state_dim {policy.state_dim} / "
+                         f"action_dim {policy.action_dim}; make learner.store match the policy config")
 
 
 class LearnerService(ServerHandlers):
     """``with LearnerService(config, policy) as learner: learner.start(); ...``"""
 
-    def __init__(self, config: LearnerConfig, policy: FlowVLA, *, resume: bool = False, train: bool = True,
+    def __init__(self, config: LearnerConfig, policy: TrainablePolicy, *, resume: bool = False, train: bool = True,
                  dist: DistContext | None = None) -> None:
         """``dist``: this is rank 0 of a data-parallel job (``robot_rl.learner.ddp``); None: one process."""
         if dist is not None and not train:
@@ -76,8 +76,8 @@ class LearnerService(ServerHandlers):
         self.config = config
         self.robots: dict[str, RobotStatus] = {}
         check_layout(config, policy)
-        self.state_dim = policy.config.state_dim
-        self.store = ReplayStore(config.store, train_cameras=policy.config.cameras)
+        self.state_dim = policy.state_dim
+        self.store = ReplayStore(config.store, train_cameras=policy.cameras)
         try:
             self.server = ZmqServer(server_config(config.service, policy.config_hash()), handlers=self)
             self.logger = make_logger(config, self.store.outcomes) if train else None

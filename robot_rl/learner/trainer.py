@@ -31,8 +31,8 @@ from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex
 from robot_rl.learner.metrics import LearningLogger
 from robot_rl.learner.publisher import PublishFn, PublishSchedule, snapshot
-from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.policies.flow_vla.training import auto_device
+from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class Trainer:
 
     def __init__(
         self,
-        policy: FlowVLA,
+        policy: TrainablePolicy,
         index: SamplingIndex,
         config: TrainerConfig,
         algorithm_config: object,
@@ -77,9 +77,8 @@ class Trainer:
         self._on_checkpoint = on_checkpoint  # e.g. the Hub pusher; must return at once
         self.logger = logger  # learning curves (TensorBoard); None: not logged
         self._schedule = PublishSchedule(config.publish_every_updates, config.publish_every_s, clock)
-        self._spec = SampleSpec(policy.config.chunk_size, tuple(policy.config.cameras),
-                                policy.config.max_state_offset, policy.config.offset_weights,
-                                config.rewards)
+        offsets = policy.state_offsets
+        self._spec = SampleSpec(policy.chunk_size, policy.cameras, offsets.max_offset, offsets.weights, config.rewards)
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
         self._said_unused_streams = False  # ready(): said once why stored steps do not count
         self._stop = threading.Event()
@@ -88,7 +87,7 @@ class Trainer:
         self._threads_wanted: int | None = None  # set_threads(): applied by the training thread itself
 
     @property
-    def deployed(self) -> FlowVLA:
+    def deployed(self) -> TrainablePolicy:
         """The weights robots get and checkpoints hold: the moving average, else the training weights."""
         return self.average.module if self.average is not None else self.policy
 
@@ -117,8 +116,8 @@ class Trainer:
 
     def _sample_locked(self) -> dict:
         """The next batch from the index (fits the normaliser first on a fresh policy)."""
-        if not self.policy.normalizer.fitted:
-            self.policy.fit_normalization(*self.index.states_and_actions(), self.index.instructions())
+        if self.policy.needs_statistics():
+            self.policy.fit_statistics(*self.index.states_and_actions(), self.index.instructions())
             log.info("normalisation statistics fitted on %d stored steps", sum(self.index.counts().values()))
         return self.index.sample(self.config.batch_size, self.config.stream_ratios, self._spec, self.rng)
 

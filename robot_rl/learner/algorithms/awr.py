@@ -37,6 +37,7 @@ from robot_rl.learner.algorithms.critic import (
     feature_dim,
     frozen_copy,
     polyak_update,
+    require_flow_vla,
     seeded,
 )
 from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, rejection_factors, require_fields
@@ -71,6 +72,7 @@ class AWR(WeightedFlowAlgorithm[AWRConfig]):
     """AWR on the flow-matching loss with a chunk-boundary value critic trained alongside."""
 
     def __init__(self, params: AWRConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        require_flow_vla(policy, "awr")
         super().__init__(params, policy, config, device)
         with seeded(config.seed):
             self.value = ValueNetwork(feature_dim(policy), self.params.critic_hidden, self.params.critic_depth)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from robot_rl.learner.config import TrainerConfig
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.trainable import TrainablePolicy
 
 
 class Algorithm[ParamsT](ABC):
@@ -25,7 +25,7 @@ class Algorithm[ParamsT](ABC):
     own config (``robot_rl.learner.algorithms.configs``), ``config`` the trainer's shared one.
     """
 
-    def __init__(self, params: ParamsT, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+    def __init__(self, params: ParamsT, policy: TrainablePolicy, config: TrainerConfig, device: torch.device) -> None:
         self.params = params
         self.policy = policy
         self.config = config

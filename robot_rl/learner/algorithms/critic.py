@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from robot_rl.core.errors import ConfigError
 from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.policies.flow_vla.encoders import images_to_float
 
@@ -39,6 +40,15 @@ def mlp(in_dim: int, hidden: int, depth: int, out_dim: int = 1) -> nn.Sequential
         layers += [nn.Linear(in_dim if i == 0 else hidden, hidden), nn.LayerNorm(hidden), nn.ReLU()]
     layers.append(nn.Linear(hidden if depth else in_dim, out_dim))
     return nn.Sequential(*layers)
+
+
+def require_flow_vla(policy: object, algorithm: str) -> None:
+    """Refuse, in one line, a policy whose context encoder (the critic's features) and flow sampling
+    (best-of-N candidates) these critics cannot use."""
+    if not isinstance(policy, FlowVLA):
+        raise ConfigError(
+            f"learner algorithm {algorithm!r} needs policy=flow_vla (its critic reads the policy's context "
+            f"encoder); {type(policy).__name__} trains with learner=bc, learner=hgdagger or learner=rwr")
 
 
 def feature_dim(policy: FlowVLA) -> int:

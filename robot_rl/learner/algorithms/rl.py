@@ -40,6 +40,7 @@ from robot_rl.learner.algorithms.critic import (
     feature_dim,
     frozen_copy,
     polyak_update,
+    require_flow_vla,
     seeded,
 )
 from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, rejection_factors, require_fields
@@ -76,6 +77,7 @@ class ChunkQLearning(WeightedFlowAlgorithm[RLConfig]):
     """Q-chunking critic + best-of-N distillation into the flow policy (see the module docstring)."""
 
     def __init__(self, params: RLConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+        require_flow_vla(policy, "rl")
         super().__init__(params, policy, config, device)
         with seeded(config.seed):
             self.critic = ChunkQEnsemble(feature_dim(policy), policy.chunk_size, policy.action_dim,

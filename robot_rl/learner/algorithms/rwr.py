@@ -37,7 +37,7 @@ from robot_rl.learner.algorithms.bc import WeightedBC
 from robot_rl.learner.algorithms.configs import RejectionConfig, RWRConfig
 from robot_rl.learner.config import STREAMS, StalenessConfig, TrainerConfig
 from robot_rl.learner.staleness import StalenessBound
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class WeightedFlowAlgorithm[BoundedT: BoundedParams](WeightedBC[BoundedT]):
     """A weighted flow-matching policy step plus the staleness bound of ``params.staleness``;
     subclasses choose the weights."""
 
-    def __init__(self, params: BoundedT, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
+    def __init__(self, params: BoundedT, policy: TrainablePolicy, config: TrainerConfig, device: torch.device) -> None:
         super().__init__(params, policy, config, device)
         self.staleness = StalenessBound(params.staleness)
 
@@ -115,8 +115,8 @@ class WeightedFlowAlgorithm[BoundedT: BoundedParams](WeightedBC[BoundedT]):
         weights = weights.detach().to(torch.float32).cpu()
         metrics = weight_metrics(weights)
         if float(weights.sum()) <= 0:
-            # Still draw the flow noise so the generator advances exactly as in a normal update.
-            self._draw_noise(batch)
+            # Still draw the loss's randomness so the generator advances exactly as in a normal update.
+            self.draw_randomness(batch)
             return {"loss": 0.0, "grad_norm": 0.0, "loss_max": 0.0, "skipped": 1.0, **metrics}
         return {**super().update({**batch, "weight": weights}), "skipped": 0.0, **metrics}
 

@@ -1,0 +1,112 @@
+"""The TrainablePolicy protocol: what the learner trains and publishes, and the edge swaps in.
+
+Two implementations: the project's ``FlowVLA`` and ``LeRobotChunkPolicy`` (any LeRobot
+``PreTrainedPolicy`` with its own processors). The learner's algorithms, trainer, checkpoints
+and publisher speak only this protocol, so a lab's ACT or SmolVLA checkpoint is fine-tuned by
+the same ``bc`` / ``hgdagger`` / ``rwr`` code as our own model.
+
+A training batch is the learner's (``robot_rl.learner.index``): ``images.<camera>`` uint8
+[B, H, W, 3], ``state`` [B, state_dim] (the rolled-forward state of the offset augmentation),
+``actions`` [B, chunk_size, action_dim] and ``action_is_pad`` [B, chunk_size] in robot units,
+``instruction`` (list of str); a policy translates it to its own inputs.
+
+Randomness of a loss (flow noise and times, a VAE's latent draw) comes from the algorithm's
+own generator through ``draw_training_randomness``, so a resumed learner reproduces the next
+update, and data-parallel ranks shard one draw instead of drawing their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from robot_rl.policies.base import ChunkPolicy
+
+
+@dataclass(frozen=True)
+class StateOffsets:
+    """The state-offset augmentation a policy trains with (``policies.flow_vla.augment``): offsets
+    0..max_offset ticks, so it can act from the rolled-forward state the edge gives it."""
+
+    max_offset: int = 0
+    weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
+
+
+@runtime_checkable
+class TrainablePolicy(ChunkPolicy, Protocol):
+    """A ``ChunkPolicy`` that is also a ``torch.nn.Module`` the learner can update and publish.
+
+    ``state_dict`` / ``load_state_dict`` (from ``nn.Module``) are what the wire carries: the
+    learner publishes ``state_dict()`` and the edge loads it between chunks. ``save_pretrained``
+    writes the policy's native checkpoint (a LeRobot policy's is a LeRobot checkpoint).
+    """
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """Our camera names the policy reads, in its order."""
+        ...
+
+    @property
+    def state_dim(self) -> int: ...
+
+    @property
+    def state_offsets(self) -> StateOffsets: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def config_hash(self) -> str:
+        """Equal hashes mean the published weights fit (architecture and features)."""
+        ...
+
+    def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
+        """What the optimiser updates (a frozen backbone's parameters are left out)."""
+        ...
+
+    def needs_statistics(self) -> bool:
+        """True while the normalisation statistics are still to be fitted on training data."""
+        ...
+
+    def fit_statistics(self, states: np.ndarray, actions: np.ndarray, instructions: Sequence[str]) -> None:
+        """Fit the normalisation statistics on the stored steps (a fresh policy's first batch)."""
+        ...
+
+    def draw_training_randomness(self, batch_size: int, generator: torch.Generator) -> dict[str, Any]:
+        """Keyword arguments for ``compute_loss`` drawn from ``generator`` (tensors with one row per sample,
+        or scalars), so the loss of a batch is a function of the batch and the generator's state."""
+        ...
+
+    def compute_loss(self, batch: dict[str, Any], weights: torch.Tensor | None = None,
+                     **randomness: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum_i w_i l_i / sum_i w_i, per-sample losses l [B]); a zero weight removes a sample entirely."""
+        ...
+
+    # nn.Module's, used by the learner (listed so that a type checker sees them on the protocol)
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def to(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """sum(w_i * l_i) / sum(w_i): exact, so a zero weight removes a sample's influence entirely.
+
+    All-zero weights give a zero loss (and zero gradients) instead of NaN.
+    """
+    if weights is None:
+        return per_sample.mean()
+    w = torch.as_tensor(weights, dtype=per_sample.dtype, device=per_sample.device)
+    if w.shape != per_sample.shape:
+        raise ValueError(f"weights must have shape {tuple(per_sample.shape)} (one per sample), got {tuple(w.shape)}")
+    if (w < 0).any() or not torch.isfinite(w).all():
+        raise ValueError("weights must be finite and non-negative")
+    return (w * per_sample).sum() / w.sum().clamp_min(torch.finfo(w.dtype).tiny)

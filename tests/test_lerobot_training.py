@@ -1,0 +1,138 @@
+"""A LeRobot policy (a tiny ACT from scratch) trained by the learner and hot-swapped on the edge.
+
+What must hold for a lab's own checkpoint: the learner's per-sample loss is LeRobot's loss, an
+update lowers it, the learner's checkpoint is a LeRobot checkpoint (``from_pretrained`` in
+LeRobot itself), a publish lands in a running edge node between chunks and changes its chunks,
+and algorithms that need FlowVLA's encoder refuse in one line.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+from lerobot.policies.factory import get_policy_class
+
+from robot_rl.config import ConfigError
+from robot_rl.core.clock import VirtualClock
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.node import EdgeNode
+from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RLConfig, RWRConfig
+from robot_rl.learner.index import SampleSpec
+from robot_rl.learner.publisher import snapshot
+from robot_rl.learner.trainer import Trainer
+from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
+from robot_rl.policies.trainable import StateOffsets, TrainablePolicy
+from tests.learner_helpers import BC, CAMERAS, IMG, client_config, trainer_config, wait_for
+from tests.lerobot_policies import tiny_act_dir
+from tests.test_learner_trainer import filled_index
+from tests.test_stream_swap import CameraRobot, same_weights
+
+CHUNK = 4
+
+
+@pytest.fixture(scope="module")
+def act_dir(tmp_path_factory):
+    return tiny_act_dir(tmp_path_factory.mktemp("act"), cameras=CAMERAS, image_size=IMG, chunk_size=CHUNK)
+
+
+def load(act_dir) -> LeRobotChunkPolicy:
+    return LeRobotChunkPolicy.from_pretrained(act_dir, device="cpu", state_offsets=StateOffsets(2))
+
+
+def fixed_batch(size: int = 6) -> dict:
+    return filled_index().sample(size, {"online": 1.0, "intervention": 1.0, "demonstration": 1.0},
+                                 SampleSpec(CHUNK, CAMERAS, 2), np.random.default_rng(0))
+
+
+def test_the_per_sample_loss_is_lerobots_and_a_zero_weight_removes_a_sample(act_dir):
+    policy = load(act_dir).train()
+    assert isinstance(policy, TrainablePolicy) and policy.cameras == CAMERAS
+    batch = fixed_batch()
+    batch["action_is_pad"][:] = False  # LeRobot averages over all valid steps: equal counts make it the mean
+    randomness = policy.draw_training_randomness(6, torch.Generator().manual_seed(0))
+    loss, per_sample = policy.compute_loss(batch, **randomness)
+    torch.manual_seed(randomness["seed"])  # the VAE's latent draw, as compute_loss seeds it
+    lerobot_loss, _ = policy.policy.forward(policy.preprocessor(policy._to_lerobot_batch(batch)))
+    assert per_sample.shape == (6,) and torch.allclose(loss, lerobot_loss, rtol=1e-5)
+    weights = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    weighted, again = policy.compute_loss(batch, weights, **randomness)
+    assert torch.allclose(again, per_sample) and torch.allclose(weighted, per_sample[1:].mean())
+
+
+def test_one_rwr_update_changes_the_weights_and_lowers_the_loss_on_a_fixed_batch(act_dir):
+    policy = load(act_dir)
+    trainer = Trainer(policy, filled_index(), trainer_config(act_dir / "unused", lr=1e-3), RWRConfig(failures="keep"))
+    batch = fixed_batch()
+    randomness = policy.draw_training_randomness(6, torch.Generator().manual_seed(1))
+    before_loss = float(policy.compute_loss(batch, **randomness)[0].detach())
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    metrics = trainer.algorithm.update(batch)
+    assert metrics["skipped"] == 0.0
+    changed = [k for k, v in policy.state_dict().items() if not torch.equal(before[k], v)]
+    assert len(changed) > len(before) // 2
+    assert float(policy.compute_loss(batch, **randomness)[0].detach()) < before_loss
+
+
+def test_the_learners_checkpoint_is_a_lerobot_checkpoint_and_resumes(act_dir, tmp_path):
+    config = trainer_config(tmp_path / "ckpt")
+    trainer = Trainer(load(act_dir), filled_index(), config, BC)
+    for _ in range(3):
+        trainer.update_once()
+    saved = trainer.checkpoint()
+    images = {"front": np.full((IMG, IMG, 3), 90, np.uint8)}
+    state = np.arange(6, dtype=np.float32)
+    expected = trainer.deployed.eval().predict_chunk(images, state, "pick the cube")
+    # LeRobot's own classes load it: the weights are the learner's, not the start's.
+    reloaded = get_policy_class("act").from_pretrained(str(saved))
+    assert all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in reloaded.state_dict().items())
+    np.testing.assert_allclose(LeRobotChunkPolicy.from_pretrained(saved).predict_chunk(images, state, "pick the cube"),
+                               expected, rtol=1e-5, atol=1e-5)
+    resumed = Trainer(load(act_dir), filled_index(), config, BC)
+    resumed.resume()
+    assert resumed.step == 3 and same_weights(resumed.policy, trainer.policy)
+
+
+def test_a_published_lerobot_policy_is_swapped_into_a_running_edge_node(act_dir, tmp_path):
+    class Nowhere:  # the link never connects; weights are handed to the streamer as the link would
+        router_endpoint, pub_endpoint = "tcp://127.0.0.1:9", None
+
+    running = load(act_dir).eval()
+    trainer = Trainer(load(act_dir), filled_index(), trainer_config(tmp_path / "ckpt", lr=3e-3), BC)
+    for _ in range(5):
+        trainer.update_once()
+    streamer = EdgeStreamer(client_config("edge-act", Nowhere, tmp_path / "spool", policy_version=0,
+                                          config_hash=running.config_hash()), running)
+    node = EdgeNode(CameraRobot(), running, VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=40),
+                    robot_id="edge-act", policy_version=0)
+    node.step_sink = None  # only the weights path is under test here
+    streamer.node = node
+    images = {"front": np.zeros((IMG, IMG, 3), np.uint8)}
+    state = np.zeros(6, np.float32)
+    before = running.predict_chunk(images, state, "pick the cube")
+    streamer.start()
+    try:
+        node.reset_episode("pick the cube")
+        for _ in range(6):
+            node.tick()  # mid-episode: chunks are being executed when the weights arrive
+        blob = snapshot(trainer.deployed, 1, trainer.policy.config_hash())
+        streamer._on_weights(blob.announce(), bytearray(blob.data))
+        wait_for(lambda: node.tick().policy_version == 1, what="swap to v1")
+        assert same_weights(node.running_policy, trainer.deployed)
+        after = node.running_policy.predict_chunk(images, state, "pick the cube")
+    finally:
+        streamer.stop()
+        node.close()
+    assert not np.allclose(after, before)
+    assert node.stats.swap_failures == 0
+
+
+@pytest.mark.parametrize("algorithm", [AWRConfig(), RLConfig()], ids=["awr", "rl"])
+def test_algorithms_with_flowvla_critics_refuse_a_lerobot_policy_in_one_line(act_dir, algorithm):
+    with pytest.raises(ConfigError, match="learner=rwr"):
+        ALGORITHMS.build(algorithm, load(act_dir), trainer_config(act_dir / "unused"), torch.device("cpu"))
