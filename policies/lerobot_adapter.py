@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 from lerobot.configs.policies import PreTrainedConfig
-from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+from lerobot.configs.types import FeatureType, PolicyFeature
+from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
 from lerobot.policies.utils import prepare_observation_for_inference
 from lerobot.processor import DeviceProcessorStep, NormalizerProcessorStep
@@ -98,6 +99,40 @@ class LeRobotChunkPolicy(nn.Module):
                                    state_offsets=StateOffsets(config.max_state_offset, config.offset_weights))
 
     @classmethod
+    def from_scratch(cls, config: LeRobotPolicyConfig, episodes: Sequence[dict]) -> LeRobotChunkPolicy:
+        """A new LeRobot policy of ``config.type`` (its config fields from ``config.options``), reading
+        the episodes' cameras at their image sizes and their joints, normalising with their statistics.
+
+        Nothing is downloaded: a vision backbone starts from random weights unless
+        ``options.pretrained_backbone_weights`` names torchvision's (e.g. ResNet18_Weights.IMAGENET1K_V1)."""
+        if not config.type:
+            raise ConfigError("policy=lerobot needs policy.path=DIR_OR_HUB_ID (a checkpoint) or policy.type=NAME "
+                              "(a new LeRobot policy: act, diffusion, smolvla, ...)")
+        if not episodes:
+            raise ValueError("a new LeRobot policy takes its features and statistics from episodes; got none")
+        first = episodes[0]
+        cameras = sorted(k.removeprefix("images.") for k in first if k.startswith("images."))
+        joints = int(np.shape(first["state"])[1])
+        features = {OBS_STATE: PolicyFeature(FeatureType.STATE, (joints,))}
+        for cam in cameras:
+            height, width = np.shape(first[f"images.{cam}"])[1:3]
+            features[f"{OBS_IMAGES}.{config.camera_map.get(cam, cam)}"] = PolicyFeature(
+                FeatureType.VISUAL, (3, int(height), int(width)))
+        outputs = {ACTION: PolicyFeature(FeatureType.ACTION, (joints,))}
+        policy_config = make_policy_config(
+            config.type, input_features=features, output_features=outputs,
+            device=config.device or ("cuda" if torch.cuda.is_available() else "cpu"), **config.options)
+        backbone = "pretrained_backbone_weights"
+        if hasattr(policy_config, backbone) and backbone not in config.options:
+            setattr(policy_config, backbone, None)
+        stats = episode_statistics(episodes, {f"images.{c}": f"{OBS_IMAGES}.{config.camera_map.get(c, c)}"
+                                              for c in cameras})
+        preprocessor, postprocessor = make_pre_post_processors(policy_config, dataset_stats=stats)
+        return cls(get_policy_class(config.type)(policy_config), preprocessor, postprocessor,
+                   camera_map=config.camera_map or None,
+                   state_offsets=StateOffsets(config.max_state_offset, config.offset_weights))
+
+    @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,
                         camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
                         revision: str | None = None, state_offsets: StateOffsets | None = None) -> LeRobotChunkPolicy:
@@ -154,16 +189,16 @@ class LeRobotChunkPolicy(nn.Module):
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         return self.policy.load_state_dict(state_dict, strict=strict, assign=assign)
 
-    def to(self, *args: Any, **kwargs: Any) -> LeRobotChunkPolicy:
-        """Move the weights, and point the preprocessor's device step (where batches go) at them."""
-        super().to(*args, **kwargs)
-        device = str(self.device)
-        self.policy.config.device = device
+    def _follow_device(self) -> torch.device:
+        """Point the preprocessor's device step (where batches go) at the weights' device: ``to``,
+        ``cpu`` and ``cuda`` move only the module."""
+        device = self.device
+        self.policy.config.device = str(device)
         for step in self.preprocessor.steps:
-            if isinstance(step, DeviceProcessorStep) and step.device != device:
-                step.device = device
+            if isinstance(step, DeviceProcessorStep) and step.device != str(device):
+                step.device = str(device)
                 step.__post_init__()
-        return self
+        return device
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return (p for p in self.policy.parameters() if p.requires_grad)
@@ -188,8 +223,9 @@ class LeRobotChunkPolicy(nn.Module):
     def compute_loss(self, batch: dict[str, Any], weights: torch.Tensor | None = None, *,
                      seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's own training loss per sample, weighted: (sum w l / sum w, l [B])."""
+        device = self._follow_device()
         lerobot_batch = self.preprocessor(self._to_lerobot_batch(batch))
-        devices = [self.device] if self.device.type == "cuda" else []
+        devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -234,7 +270,7 @@ class LeRobotChunkPolicy(nn.Module):
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
         """Images by camera (uint8 HxWx3), state, instruction -> float32[chunk_size, action_dim] in robot units."""
         frame = self._to_lerobot_frame(observation, state)
-        device = torch.device(str(self.policy.config.device))
+        device = self._follow_device()
         with torch.no_grad():
             batch = self.preprocessor(prepare_observation_for_inference(frame, device, task=instruction))
             actions = self.policy.predict_action_chunk(batch)
@@ -260,6 +296,28 @@ class LeRobotChunkPolicy(nn.Module):
                 raise ValueError(f"state has {state.size} values, the LeRobot policy expects {self.state_dim}")
             frame[OBS_STATE] = state
         return frame
+
+
+def episode_statistics(episodes: Sequence[dict], image_keys: dict[str, str]) -> dict[str, dict[str, np.ndarray]]:
+    """LeRobot's dataset statistics of in-memory episodes: per joint for state and action (mean/std,
+    min/max and the quantiles pi0.5 normalises with), per colour channel for images (0..1, as
+    LeRobot feeds them), under LeRobot's keys (``image_keys``: ours -> theirs)."""
+    stats = {OBS_STATE: _array_stats(np.concatenate([ep["state"] for ep in episodes])),
+             ACTION: _array_stats(np.concatenate([ep["action"] for ep in episodes]))}
+    for ours, theirs in image_keys.items():
+        # Every 10th frame: channel statistics of neighbouring frames barely differ.
+        pixels = np.concatenate([ep[ours][::10].reshape(-1, 3) for ep in episodes]).astype(np.float32) / 255.0
+        stats[theirs] = {k: v.reshape(3, 1, 1) for k, v in _array_stats(pixels).items() if k != "count"}
+    return stats
+
+
+def _array_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    values = np.asarray(values, dtype=np.float64)
+    stats = {"mean": values.mean(0), "std": np.maximum(values.std(0), 1e-6), "min": values.min(0),
+             "max": values.max(0), "count": np.array([len(values)])}
+    for q in (1, 10, 50, 90, 99):
+        stats[f"q{q:02d}"] = np.quantile(values, q / 100.0, axis=0)
+    return {k: v.astype(np.float32) for k, v in stats.items()}
 
 
 def _has_stats(pipeline: Any, step_type: type, key: str) -> bool:

@@ -6,6 +6,7 @@ Kept apart from the adapter (``policies.lerobot_adapter``) so that reading a con
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from robot_rl.core.registry import POLICIES
 
@@ -14,9 +15,14 @@ from robot_rl.core.registry import POLICIES
 @dataclass
 class LeRobotPolicyConfig:
     """A checkpoint saved by LeRobot (``lerobot-train`` or ``save_pretrained``), run through LeRobot's
-    own classes and processors; its saved config decides the policy type."""
+    own classes and processors; its saved config decides the policy type. ``robot-rl train-bc``
+    also builds a new one: ``policy.type`` with ``policy.options``, shaped by the demonstrations."""
 
     path: str | None = None  # a local checkpoint directory or a Hugging Face Hub id
+    # A new policy (train-bc, when no path is given): LeRobot's type name and its config fields, e.g.
+    # type: act, options: {chunk_size: 20, n_action_steps: 20, dim_model: 256}.
+    type: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
     device: str | None = None  # null: the device the checkpoint was saved for
     camera_map: dict[str, str] = field(default_factory=dict)  # our camera -> LeRobot's image key, e.g. {wrist: gripper}
     # Learner: train on states rolled forward 0..max_state_offset ticks (the edge's roll-forward, as FlowVLA does).

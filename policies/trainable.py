@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -29,7 +30,7 @@ from robot_rl.policies.base import ChunkPolicy
 
 @dataclass(frozen=True)
 class StateOffsets:
-    """The state-offset augmentation a policy trains with (``policies.flow_vla.augment``): offsets
+    """The state-offset augmentation a policy trains with (``policies.augment``): offsets
     0..max_offset ticks, so it can act from the rolled-forward state the edge gives it."""
 
     max_offset: int = 0
@@ -110,3 +111,17 @@ def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> tor
     if (w < 0).any() or not torch.isfinite(w).all():
         raise ValueError("weights must be finite and non-negative")
     return (w * per_sample).sum() / w.sum().clamp_min(torch.finfo(w.dtype).tiny)
+
+
+def load_trainable(directory: str | Path, device: str = "cpu") -> TrainablePolicy:
+    """The trainable policy saved in ``directory``, by its layout: a LeRobot checkpoint (it has
+    LeRobot's processor files) or a FlowVLA one. For the processes of the main job that get a
+    checkpoint directory, not the configuration that made it."""
+    directory = Path(directory)
+    if (directory / "policy_preprocessor.json").is_file():
+        from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
+
+        return LeRobotChunkPolicy.from_pretrained(directory, device=device)
+    from robot_rl.policies.flow_vla import FlowVLA
+
+    return FlowVLA.from_pretrained(directory, device=device)

@@ -15,7 +15,7 @@ from robot_rl.learner.algorithms.rwr import RWR, effective_sample_size, exponent
 from robot_rl.learner.config import STREAMS, RewardConfig, StalenessConfig, TrainerConfig
 from robot_rl.learner.rewards import transition_fields
 from robot_rl.learner.staleness import StalenessBound, bound_staleness
-from robot_rl.policies.flow_vla.augment import build_sample
+from robot_rl.policies.augment import build_sample
 from tests.learner_helpers import CAMERAS, IMG, tiny_policy
 
 ONLINE, INTERVENTION, DEMO = 0, 1, 2

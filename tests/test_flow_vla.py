@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import torch
 
+from robot_rl.policies.augment import build_sample, offset_indices, sample_offsets
 from robot_rl.policies.base import ChunkPolicy, validate_chunk
-from robot_rl.policies.flow_vla import CheckpointError, FlowVLA, FlowVLAConfig, fit
-from robot_rl.policies.flow_vla.augment import build_sample, offset_indices, sample_offsets
-from robot_rl.policies.flow_vla.data import EpisodeSampler
+from robot_rl.policies.episodes import EpisodeSampler
+from robot_rl.policies.flow_vla import CheckpointError, FlowVLA, FlowVLAConfig
 from robot_rl.policies.flow_vla.encoders import ImageEncoder
 from robot_rl.policies.flow_vla.model import masked_mse_per_sample
 from robot_rl.policies.text_encoder import InstructionEncoder
+from robot_rl.policies.training import fit
 from tests.learner_helpers import hashed_embeddings
 
 H, A = 4, 6
@@ -278,7 +279,8 @@ def test_offsets_follow_configured_distribution():
 
 
 def test_sampler_batches_are_consistent_with_their_offsets():
-    sampler = EpisodeSampler([indexed_episode(12), indexed_episode(7)], tiny_config(max_state_offset=3), seed=0)
+    policy = FlowVLA(tiny_config(max_state_offset=3))
+    sampler = EpisodeSampler([indexed_episode(12), indexed_episode(7)], policy, seed=0)
     batch = sampler.sample(64)
     assert batch["images.front"].shape == (64, 16, 16, 3) and batch["actions"].shape == (64, H, A)
     for i in range(64):

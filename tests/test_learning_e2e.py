@@ -53,7 +53,7 @@ from robot_rl.learner.algorithms.configs import RWRConfig
 from robot_rl.learner.checkpoint import read_checkpoint
 from robot_rl.learner.config import LearnerConfig, ServiceConfig, StalenessConfig, StoreConfig, TrainerConfig
 from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
-from robot_rl.policies.flow_vla.training import fit
+from robot_rl.policies.training import fit
 from tests.learner_helpers import TEXT
 
 FAMILY = "push"

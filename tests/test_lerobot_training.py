@@ -136,3 +136,47 @@ def test_a_published_lerobot_policy_is_swapped_into_a_running_edge_node(act_dir,
 def test_algorithms_with_flowvla_critics_refuse_a_lerobot_policy_in_one_line(act_dir, algorithm):
     with pytest.raises(ConfigError, match="learner=rwr"):
         ALGORITHMS.build(algorithm, load(act_dir), trainer_config(act_dir / "unused"), torch.device("cpu"))
+
+
+def synthetic_episodes(n: int = 3, length: int = 12) -> list[dict]:
+    """Episodes whose action is the state plus one: a target that a few BC steps can learn."""
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(n):
+        state = rng.normal(5, 3, (length, 6)).astype(np.float32)
+        episodes.append({"state": state, "action": state + 1, "instruction": "pick the cube",
+                         "images.front": rng.integers(0, 256, (length, IMG, IMG, 3), dtype=np.uint8)})
+    return episodes
+
+
+def test_behaviour_cloning_builds_a_new_lerobot_policy_from_the_episodes_and_saves_a_lerobot_checkpoint(tmp_path):
+    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+    from robot_rl.policies.trainable import load_trainable
+    from robot_rl.policies.training import fit
+
+    config = LeRobotPolicyConfig(type="act", device="cpu", max_state_offset=1, options={
+        "chunk_size": CHUNK, "n_action_steps": CHUNK, "dim_model": 32, "n_heads": 2, "dim_feedforward": 64,
+        "n_encoder_layers": 1, "n_decoder_layers": 1, "use_vae": False})
+    episodes = synthetic_episodes()
+    policy = LeRobotChunkPolicy.from_scratch(config, episodes)
+    assert policy.cameras == ("front",) and policy.state_dim == 6 and not policy.needs_statistics()
+    assert policy.policy.config.pretrained_backbone_weights is None  # nothing downloaded
+    stats = fit(policy, episodes, steps=25, batch_size=8, lr=1e-3, device="cpu", progress=False, log_every=5)
+    assert stats["final_loss"] < stats["initial_loss"]
+    policy.save_pretrained(tmp_path / "bc")
+    again = load_trainable(tmp_path / "bc")
+    assert isinstance(again, LeRobotChunkPolicy) and same_weights(again, policy)
+    with pytest.raises(ConfigError, match="policy.type"):
+        LeRobotChunkPolicy.from_scratch(LeRobotPolicyConfig(), episodes)
+
+
+def test_the_learner_command_starts_from_the_lerobot_checkpoint_and_never_a_random_flowvla(act_dir, tmp_path):
+    from robot_rl.app.policies import NoCheckpointError
+    from robot_rl.commands.learner import build_policy
+    from robot_rl.config import load_config
+
+    policy = build_policy(load_config(["policy=lerobot", f"policy.path={act_dir}"]))
+    assert isinstance(policy, LeRobotChunkPolicy)
+    assert same_weights(policy, load(act_dir))
+    with pytest.raises(NoCheckpointError):
+        build_policy(load_config(["policy=lerobot", f"output_dir={tmp_path}"]))

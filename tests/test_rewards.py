@@ -18,7 +18,7 @@ from robot_rl.learner.rewards import (
     td_lambda_returns,
     transition_fields,
 )
-from robot_rl.policies.flow_vla.augment import build_sample
+from robot_rl.policies.augment import build_sample
 
 SPARSE = dict(intervention_penalty=0.0, dense_scale=0.0)
 

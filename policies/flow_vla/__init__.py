@@ -1,6 +1,7 @@
-"""The project's flow-matching VLA: ``FlowVLA`` (model + ChunkPolicy), its config, training loop
-and state-offset augmentation. Module map: config, encoders, normalization, model, checkpoint,
-augment (offset samples), data (batch sampler), training (fit)."""
+"""The project's flow-matching VLA: ``FlowVLA`` (model + TrainablePolicy) and its config. Module
+map: config, encoders, normalization, model, checkpoint. Its training loop, batch sampler and
+state-offset augmentation serve every trainable policy: ``robot_rl.policies.training``,
+``.episodes`` and ``.augment``."""
 
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,6 @@ if TYPE_CHECKING:  # what the lazy exports below are, for type checkers
     from robot_rl.policies.flow_vla.checkpoint import CheckpointError
     from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
     from robot_rl.policies.flow_vla.model import FlowVLA
-    from robot_rl.policies.flow_vla.training import auto_device, fit
 
 # Exported lazily, so that reading a config that names this policy (flow_vla.config) imports no torch.
 _EXPORTS = {
@@ -18,11 +18,9 @@ _EXPORTS = {
     "FlowVLAConfig": "config",
     "FlowVLAPolicyConfig": "config",
     "FlowVLA": "model",
-    "auto_device": "training",
-    "fit": "training",
 }
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
-__all__ = ["CheckpointError", "FlowVLA", "FlowVLAConfig", "FlowVLAPolicyConfig", "auto_device", "fit"]
+__all__ = ["CheckpointError", "FlowVLA", "FlowVLAConfig", "FlowVLAPolicyConfig"]

@@ -1,4 +1,5 @@
-"""Behaviour cloning of the flow VLA from scripted-expert demonstrations (``robot-rl train-bc``).
+"""Behaviour cloning from scripted-expert demonstrations (``robot-rl train-bc``): the flow VLA, or
+any LeRobot policy (new from ``policy.type``, or fine-tuned from ``policy.path``).
 
 Records the demonstrations first when ``demos.dir`` holds none, trains with state-offset
 augmentation (so the policy can use a rolled-forward state), saves a Hugging Face-layout
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
+    from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +33,39 @@ def ensure_demos(cfg: RobotRLConfig) -> Path:
     return demos
 
 
+def bc_start(cfg: RobotRLConfig, episodes: list[dict]) -> TrainablePolicy:
+    """The policy BC trains: a new FlowVLA of ``policy.model``; for ``policy=lerobot`` the checkpoint at
+    ``policy.path`` (fine-tuned with its own statistics), else a new ``policy.type`` shaped by the episodes."""
+    from robot_rl.config import ConfigError
+    from robot_rl.core.registry import POLICIES
+    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
+    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+
+    if isinstance(cfg.policy, FlowVLAPolicyConfig):
+        return FlowVLA(cfg.policy.model)
+    if not isinstance(cfg.policy, LeRobotPolicyConfig):
+        raise ConfigError(f"train-bc trains policy=flow_vla or policy=lerobot, "
+                          f"not policy={POLICIES.name_of(cfg.policy)}")
+    from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
+
+    if cfg.policy.path:
+        return LeRobotChunkPolicy.from_policy_config(cfg.policy)
+    return LeRobotChunkPolicy.from_scratch(cfg.policy, episodes)
+
+
 def train_bc(cfg: RobotRLConfig, progress: bool = True) -> dict:
-    """Train ``policy.model`` on the demonstrations, save it to ``bc.checkpoint_dir``, score it in the sim."""
+    """Train the BC start (``bc_start``) on the demonstrations, save it to ``bc.checkpoint_dir`` (a
+    LeRobot checkpoint for a LeRobot policy), score it in the sim."""
     from robot_rl.app.evaluation import evaluate_policy
     from robot_rl.app.sim import make_sim, task_families
     from robot_rl.data import load_episode_arrays
-    from robot_rl.policies.flow_vla import FlowVLA
-    from robot_rl.policies.flow_vla.training import fit
+    from robot_rl.policies.training import fit
 
     demos = ensure_demos(cfg)
     episodes = load_episode_arrays(demos)
     log.info("training on %d demonstrations (%d steps)", len(episodes), sum(len(e["action"]) for e in episodes))
-    policy = FlowVLA(cfg.policy.model)
+    policy = bc_start(cfg, episodes)
     started = time.monotonic()
     stats = fit(policy, episodes, steps=cfg.bc.steps, batch_size=cfg.bc.batch_size, lr=cfg.bc.lr, seed=cfg.seed,
                 progress=progress)

@@ -31,7 +31,7 @@ from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
 from robot_rl.learner.metrics import VersionStats
 from robot_rl.learner.service import LearnerService
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def sim_robot_factory(index: int) -> tuple[Any, Any, Callable[[int], str]]:
 
 def run_local(
     learner_config: LearnerConfig,
-    policy: FlowVLA,
+    policy: TrainablePolicy,
     run: LocalRunConfig,
     robot_factory: RobotFactory = sim_robot_factory,
     *,
@@ -214,9 +214,9 @@ def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float =
                 return
 
 
-def _robots_on_threads(learner: LearnerService, policy: FlowVLA, run: LocalRunConfig, robot_factory: RobotFactory,
-                       operator_factory: OperatorFactory | None, on_episode: EpisodeCallback | None,
-                       versions: dict[str, int], stop: Callable[[], bool]
+def _robots_on_threads(learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig,
+                       robot_factory: RobotFactory, operator_factory: OperatorFactory | None,
+                       on_episode: EpisodeCallback | None, versions: dict[str, int], stop: Callable[[], bool]
                        ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
     results: list[tuple[int, int, int]] = []
     errors: list[BaseException] = []
@@ -237,7 +237,7 @@ def _robots_on_threads(learner: LearnerService, policy: FlowVLA, run: LocalRunCo
     return results, errors
 
 
-def _robots_in_processes(learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
+def _robots_in_processes(learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig,
                          robot_factory: RobotFactory, operator_factory: OperatorFactory | None,
                          on_episode: EpisodeCallback | None, versions: dict[str, int],
                          stop: Callable[[], bool], starting: Callable[[], None]
@@ -273,7 +273,7 @@ def collect_result(learner: LearnerService, results: list[tuple[int, int, int]],
         checkpoint=latest_checkpoint(learner.config.trainer.checkpoint_dir) if trained else None)
 
 
-def robot_client(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig) -> ClientConfig:
+def robot_client(index: int, learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig) -> ClientConfig:
     """Robot ``index``'s link to ``learner``: its id, the learner's endpoints, its own spool."""
     robot_id = f"sim-{index}"
     return ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
@@ -281,7 +281,7 @@ def robot_client(index: int, learner: LearnerService, policy: FlowVLA, run: Loca
                         config_hash=policy.config_hash(), policy_version=0)
 
 
-def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalRunConfig,
+def _run_robot(index: int, learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig,
                robot_factory: RobotFactory, versions: dict[str, int],
                stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
                on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
@@ -289,7 +289,7 @@ def _run_robot(index: int, learner: LearnerService, policy: FlowVLA, run: LocalR
                      operator_factory, on_episode)
 
 
-def run_robot(index: int, client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
+def run_robot(index: int, client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
               robot_factory: RobotFactory, versions: dict[str, int],
               stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
               on_episode: EpisodeCallback | None = None,
@@ -306,7 +306,7 @@ def run_robot(index: int, client: ClientConfig, policy: FlowVLA, run: LocalRunCo
         parts[0].disconnect()
 
 
-def run_edge(client: ClientConfig, policy: FlowVLA, run: LocalRunConfig,
+def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
              robot_parts: tuple[Any, Any, Callable[[int], str]],
              versions: dict[str, int] | None = None,
              stop: Callable[[], bool] | None = None,

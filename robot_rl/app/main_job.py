@@ -191,13 +191,13 @@ def local_run_config(cfg: RobotRLConfig, run_dir: Path) -> LocalRunConfig:
 def run_main_job(cfg: RobotRLConfig) -> dict:
     from robot_rl.app.local_run import make_sim_robot_factory, run_local
     from robot_rl.app.sim import sim_config, task_families
-    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.trainable import load_trainable
 
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
     families = task_families(cfg)  # a bad value fails now, not after a BC start was trained
     checkpoint = ensure_bc_checkpoint(cfg)
     share_cpu_with_robots(cfg)
-    policy = FlowVLA.from_pretrained(checkpoint, device="cpu")
+    policy = load_trainable(checkpoint)
     learner_config = local_learner_config(cfg, checkpoint, run_dir)
     run = local_run_config(cfg, run_dir)
     curve = LearningCurve()

@@ -27,7 +27,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -200,10 +199,10 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
         import torch
 
         from robot_rl.app.local_run import run_robot
-        from robot_rl.policies.flow_vla import FlowVLA
+        from robot_rl.policies.trainable import load_trainable
 
         torch.set_num_threads(job.torch_threads)
-        policy = FlowVLA.from_pretrained(Path(job.policy_dir), device="cpu")
+        policy = load_trainable(job.policy_dir)
         robot_id = job.client.robot_id
         versions: dict[str, int] = {}
 

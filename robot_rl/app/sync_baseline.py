@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from robot_rl.learner.service import LearnerService
     from robot_rl.learner.store import ReplayStore
     from robot_rl.learner.trainer import Trainer
-    from robot_rl.policies.flow_vla import FlowVLA
+    from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,9 @@ def wait_ingested(store: ReplayStore, steps: int, timeout_s: float = 30.0) -> bo
     return False
 
 
-def run_sync(learner_config: LearnerConfig, policy: FlowVLA, run: LocalRunConfig, robot_factory: RobotFactory, *,
-             collect_episodes: int, updates: int, operator_factory: OperatorFactory | None = None,
+def run_sync(learner_config: LearnerConfig, policy: TrainablePolicy, run: LocalRunConfig,
+             robot_factory: RobotFactory, *, collect_episodes: int, updates: int,
+             operator_factory: OperatorFactory | None = None,
              on_episode: EpisodeCallback | None = None,
              on_start: Callable[[LearnerService], None] | None = None) -> LocalRunResult:
     """The synchronous collect-then-train loop on the real learner and edge runtime; like ``run_local``.

@@ -211,7 +211,7 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
     """What the learning algorithms need for the training sample at time ``t`` with state offset ``offset``.
 
     The sample's chunk starts at ``s = t + offset`` (offset clipped as in
-    ``robot_rl.policies.flow_vla.augment.offset_indices``) and spans H = ``chunk_size`` steps. Returns:
+    ``robot_rl.policies.augment.offset_indices``) and spans H = ``chunk_size`` steps. Returns:
 
     - ``return``: discounted return-to-go from ``s`` (partial while the episode is open);
     - ``episode_return``: the discounted return of the whole episode (the same for all its steps);

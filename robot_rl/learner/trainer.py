@@ -31,8 +31,8 @@ from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex
 from robot_rl.learner.metrics import LearningLogger
 from robot_rl.learner.publisher import PublishFn, PublishSchedule, snapshot
-from robot_rl.policies.flow_vla.training import auto_device
 from robot_rl.policies.trainable import TrainablePolicy
+from robot_rl.policies.training import auto_device
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Supervised (optionally weighted) training of a FlowVLA on in-memory episodes.
+"""Supervised (optionally weighted) training of a trainable policy on in-memory episodes.
 
 ``fit`` is the small, dependable loop used by behaviour cloning and by reward-weighted
 fine-tuning (episodes carry a ``weight``): AdamW, warm-up then cosine or constant LR,
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from robot_rl.policies.flow_vla.data import EpisodeSampler
-from robot_rl.policies.flow_vla.model import FlowVLA
+from robot_rl.policies.episodes import EpisodeSampler
+from robot_rl.policies.trainable import TrainablePolicy
 
 
 def auto_device() -> torch.device:
@@ -39,7 +39,7 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 
 def fit(
-    policy: FlowVLA,
+    policy: TrainablePolicy,
     episodes: Sequence[dict],
     steps: int,
     batch_size: int = 32,
@@ -64,26 +64,26 @@ def fit(
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
     device = torch.device(device) if device is not None else auto_device()
     torch.manual_seed(seed)
-    sampler = EpisodeSampler(episodes, policy.config, seed=seed)
-    if not policy.normalizer.fitted:
+    sampler = EpisodeSampler(episodes, policy, seed=seed)
+    if policy.needs_statistics():
         policy.fit_statistics(*sampler.all_states_and_actions(), [ep["instruction"] for ep in sampler.episodes])
     policy.to(device).train()
-    policy.text_encoder.encode_batch(sorted({ep["instruction"] for ep in sampler.episodes}))  # warm the cache once
 
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=weight_decay)
+    trainable = list(policy.trainable_parameters())
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, steps, warmup_steps, schedule))
 
     window: list[float] = []
     logged: list[float] = []
     start = time.perf_counter()
-    bar = tqdm(range(steps), desc="fit flow_vla", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(steps), desc=f"fit {type(policy).__name__}", disable=not progress, dynamic_ncols=True)
     for step in bar:
         batch = sampler.sample(batch_size)
         loss, _ = policy.compute_loss(batch, batch.pop("weight"))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+        torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
         optimizer.step()
         scheduler.step()
         window.append(loss.item())

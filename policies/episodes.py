@@ -13,24 +13,24 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from robot_rl.policies.flow_vla.augment import build_sample, sample_offsets
-from robot_rl.policies.flow_vla.config import FlowVLAConfig
+from robot_rl.policies.augment import build_sample, sample_offsets
+from robot_rl.policies.trainable import TrainablePolicy
 
 
-def validate_episode(episode: dict, config: FlowVLAConfig, index: int) -> int:
+def validate_episode(episode: dict, policy: TrainablePolicy, index: int) -> int:
     """Return the episode length T, or raise ValueError saying which episode and key is wrong."""
     where = f"episode {index}"
-    for key in ("state", "action", "instruction", *(f"images.{c}" for c in config.cameras)):
+    for key in ("state", "action", "instruction", *(f"images.{c}" for c in policy.cameras)):
         if key not in episode:
             raise ValueError(f"{where} has no {key!r} (keys: {sorted(episode)})")
     length = len(episode["action"])
     if length == 0:
         raise ValueError(f"{where} is empty")
-    shapes = {"state": (length, config.state_dim), "action": (length, config.action_dim)}
+    shapes = {"state": (length, policy.state_dim), "action": (length, policy.action_dim)}
     for key, shape in shapes.items():
         if np.shape(episode[key]) != shape:
             raise ValueError(f"{where}: {key!r} has shape {np.shape(episode[key])}, expected {shape}")
-    for cam in config.cameras:
+    for cam in policy.cameras:
         shape = np.shape(episode[f"images.{cam}"])
         if len(shape) != 4 or shape[0] != length or shape[-1] != 3:
             raise ValueError(f"{where}: 'images.{cam}' has shape {shape}, expected [{length}, H, W, 3]")
@@ -40,12 +40,12 @@ def validate_episode(episode: dict, config: FlowVLAConfig, index: int) -> int:
 class EpisodeSampler:
     """Draws augmented batches: uniform over (episode, t), offsets from the config's distribution."""
 
-    def __init__(self, episodes: Sequence[dict], config: FlowVLAConfig, seed: int = 0):
+    def __init__(self, episodes: Sequence[dict], policy: TrainablePolicy, seed: int = 0):
         if not episodes:
             raise ValueError("no episodes to train on")
         self.episodes = list(episodes)
-        self.config = config
-        lengths = [validate_episode(ep, config, i) for i, ep in enumerate(self.episodes)]
+        self.chunk_size, self.cameras, self.offsets = policy.chunk_size, policy.cameras, policy.state_offsets
+        lengths = [validate_episode(ep, policy, i) for i, ep in enumerate(self.episodes)]
         self.episode_of = np.repeat(np.arange(len(lengths)), lengths)
         self.time_of = np.concatenate([np.arange(n) for n in lengths])
         self.rng = np.random.default_rng(seed)
@@ -56,10 +56,10 @@ class EpisodeSampler:
 
     def sample(self, batch_size: int) -> dict:
         picks = self.rng.integers(0, self.num_steps, size=batch_size)
-        offsets = sample_offsets(self.rng, batch_size, self.config.max_state_offset, self.config.offset_weights)
+        offsets = sample_offsets(self.rng, batch_size, self.offsets.max_offset, self.offsets.weights)
         samples = [
             build_sample(self.episodes[self.episode_of[p]], int(self.time_of[p]), int(o),
-                         self.config.chunk_size, self.config.cameras)
+                         self.chunk_size, self.cameras)
             for p, o in zip(picks, offsets, strict=True)
         ]
         batch = collate(samples)
