@@ -45,11 +45,22 @@ from lerobot.utils.constants import (
     POLICY_POSTPROCESSOR_DEFAULT_NAME,
     POLICY_PREPROCESSOR_DEFAULT_NAME,
 )
+from peft import PeftModel
 from torch import nn
 
 from robot_rl.core.errors import ConfigError
 from robot_rl.policies.base import validate_chunk
 from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+from robot_rl.policies.lerobot_lora import (
+    ADAPTER_WEIGHTS,
+    adapter_state_dict,
+    is_lora_checkpoint,
+    load_adapter_state,
+    load_lora_checkpoint,
+    lora_signature,
+    save_lora_checkpoint,
+    wrap_with_lora,
+)
 from robot_rl.policies.trainable import StateOffsets, weighted_mean
 
 # Config fields that say where/how a policy runs, not what it computes.
@@ -61,14 +72,16 @@ class LeRobotChunkPolicy(nn.Module):
 
     ``camera_map`` maps our camera names to LeRobot's (``{"wrist": "gripper"}`` feeds our
     "wrist" image to ``observation.images.gripper``); unmapped cameras keep their name.
-    ``state_offsets``: the roll-forward augmentation the learner trains it with.
+    ``state_offsets``: the roll-forward augmentation the learner trains it with. With ``lora``
+    (``policy.lora_rank > 0``) only the adapters train, and they are the whole state dict.
     """
 
     def __init__(self, policy: PreTrainedPolicy, preprocessor: Any, postprocessor: Any,
                  camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
-                 state_offsets: StateOffsets | None = None):
+                 state_offsets: StateOffsets | None = None, lora: PeftModel | None = None):
         super().__init__()
         self.policy = policy.eval()
+        self.lora = lora  # the PEFT wrapper of ``policy`` when only its LoRA adapters train (lerobot_lora)
         self.state_offsets = state_offsets or StateOffsets()
         self.preprocessor = preprocessor
         self.postprocessor = postprocessor
@@ -96,7 +109,8 @@ class LeRobotChunkPolicy(nn.Module):
         if not config.path:
             raise ValueError("policy=lerobot needs policy.path=DIR_OR_HUB_ID (a LeRobot policy checkpoint)")
         return cls.from_pretrained(config.path, device=config.device, camera_map=config.camera_map or None,
-                                   state_offsets=StateOffsets(config.max_state_offset, config.offset_weights))
+                                   state_offsets=StateOffsets(config.max_state_offset, config.offset_weights),
+                                   lora=config)
 
     @classmethod
     def from_scratch(cls, config: LeRobotPolicyConfig, episodes: Sequence[dict]) -> LeRobotChunkPolicy:
@@ -135,15 +149,19 @@ class LeRobotChunkPolicy(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,
                         camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
-                        revision: str | None = None, state_offsets: StateOffsets | None = None) -> LeRobotChunkPolicy:
-        """Load policy and processors from a local directory or a Hugging Face Hub repo id."""
+                        revision: str | None = None, state_offsets: StateOffsets | None = None,
+                        lora: LeRobotPolicyConfig | None = None) -> LeRobotChunkPolicy:
+        """Load policy and processors from a local directory or a Hugging Face Hub repo id; a directory
+        of LoRA adapters comes with its base. ``lora`` (a config with ``lora_rank > 0``) adds new
+        adapters to a full checkpoint."""
         source = str(name_or_path)
         local = Path(source).expanduser()
         if source.startswith((".", "/", "~")) and not local.is_dir():
             raise FileNotFoundError(f"LeRobot checkpoint directory {local} does not exist")
         if local.is_dir():
             source = str(local)
-            missing = [n for n in ("config.json", "model.safetensors", f"{POLICY_PREPROCESSOR_DEFAULT_NAME}.json",
+            weights = ADAPTER_WEIGHTS if is_lora_checkpoint(local) else "model.safetensors"
+            missing = [n for n in ("config.json", weights, f"{POLICY_PREPROCESSOR_DEFAULT_NAME}.json",
                                    f"{POLICY_POSTPROCESSOR_DEFAULT_NAME}.json") if not (local / n).is_file()]
             if missing:
                 raise FileNotFoundError(
@@ -154,7 +172,18 @@ class LeRobotChunkPolicy(nn.Module):
         config = PreTrainedConfig.from_pretrained(source, revision=revision)
         if device is not None:
             config.device = str(device)
-        policy = get_policy_class(config.type).from_pretrained(source, config=config, revision=revision)
+        policy_class = get_policy_class(config.type)
+        peft_model = None
+        if local.is_dir() and is_lora_checkpoint(local):
+            config.use_peft = False  # the base is a full checkpoint; the adapters come on top of it
+            peft_model = load_lora_checkpoint(local, policy_class, config=config)
+            policy = peft_model.get_base_model()
+        else:
+            policy = policy_class.from_pretrained(source, config=config, revision=revision)
+            if lora is not None and lora.lora_rank > 0:
+                base = str(local.resolve()) if local.is_dir() else source
+                peft_model = wrap_with_lora(policy, base, lora.lora_rank, lora.lora_alpha, lora.lora_targets,
+                                            lora.lora_full_training)
         preprocessor, postprocessor = make_pre_post_processors(
             config,
             pretrained_path=source,
@@ -162,18 +191,25 @@ class LeRobotChunkPolicy(nn.Module):
             preprocessor_overrides={"device_processor": {"device": str(config.device)}},
         )
         return cls(policy, preprocessor, postprocessor, camera_map=camera_map, chunk_size=chunk_size,
-                   state_offsets=state_offsets)
+                   state_offsets=state_offsets, lora=peft_model)
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write policy and processors in LeRobot's layout (loadable by LeRobot and by this adapter)."""
+        """Write policy and processors in LeRobot's layout (loadable by LeRobot and by this adapter);
+        with LoRA, LeRobot's PEFT layout (the adapters, naming their base checkpoint)."""
         directory = Path(directory)
-        self.policy.save_pretrained(directory)
+        if self.lora is not None:
+            save_lora_checkpoint(self.lora, self.policy, directory)
+        else:
+            self.policy.save_pretrained(directory)
         self.preprocessor.save_pretrained(directory)
         self.postprocessor.save_pretrained(directory)
 
     def config_hash(self) -> str:
         """sha256 of the policy config minus run-time fields: equal hashes mean compatible weights."""
         fields = {k: v for k, v in dataclasses.asdict(self.policy.config).items() if k not in _RUNTIME_FIELDS}
+        if self.lora is not None:
+            fields["lora"] = lora_signature(self.lora)
+        fields.pop("use_peft", None)  # set by saving adapters; what they are is in "lora"
         blob = json.dumps({"type": self.policy.config.type, **fields}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -183,10 +219,15 @@ class LeRobotChunkPolicy(nn.Module):
         return next(self.policy.parameters()).device
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The LeRobot policy's own state dict (its key names), what its checkpoints and the wire hold."""
+        """The LeRobot policy's own state dict (its key names), what its checkpoints and the wire hold;
+        with LoRA only the adapters (PEFT's names): the frozen base never travels."""
+        if self.lora is not None:
+            return adapter_state_dict(self.lora)
         return self.policy.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        if self.lora is not None:
+            return load_adapter_state(self.lora, state_dict)
         return self.policy.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _follow_device(self) -> torch.device:

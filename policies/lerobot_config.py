@@ -28,8 +28,15 @@ class LeRobotPolicyConfig:
     # Learner: train on states rolled forward 0..max_state_offset ticks (the edge's roll-forward, as FlowVLA does).
     max_state_offset: int = 5
     offset_weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
+    # LoRA (policies/lerobot_lora.py): rank of the adapters; 0 = fine-tune every trainable parameter.
+    lora_rank: int = 0
+    lora_alpha: int | None = None  # scaling alpha / rank; None: PEFT's default (8)
+    lora_targets: list[str] | None = None  # module names; None: LeRobot's default for the policy type
+    lora_full_training: list[str] | None = None  # modules trained in full beside the adapters; None: LeRobot's
 
     def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            raise ValueError(f"policy.lora_rank must be >= 0 (0: no LoRA), got {self.lora_rank}")
         if self.max_state_offset < 0:
             raise ValueError(f"policy.max_state_offset must be >= 0, got {self.max_state_offset}")
         if self.offset_weights is not None:

@@ -180,3 +180,43 @@ def test_the_learner_command_starts_from_the_lerobot_checkpoint_and_never_a_rand
     assert same_weights(policy, load(act_dir))
     with pytest.raises(NoCheckpointError):
         build_policy(load_config(["policy=lerobot", f"output_dir={tmp_path}"]))
+
+
+def test_with_lora_only_the_adapters_train_travel_and_reload_on_their_base(act_dir, tmp_path):
+    from peft import PeftConfig, PeftModel, get_peft_model_state_dict
+
+    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+
+    config = LeRobotPolicyConfig(path=str(act_dir), device="cpu", max_state_offset=2, lora_rank=4,
+                                 lora_targets=["linear1", "linear2"])  # ACT has no LeRobot default targets
+    policy = LeRobotChunkPolicy.from_policy_config(config)
+    full = load(act_dir)
+    adapters = policy.state_dict()
+    assert adapters and all("lora_" in k for k in adapters)
+    assert sum(v.numel() for v in adapters.values()) < sum(v.numel() for v in full.state_dict().values()) / 50
+    lora_ids = {id(p) for n, p in policy.named_parameters() if "lora_" in n}
+    assert {id(p) for p in policy.trainable_parameters()} == lora_ids
+    assert policy.config_hash() != full.config_hash()  # robots without these adapters must not take them
+
+    trainer = Trainer(policy, filled_index(), trainer_config(tmp_path / "ckpt", lr=1e-2), BC)
+    for _ in range(3):
+        trainer.update_once()
+    fresh = LeRobotChunkPolicy.from_policy_config(config)  # what a robot of this config starts with
+    assert not same_weights(trainer.policy, fresh)
+    saved = trainer.checkpoint()
+    assert not (saved / "model.safetensors").exists()  # the frozen base is not copied into every checkpoint
+    # LeRobot's own way (lerobot.policies.factory.make_policy, use_peft): the base its adapter config names,
+    # then PEFT's adapters on top.
+    peft_config = PeftConfig.from_pretrained(str(saved))
+    base = get_policy_class("act").from_pretrained(peft_config.base_model_name_or_path)
+    lerobot_model = PeftModel.from_pretrained(base, str(saved), config=peft_config)
+    trained = trainer.policy.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in get_peft_model_state_dict(lerobot_model).items())
+    again = LeRobotChunkPolicy.from_pretrained(saved, device="cpu")
+    assert again.lora is not None and same_weights(again, trainer.policy)
+    assert again.config_hash() == policy.config_hash()
+    # A robot of the same config takes the published adapters, and its chunks become the learner's.
+    fresh.load_state_dict(trainer.deployed.state_dict())
+    images, state = {"front": np.full((IMG, IMG, 3), 60, np.uint8)}, np.arange(6, dtype=np.float32)
+    np.testing.assert_allclose(fresh.eval().predict_chunk(images, state, "pick the cube"),
+                               trainer.policy.eval().predict_chunk(images, state, "pick the cube"), atol=1e-5)

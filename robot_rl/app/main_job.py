@@ -191,8 +191,13 @@ def local_run_config(cfg: RobotRLConfig, run_dir: Path) -> LocalRunConfig:
 def run_main_job(cfg: RobotRLConfig) -> dict:
     from robot_rl.app.local_run import make_sim_robot_factory, run_local
     from robot_rl.app.sim import sim_config, task_families
+    from robot_rl.config import ConfigError
     from robot_rl.policies.trainable import load_trainable
 
+    if getattr(cfg.policy, "lora_rank", 0) > 0:
+        raise ConfigError("robot-rl run trains full weights: its robot processes load a checkpoint directory and "
+                          "would not add the adapters; LoRA runs as `robot-rl learner` + `robot-rl edge` with the "
+                          "same policy.lora_rank")
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
     families = task_families(cfg)  # a bad value fails now, not after a BC start was trained
     checkpoint = ensure_bc_checkpoint(cfg)

@@ -163,7 +163,9 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainerS
     meta = json.loads((path / STATE_JSON).read_text())
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: trainer checkpoint format {meta.get('format_version')}, expected {FORMAT_VERSION}")
-    weights = load_file(str(path / "model.safetensors"))
+    # A LoRA-trained LeRobot policy's checkpoint holds only its adapters (policies/lerobot_lora.py).
+    adapters = path / "adapter_model.safetensors"
+    weights = load_file(str(adapters if adapters.is_file() else path / "model.safetensors"))
     tensors = load_file(str(path / STATE_TENSORS))
     extra = {m: {k[len(f"module.{m}."):]: v for k, v in tensors.items() if k.startswith(f"module.{m}.")}
              for m in meta["extra_modules"]}
