@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny matrices gain nothing from a second intra-op thread, and on a shared CPU its barrier
+    waits make each call of a small LeRobot policy a hundred times slower (seconds, not tens of ms).
+    Autouse in every module that imports it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_act_dir(directory: Path, *, cameras: tuple[str, ...] = ("front",), image_size: int = 16, joints: int = 6,

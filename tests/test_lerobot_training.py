@@ -29,7 +29,7 @@ from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.trainable import StateOffsets, TrainablePolicy
 from tests.learner_helpers import BC, CAMERAS, IMG, client_config, trainer_config, wait_for
-from tests.lerobot_policies import tiny_act_dir
+from tests.lerobot_policies import one_torch_thread, tiny_act_dir  # noqa: F401 - an autouse fixture
 from tests.test_learner_trainer import filled_index
 from tests.test_stream_swap import CameraRobot, same_weights
 

@@ -74,6 +74,25 @@ class ReplanBenchConfig:
             raise ValueError(f"bench.episodes must be >= 1, got {self.episodes}")
 
 
+@dataclass
+class PoliciesBenchConfig:
+    """``bench policies``: each policy type's parameters, learner updates/s, edge inference ms and
+    publish bytes, full fine-tuning beside LoRA."""
+
+    types: list[str] = field(default_factory=lambda: ["flow_vla", "act", "act+lora", "smolvla", "smolvla+lora"])
+    smolvla_size: str = "full"  # SmolVLM2-500M's architecture (random weights); "tiny" for a smoke run
+    lora_rank: int = 16  # LeRobot's default rank
+    batch_size: int = 8  # learner batch of the timed updates
+    updates: int = 5
+    inferences: int = 10
+
+    def __post_init__(self) -> None:
+        if self.smolvla_size not in ("full", "tiny"):
+            raise ValueError(f"bench.smolvla_size must be full or tiny, got {self.smolvla_size!r}")
+        if min(self.lora_rank, self.batch_size, self.updates, self.inferences) < 1:
+            raise ValueError("bench.lora_rank, batch_size, updates and inferences must be >= 1")
+
+
 @dataclass(frozen=True)
 class Arm:
     """One side of ``bench learning``: which learner preset, whether it trains, operator on/off, sync or async."""
@@ -133,6 +152,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "store": StoreBenchConfig,
     "replan": ReplanBenchConfig,
     "learning": LearningBenchConfig,
+    "policies": PoliciesBenchConfig,
 }
 
 

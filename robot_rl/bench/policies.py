@@ -1,0 +1,231 @@
+"""`robot-rl bench policies`: what each policy type costs the learner, the edge and the wire.
+
+For every type, side by side in one process: parameters (all, and those the optimiser updates),
+learner updates per second (the ``bc`` algorithm's update on a fixed synthetic batch, the same
+code the learner runs), edge inference milliseconds per chunk (``predict_chunk``, batch 1), and
+the bytes one weight publish puts on the wire (``learner.publisher.snapshot`` at the trainer's
+transfer dtype), with LoRA rows beside the full fine-tuning ones.
+
+Policies are built from scratch with random weights (nothing is downloaded): FlowVLA of the
+configured ``policy.model``; LeRobot's ACT and SmolVLA through ``LeRobotChunkPolicy.from_scratch``
+on synthetic episodes of the sim's layout (two 96x96 cameras, 6 joints). SmolVLA's VLM is
+written to a local directory (``smolvlm_directory``): ``bench.smolvla_size=full`` gives the
+architecture of SmolVLM2-500M (SmolVLA's own, ~450 M parameters with its action expert),
+``tiny`` a 64-wide model for a CPU smoke run. Random weights cost what trained ones cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
+    from robot_rl.policies.trainable import TrainablePolicy
+
+CAMERAS, IMAGE, JOINTS, CHUNK = ("front", "wrist"), 96, 6, 20
+INSTRUCTION = "push the red cube to the left"
+# Tokens the tiny tokenizer knows (whole words; anything else is <unk>).
+WORDS = ["push", "pick", "place", "the", "a", "cube", "block", "red", "green", "blue", "yellow", "to", "left",
+         "right", "front", "back", "of", "and", "on"]
+SPECIAL_TOKENS = {"fake_image_token": "<fake_token_around_image>", "image_token": "<image>",
+                  "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>"}
+
+# SmolVLM2-500M's architecture (the VLM SmolVLA fine-tunes), and a 64-wide stand-in for CPU smoke runs.
+SMOLVLM_SIZES: dict[str, dict[str, Any]] = {
+    "full": {"text": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                          num_key_value_heads=5, head_dim=64, vocab_size=49280),
+             "vision": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                            image_size=512, patch_size=16),
+             "scale_factor": 4, "image_seq_len": 64, "num_vlm_layers": 16},
+    "tiny": {"text": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, vocab_size=128),
+             "vision": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            image_size=64, patch_size=16),
+             "scale_factor": 2, "image_seq_len": 4, "num_vlm_layers": 2},
+}
+
+
+def smolvlm_directory(directory: Path, size: str) -> Path:
+    """A SmolVLM config, a word-level tokenizer and a processor, written to ``directory``: what
+    SmolVLA reads from ``vlm_model_name`` when ``load_vlm_weights`` is false (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        LlamaConfig,
+        PreTrainedTokenizerFast,
+        SmolVLMConfig,
+    )
+    from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
+
+    spec = SMOLVLM_SIZES[size]
+    specials = ["<pad>", "<unk>", "<|im_start|>", "<video>", *SPECIAL_TOKENS.values()]
+    specials += [f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)]
+    vocab = {token: i for i, token in enumerate(specials + WORDS)}
+    word_level = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, pad_token="<pad>", unk_token="<unk>",
+                                        bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                                        extra_special_tokens=dict(SPECIAL_TOKENS), model_max_length=512)
+    # Whole tokens, never split by the whitespace pre-tokenizer.
+    tokenizer.add_special_tokens({"additional_special_tokens": specials[2:]}, replace_extra_special_tokens=False)
+    text = LlamaConfig(max_position_embeddings=8192, pad_token_id=0, tie_word_embeddings=False, **spec["text"])
+    vision = SmolVLMVisionConfig(**spec["vision"])
+    SmolVLMConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), scale_factor=spec["scale_factor"],
+                  image_token_id=vocab["<image>"], vocab_size=spec["text"]["vocab_size"],
+                  pad_token_id=0).save_pretrained(directory)
+    side = spec["vision"]["image_size"]
+    # Idefics3's processor is SmolVLM's without its video part (which needs num2words at import).
+    Idefics3Processor(image_processor=Idefics3ImageProcessor(size={"longest_edge": side},
+                                                             max_image_size={"longest_edge": side}),
+                      tokenizer=tokenizer, image_seq_len=spec["image_seq_len"]).save_pretrained(directory)
+    return directory
+
+
+def synthetic_episodes(count: int = 2, length: int = 40) -> list[dict]:
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(count):
+        state = rng.normal(0, 20, (length, JOINTS)).astype(np.float32)
+        episode = {"state": state, "action": state + 1, "instruction": INSTRUCTION}
+        episode.update({f"images.{cam}": rng.integers(0, 256, (length, IMAGE, IMAGE, 3), dtype=np.uint8)
+                        for cam in CAMERAS})
+        episodes.append(episode)
+    return episodes
+
+
+def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], TrainablePolicy]]:
+    """Name -> builder, for the names in ``bench.types`` (``+lora`` rows: LoRA adapters of rank ``bench.lora_rank``)."""
+    from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
+    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
+    from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
+    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+
+    bench = cfg.bench
+    episodes = synthetic_episodes()
+
+    def flow_vla() -> TrainablePolicy:
+        model = cfg.policy.model if isinstance(cfg.policy, FlowVLAPolicyConfig) else FlowVLAConfig()
+        return FlowVLA(model)
+
+    def lerobot(kind: str, options: dict[str, Any], lora_targets: list[str] | None = None,
+                lora: bool = False) -> Callable[[], TrainablePolicy]:
+        def build() -> TrainablePolicy:
+            config = LeRobotPolicyConfig(type=kind, options={"chunk_size": CHUNK, "n_action_steps": CHUNK, **options})
+            policy = LeRobotChunkPolicy.from_scratch(config, episodes)
+            if not lora:
+                return policy
+            # LoRA needs a saved base (the adapters name it): save the new policy, add adapters on load.
+            base = workdir / f"{kind}_base"
+            policy.save_pretrained(base)
+            return LeRobotChunkPolicy.from_policy_config(LeRobotPolicyConfig(
+                path=str(base), lora_rank=bench.lora_rank, lora_targets=lora_targets))
+        return build
+
+    vlm = {"vlm_model_name": str(smolvlm_directory(workdir / "smolvlm", bench.smolvla_size)),
+           "load_vlm_weights": False, "num_vlm_layers": SMOLVLM_SIZES[bench.smolvla_size]["num_vlm_layers"],
+           "resize_imgs_with_padding": (SMOLVLM_SIZES[bench.smolvla_size]["vision"]["image_size"],) * 2}
+    if bench.smolvla_size == "tiny":
+        vlm.update(self_attn_every_n_layers=2, expert_width_multiplier=0.75, tokenizer_max_length=16)
+    act_targets = ["linear1", "linear2"]  # ACT has no LeRobot default: its transformer's feed-forward layers
+    builders = {
+        "flow_vla": flow_vla,
+        "act": lerobot("act", {}),
+        "act+lora": lerobot("act", {}, act_targets, lora=True),
+        "smolvla": lerobot("smolvla", vlm),
+        "smolvla+lora": lerobot("smolvla", vlm, lora=True),
+    }
+    unknown = [name for name in bench.types if name not in builders]
+    if unknown:
+        raise ValueError(f"bench.types: unknown {unknown}; known: {list(builders)}")
+    return {name: builders[name] for name in bench.types}
+
+
+def synthetic_batch(size: int) -> dict[str, Any]:
+    import torch
+
+    rng = np.random.default_rng(1)
+    state = torch.as_tensor(rng.normal(0, 20, (size, JOINTS)), dtype=torch.float32)
+    batch: dict[str, Any] = {"state": state, "actions": state[:, None].repeat(1, CHUNK, 1) + 1,
+                             "action_is_pad": torch.zeros(size, CHUNK, dtype=torch.bool),
+                             "instruction": [INSTRUCTION] * size, "weight": torch.ones(size)}
+    for cam in CAMERAS:
+        batch[f"images.{cam}"] = torch.as_tensor(rng.integers(0, 256, (size, IMAGE, IMAGE, 3), dtype=np.uint8))
+    return batch
+
+
+def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
+    import torch
+
+    from robot_rl.learner.algorithms.bc import WeightedBC
+    from robot_rl.learner.publisher import snapshot
+    from robot_rl.learner.trainer import resolve_device
+
+    bench, trainer = cfg.bench, cfg.learner.trainer
+    device = resolve_device(trainer.device)
+    if policy.needs_statistics():
+        episodes = synthetic_episodes()
+        policy.fit_statistics(np.concatenate([e["state"] for e in episodes]),
+                              np.concatenate([e["action"] for e in episodes]), [INSTRUCTION])
+    policy.to(device).train()
+    algorithm = WeightedBC(None, policy, trainer, device)
+    batch = synthetic_batch(bench.batch_size)
+    algorithm.update(batch)  # warm-up: allocations, kernels, the text encoder's cache
+    started = time.perf_counter()
+    for _ in range(bench.updates):
+        algorithm.update(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    updates_per_s = bench.updates / (time.perf_counter() - started)
+    policy.eval()
+    observation = {cam: batch[f"images.{cam}"][0].numpy() for cam in CAMERAS}
+    state = batch["state"][0].numpy()
+    policy.predict_chunk(observation, state, INSTRUCTION)
+    times = []
+    for _ in range(bench.inferences):
+        started = time.perf_counter()
+        policy.predict_chunk(observation, state, INSTRUCTION)
+        times.append(time.perf_counter() - started)
+    blob = snapshot(policy, 1, policy.config_hash(), trainer.transfer_dtype)
+    return {"params": sum(p.numel() for p in policy.parameters()),
+            "trainable_params": sum(p.numel() for p in policy.trainable_parameters()),
+            "updates_per_s": round(updates_per_s, 3), "inference_ms": round(1000 * statistics.median(times), 2),
+            "publish_bytes": len(blob.data), "batch_size": bench.batch_size, "device": str(device)}
+
+
+def run_policies_bench(cfg: RobotRLConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-policies-") as workdir:
+        for name, build in build_policies(cfg, Path(workdir)).items():
+            progress(f"{name}: building")
+            policy = build()
+            results[name] = measure(policy, cfg)
+            progress(f"{name}: {results[name]}")
+            del policy
+    return {"policies": results, "smolvla_size": cfg.bench.smolvla_size, "transfer_dtype":
+            cfg.learner.trainer.transfer_dtype}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\n{'policy':<14}{'params':>14}{'trainable':>14}{'updates/s':>11}{'infer ms':>10}{'publish MB':>12}")
+    for name, row in report["policies"].items():
+        print(f"{name:<14}{row['params']:>14,}{row['trainable_params']:>14,}{row['updates_per_s']:>11.2f}"
+              f"{row['inference_ms']:>10.1f}{row['publish_bytes'] / 1e6:>12.3f}")
+    batch = next(iter(report["policies"].values()))["batch_size"]
+    print(f"(SmolVLA's VLM at size {report['smolvla_size']!r}; batch {batch}; publish at {report['transfer_dtype']})")
+
+
+def run_from_cli(cfg: RobotRLConfig) -> dict[str, Any]:
+    started = time.monotonic()
+    report = run_policies_bench(cfg, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
+                                                                flush=True))
+    report["duration_s"] = round(time.monotonic() - started, 1)
+    print_table(report)
+    return report

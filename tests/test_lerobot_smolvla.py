@@ -1,0 +1,199 @@
+"""A LeRobot SmolVLA (a tiny one, built offline) trained by the learner and hot-swapped on the edge.
+
+What must hold for a vision-language-action checkpoint, as for ACT (tests/test_lerobot_training.py):
+the learner's per-sample loss is SmolVLA's own (``forward(reduction="none")``) and a zero weight
+removes a sample, an update changes the trainable (action expert) weights and lowers the loss,
+the learner's checkpoint is a LeRobot checkpoint (``SmolVLAPolicy.from_pretrained``), and a
+publish lands in a running edge node mid-episode and changes its chunks.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lerobot.configs.types import FeatureType, PolicyFeature
+from lerobot.policies.factory import make_pre_post_processors
+from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+from robot_rl.bench.policies import SMOLVLM_SIZES, smolvlm_directory
+from robot_rl.core.clock import VirtualClock
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.node import EdgeNode
+from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.learner.algorithms.configs import RWRConfig
+from robot_rl.learner.index import SampleSpec
+from robot_rl.learner.publisher import snapshot
+from robot_rl.learner.trainer import Trainer
+from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
+from robot_rl.policies.trainable import StateOffsets, TrainablePolicy
+from tests.learner_helpers import BC, CAMERAS, IMG, client_config, trainer_config, wait_for
+from tests.lerobot_policies import one_torch_thread  # noqa: F401 - an autouse fixture
+from tests.test_learner_trainer import filled_index
+from tests.test_stream_swap import CameraRobot, same_weights
+
+CHUNK = 4
+JOINTS = 6
+VISION = SMOLVLM_SIZES["tiny"]["vision"]["image_size"]  # SmolVLA resizes (with padding) the 16x16 frames to it
+
+
+def tiny_smolvla_dir(directory: Path, *, seed: int = 0) -> Path:
+    """A randomly initialised SmolVLA over a tiny SmolVLM, with statistics in its processors, saved in
+    ``directory / "policy"`` as ``lerobot-train`` would; nothing is downloaded.
+
+    ``directory / "vlm"`` holds what ``vlm_model_name`` names (the bench's tiny SmolVLM: a 2-layer
+    text model of width 64, a 1-layer vision tower on 64x64 images, a word-level tokenizer that knows
+    the instruction's words); the policy goes to another folder because both write a config.json.
+    ``num_vlm_layers=2`` with an expert at every second layer (``self_attn_every_n_layers=2``) of 0.75
+    the width is the smallest layout where the expert both cross- and self-attends;
+    ``tokenizer_max_length=16`` (the instruction is 3 tokens) and a chunk of 4, as the ACT tests.
+    """
+    vlm_dir, policy_dir = smolvlm_directory(directory / "vlm", "tiny"), directory / "policy"
+    config = SmolVLAConfig(
+        vlm_model_name=str(vlm_dir), load_vlm_weights=False,
+        input_features={"observation.state": PolicyFeature(FeatureType.STATE, (JOINTS,)),
+                        "observation.images.front": PolicyFeature(FeatureType.VISUAL, (3, IMG, IMG))},
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (JOINTS,))},
+        chunk_size=CHUNK, n_action_steps=CHUNK, resize_imgs_with_padding=(VISION, VISION), num_vlm_layers=2,
+        self_attn_every_n_layers=2, expert_width_multiplier=0.75, tokenizer_max_length=16, device="cpu",
+        push_to_hub=False)
+    torch.manual_seed(seed)
+    policy = SmolVLAPolicy(config)
+    # The synthetic steps' joints lie in 0..12 (robot, episode, tick): roughly unit-scaled after this.
+    joint_stats = {"mean": torch.full((JOINTS,), 5.0), "std": torch.full((JOINTS,), 5.0),
+                   "min": torch.zeros(JOINTS), "max": torch.full((JOINTS,), 13.0)}
+    stats = {"observation.state": dict(joint_stats), "action": dict(joint_stats)}
+    preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
+    for part in (policy, preprocessor, postprocessor):
+        part.save_pretrained(policy_dir)
+    return policy_dir
+
+
+@pytest.fixture(scope="module")
+def smolvla_dir(tmp_path_factory):
+    return tiny_smolvla_dir(tmp_path_factory.mktemp("smolvla"))
+
+
+def load(smolvla_dir) -> LeRobotChunkPolicy:
+    return LeRobotChunkPolicy.from_pretrained(smolvla_dir, device="cpu", state_offsets=StateOffsets(2))
+
+
+def fixed_batch(size: int = 6) -> dict:
+    return filled_index().sample(size, {"online": 1.0, "intervention": 1.0, "demonstration": 1.0},
+                                 SampleSpec(CHUNK, CAMERAS, 2), np.random.default_rng(0))
+
+
+def seeded_chunk(policy, images, state) -> np.ndarray:
+    """A chunk from fixed flow noise (SmolVLA draws it from torch's global RNG): chunks then differ
+    only where the weights do."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return policy.predict_chunk(images, state, "pick the cube")
+
+
+def trainable(policy: LeRobotChunkPolicy) -> dict[str, torch.Tensor]:
+    return {k: p.detach().clone() for k, p in policy.policy.named_parameters() if p.requires_grad}
+
+
+def test_the_per_sample_loss_is_smolvlas_and_a_zero_weight_removes_a_sample(smolvla_dir):
+    policy = load(smolvla_dir).train()
+    assert isinstance(policy, TrainablePolicy) and policy.cameras == CAMERAS and policy.chunk_size == CHUNK
+    batch = fixed_batch()
+    lerobot_batch = policy.preprocessor(policy._to_lerobot_batch(batch))
+    assert (lerobot_batch["observation.language.tokens"] != 1).all()  # no <unk>: the instruction is in the vocab
+    batch["action_is_pad"][:] = False  # SmolVLA averages over all valid steps: equal counts make it the mean
+    randomness = policy.draw_training_randomness(6, torch.Generator().manual_seed(0))
+    loss, per_sample = policy.compute_loss(batch, **randomness)
+    torch.manual_seed(randomness["seed"])  # the flow noise and times, as compute_loss seeds them
+    lerobot_loss, _ = policy.policy.forward(policy.preprocessor(policy._to_lerobot_batch(batch)))
+    assert per_sample.shape == (6,) and torch.allclose(loss, lerobot_loss, rtol=1e-5)
+    assert per_sample.std() > 0  # distinct samples, else dropping one proves nothing
+    weights = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    weighted, again = policy.compute_loss(batch, weights, **randomness)
+    assert torch.allclose(again, per_sample) and torch.allclose(weighted, per_sample[1:].mean())
+    assert not torch.allclose(weighted, loss)
+
+
+def test_one_rwr_update_changes_the_expert_weights_and_lowers_the_loss_on_a_fixed_batch(smolvla_dir):
+    policy = load(smolvla_dir)
+    trainer = Trainer(policy, filled_index(), trainer_config(smolvla_dir / "unused", lr=1e-3),
+                      RWRConfig(failures="keep"))
+    batch = fixed_batch()
+    # The update's own flow noise and times (a copy of its generator): the loss it descends.
+    generator = torch.Generator()
+    generator.set_state(trainer.algorithm.generator.get_state())
+    randomness = policy.draw_training_randomness(6, generator)
+    before_loss = float(policy.compute_loss(batch, **randomness)[0].detach())
+    frozen = {k: v.clone() for k, v in policy.state_dict().items()}
+    before = trainable(policy)
+    assert 0 < len(before) < len(frozen)  # train_expert_only: the VLM is frozen
+    metrics = trainer.algorithm.update(batch)
+    assert metrics["skipped"] == 0.0
+    assert metrics["loss"] == pytest.approx(before_loss, rel=1e-5)  # that loss it was (every weight is 1 here)
+    changed = [k for k, v in trainable(policy).items() if not torch.equal(before[k], v)]
+    assert len(changed) > len(before) // 2
+    vlm = [k for k in frozen if k.startswith("model.vlm_with_expert.vlm.")]
+    assert vlm and not set(vlm) & set(before)  # the VLM is frozen, so it is not among the trainable ones
+    assert all(torch.equal(frozen[k], policy.state_dict()[k]) for k in vlm)
+    assert float(policy.compute_loss(batch, **randomness)[0].detach()) < before_loss
+
+
+def test_the_learners_checkpoint_is_a_lerobot_smolvla_checkpoint_and_resumes(smolvla_dir, tmp_path):
+    config = trainer_config(tmp_path / "ckpt", lr=3e-3)
+    trainer = Trainer(load(smolvla_dir), filled_index(), config, BC)
+    for _ in range(3):
+        trainer.update_once()
+    saved = trainer.checkpoint()
+    images = {"front": np.full((IMG, IMG, 3), 90, np.uint8)}
+    state = np.arange(6, dtype=np.float32)
+    expected = seeded_chunk(trainer.deployed.eval(), images, state)
+    # LeRobot's own class loads it: the weights are the learner's, not the start's.
+    reloaded = SmolVLAPolicy.from_pretrained(str(saved))
+    assert same_weights(reloaded, trainer.policy) and not same_weights(reloaded, load(smolvla_dir))
+    np.testing.assert_allclose(seeded_chunk(LeRobotChunkPolicy.from_pretrained(saved), images, state),
+                               expected, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(seeded_chunk(load(smolvla_dir), images, state), expected)
+    resumed = Trainer(load(smolvla_dir), filled_index(), config, BC)
+    resumed.resume()
+    assert resumed.step == 3 and same_weights(resumed.policy, trainer.policy)
+
+
+def test_a_published_smolvla_policy_is_swapped_into_a_running_edge_node(smolvla_dir, tmp_path):
+    class Nowhere:  # the link never connects; weights are handed to the streamer as the link would
+        router_endpoint, pub_endpoint = "tcp://127.0.0.1:9", None
+
+    running = load(smolvla_dir).eval()
+    trainer = Trainer(load(smolvla_dir), filled_index(), trainer_config(tmp_path / "ckpt", lr=3e-3), BC)
+    for _ in range(5):
+        trainer.update_once()
+    streamer = EdgeStreamer(client_config("edge-smolvla", Nowhere, tmp_path / "spool", policy_version=0,
+                                          config_hash=running.config_hash()), running)
+    node = EdgeNode(CameraRobot(), running, VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=40),
+                    robot_id="edge-smolvla", policy_version=0)
+    node.step_sink = None  # only the weights path is under test here
+    streamer.node = node
+    images = {"front": np.zeros((IMG, IMG, 3), np.uint8)}
+    state = np.zeros(6, np.float32)
+    before = seeded_chunk(running, images, state)
+    streamer.start()
+    try:
+        node.reset_episode("pick the cube")
+        for _ in range(6):
+            node.tick()  # mid-episode: chunks are being executed when the weights arrive
+        blob = snapshot(trainer.deployed, 1, trainer.policy.config_hash())
+        streamer._on_weights(blob.announce(), bytearray(blob.data))
+        wait_for(lambda: node.tick().policy_version == 1, what="swap to v1")
+        assert same_weights(node.running_policy, trainer.deployed)
+    finally:
+        streamer.stop()
+        node.close()
+    after = seeded_chunk(node.running_policy, images, state)  # after close: no inference thread shares the RNG
+    assert not np.allclose(after, before)
+    assert node.stats.swap_failures == 0
