@@ -143,10 +143,16 @@ class EvalConfig:
     max_episode_steps: int | None = None  # null = the robot's own limit
     out_dir: str = "${output_dir}/eval"
     mapping: JointMapping = field(default_factory=JointMapping)  # the dataset's joints -> sim joints
+    # What the policy reads: trained | paraphrase | reordered | colour_words (robot_rl.hardware.sim.wording).
+    wording: str = "trained"
 
     def __post_init__(self) -> None:
+        from robot_rl.hardware.sim.wording import WORDINGS
+
         if self.episodes < 1:
             raise ValueError(f"eval.episodes must be >= 1, got {self.episodes}")
+        if self.wording not in WORDINGS:
+            raise ValueError(f"eval.wording must be one of {WORDINGS}, got {self.wording!r}")
 
 
 @dataclass

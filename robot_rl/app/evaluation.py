@@ -191,10 +191,14 @@ def run_scene_episode(
     intervention: Callable | None = None,
     fallback_seed: int = 0,
     on_tick: Callable | None = None,
+    wording: str = "trained",
 ) -> tuple[Episode, EdgeNode]:
     """One closed-loop episode from ``scene`` on a fresh virtual clock (the policy's noise and the
-    simulated latency seeded by the scene's seed)."""
-    instruction = apply_scene(robot, scene, fallback_seed=fallback_seed + episode_id)
+    simulated latency seeded by the scene's seed); the policy reads the instruction in ``wording``
+    (``robot_rl.hardware.sim.wording``), the task stays the scene's."""
+    from robot_rl.hardware.sim.wording import reword
+
+    instruction = reword(apply_scene(robot, scene, fallback_seed=fallback_seed + episode_id), wording, episode_id)
     seed = scene.seed if scene.seed is not None else fallback_seed + episode_id
     config = replace(edge_config, fps=robot.fps, latency_seed=edge_config.latency_seed + seed)
     node = EdgeNode(robot, policy, VirtualClock(), config, task=robot, intervention=intervention, on_tick=on_tick)
@@ -215,13 +219,16 @@ def evaluate_on_scenes(
     intervention_factory: InterventionFactory | None = None,
     fallback_seed: int = 0,
     progress: bool = True,
+    wording: str = "trained",
 ) -> PolicyEval:
-    """Success (Wilson 95 % CI), completion time, stalls and intervention-free rate over ``scenes``."""
+    """Success (Wilson 95 % CI), completion time, stalls and intervention-free rate over ``scenes``,
+    the instructions in ``wording``."""
     episodes: list[Episode] = []
     stall_ticks = late_ticks = total_ticks = 0
     for i, scene in enumerate(tqdm(scenes, desc=f"evaluating {name}", disable=not progress, leave=False)):
         intervention = intervention_factory(i) if intervention_factory else None
-        episode, node = run_scene_episode(robot, policy, edge_config, scene, i, max_steps, intervention, fallback_seed)
+        episode, node = run_scene_episode(robot, policy, edge_config, scene, i, max_steps, intervention, fallback_seed,
+                                          wording=wording)
         episodes.append(episode)
         stall_ticks += episode.stall_steps
         late_ticks += node.stats.late_ticks
@@ -274,13 +281,15 @@ def run_eval(cfg: RobotRLConfig, progress: bool = True) -> tuple[list[PolicyEval
     robot = make_sim(cfg)
     try:
         evals = compare_policies(robot, policies, cfg.edge, eval_scenes(cfg, robot),
-                                 max_steps=cfg.eval.max_episode_steps, fallback_seed=cfg.seeds.eval, progress=progress)
+                                 max_steps=cfg.eval.max_episode_steps, fallback_seed=cfg.seeds.eval, progress=progress,
+                                 wording=cfg.eval.wording)
     finally:
         robot.disconnect()
     out = Path(cfg.eval.out_dir)
     payload = {
         "scenes": f"dataset {cfg.eval.dataset}" if cfg.eval.dataset else f"seeds from {cfg.seeds.eval}",
         "edge": {"mode": cfg.edge.mode, "simulated_latency_ms": cfg.edge.simulated_latency_ms},
+        "wording": cfg.eval.wording,
         "ranking": [e.name for e in evals],
         "checkpoints": [e.as_dict() for e in evals],
         # best against second best on the same scenes: is the gap more than luck?
