@@ -225,6 +225,15 @@ class LeRobotChunkPolicy(nn.Module):
             return adapter_state_dict(self.lora)
         return self.policy.state_dict(*args, **kwargs)
 
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """With LoRA the adapters; else the trainable parameters and the buffers. A frozen part (SmolVLA's
+        VLM under ``train_expert_only``, 0.9 GB) never changes, and robots load it with the checkpoint."""
+        if self.lora is not None:
+            return adapter_state_dict(self.lora)
+        trained = {name for name, p in self.policy.named_parameters() if p.requires_grad}
+        trained |= {name for name, _ in self.policy.named_buffers()}
+        return {k: v for k, v in self.policy.state_dict().items() if k in trained}
+
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         if self.lora is not None:
             return load_adapter_state(self.lora, state_dict)

@@ -41,9 +41,10 @@ class StateOffsets:
 class TrainablePolicy(ChunkPolicy, Protocol):
     """A ``ChunkPolicy`` that is also a ``torch.nn.Module`` the learner can update and publish.
 
-    ``state_dict`` / ``load_state_dict`` (from ``nn.Module``) are what the wire carries: the
-    learner publishes ``state_dict()`` and the edge loads it between chunks. ``save_pretrained``
-    writes the policy's native checkpoint (a LeRobot policy's is a LeRobot checkpoint).
+    ``published_state_dict`` is what the wire carries (the learner publishes it, the edge copies it
+    into its shadow policy between chunks); ``state_dict`` / ``load_state_dict`` (from ``nn.Module``)
+    what checkpoints hold. ``save_pretrained`` writes the policy's native checkpoint (a LeRobot
+    policy's is a LeRobot checkpoint).
     """
 
     @property
@@ -81,6 +82,11 @@ class TrainablePolicy(ChunkPolicy, Protocol):
         or scalars), so the loss of a batch is a function of the batch and the generator's state."""
         ...
 
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """What the learner publishes and robots load on a swap: the tensors training changes (a frozen
+        part never travels: robots start from the same checkpoint)."""
+        ...
+
     def compute_loss(self, batch: dict[str, Any], weights: torch.Tensor | None = None,
                      **randomness: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum_i w_i l_i / sum_i w_i, per-sample losses l [B]); a zero weight removes a sample entirely."""
@@ -111,6 +117,13 @@ def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> tor
     if (w < 0).any() or not torch.isfinite(w).all():
         raise ValueError("weights must be finite and non-negative")
     return (w * per_sample).sum() / w.sum().clamp_min(torch.finfo(w.dtype).tiny)
+
+
+def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a weight swap carries: a trainable policy's ``published_state_dict``, any other
+    module's whole state dict."""
+    published = getattr(module, "published_state_dict", None)
+    return published() if published is not None else module.state_dict()
 
 
 def load_trainable(directory: str | Path, device: str = "cpu") -> TrainablePolicy:

@@ -19,7 +19,7 @@ def test_each_type_reports_its_costs_and_lora_publishes_only_adapters():
         assert row["updates_per_s"] > 0 and row["inference_ms"] > 0 and row["params"] >= row["trainable_params"] > 0
     # SmolVLA freezes its VLM by default; LoRA trains only adapters, and only they travel.
     assert full["trainable_params"] < full["params"]
-    assert lora["trainable_params"] < full["trainable_params"] and lora["publish_bytes"] < full["publish_bytes"] / 5
+    assert lora["trainable_params"] < full["trainable_params"] and lora["publish_bytes"] < full["publish_bytes"] / 2
 
 
 def test_settings_are_checked():

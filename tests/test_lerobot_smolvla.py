@@ -190,10 +190,14 @@ def test_a_published_smolvla_policy_is_swapped_into_a_running_edge_node(smolvla_
         blob = snapshot(trainer.deployed, 1, trainer.policy.config_hash())
         streamer._on_weights(blob.announce(), bytearray(blob.data))
         wait_for(lambda: node.tick().policy_version == 1, what="swap to v1")
-        assert same_weights(node.running_policy, trainer.deployed)
+        assert same_weights(node.running_policy, trainer.deployed)  # the frozen VLM is the same checkpoint's
     finally:
         streamer.stop()
         node.close()
     after = seeded_chunk(node.running_policy, images, state)  # after close: no inference thread shares the RNG
     assert not np.allclose(after, before)
     assert node.stats.swap_failures == 0
+    # Only what trains travels: the action expert and projections, not the frozen VLM.
+    published = trainer.deployed.published_state_dict()
+    assert published and not any(".vlm." in key for key in published)
+    assert len(blob.data) < sum(v.nbytes for v in trainer.deployed.state_dict().values()) / 2

@@ -105,6 +105,9 @@ class FlowVLA(nn.Module):
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return self.parameters()  # the sentence encoder is outside the module: everything here trains
 
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.state_dict()  # every tensor trains (the normaliser's statistics are buffers: they travel too)
+
     def needs_statistics(self) -> bool:
         return not self.normalizer.fitted
 

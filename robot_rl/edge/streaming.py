@@ -54,6 +54,7 @@ from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.bridges.zmq.weights import TensorView, WeightsError, tensor_views
 from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
+from robot_rl.policies.trainable import published_state
 
 if TYPE_CHECKING:
     from robot_rl.edge.node import EdgeNode
@@ -75,11 +76,12 @@ def load_weights_into(module: torch.nn.Module, data: bytes | bytearray | memoryv
     Zero-copy on the input side: each tensor is a ``torch.frombuffer`` view of ``data``
     (writable buffers only, like the link's assembly buffer; a read-only one is copied once),
     cast to the parameter's dtype by ``copy_`` itself (fp16/bf16 transfers need no extra
-    buffer). Names and shapes must match ``module.state_dict()`` exactly (``ValueError``
+    buffer). Names and shapes must match what ``module`` publishes (``published_state``: its state
+    dict, or a trainable policy's published part) exactly (``ValueError``
     otherwise, before anything is written); malformed bytes raise ``WeightsError``.
     """
     views = tensor_views(data)
-    target = module.state_dict()
+    target = published_state(module)
     wrong = sorted(k for k in target if k not in views or views[k].shape != tuple(target[k].shape))
     extra = sorted(set(views) - set(target))
     if wrong or extra:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from robot_rl.bridges.zmq.weights import WeightsBlob, serialize_tensors
+from robot_rl.policies.trainable import published_state
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +21,9 @@ PublishFn = Callable[[WeightsBlob], None]
 
 
 def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_dtype: str = "float32") -> WeightsBlob:
-    """A wire snapshot of ``policy``'s state dict (CPU copy; floats cast to ``transfer_dtype``)."""
-    data = serialize_tensors(policy.state_dict(), transfer_dtype=transfer_dtype,
+    """A wire snapshot of what ``policy`` publishes (``published_state``: a frozen part stays home;
+    CPU copy; floats cast to ``transfer_dtype``)."""
+    data = serialize_tensors(published_state(policy), transfer_dtype=transfer_dtype,
                              metadata={"version": str(version), "config_hash": config_hash})
     return WeightsBlob(version=version, data=data, config_hash=config_hash, dtype=transfer_dtype)
 
