@@ -44,7 +44,7 @@ class EpisodeSampler:
         if not episodes:
             raise ValueError("no episodes to train on")
         self.episodes = list(episodes)
-        self.chunk_size, self.cameras, self.offsets = policy.chunk_size, policy.cameras, policy.state_offsets
+        self.chunk_size, self.cameras, self.offsets = policy.training_horizon, policy.cameras, policy.state_offsets
         lengths = [validate_episode(ep, policy, i) for i, ep in enumerate(self.episodes)]
         self.episode_of = np.repeat(np.arange(len(lengths)), lengths)
         self.time_of = np.concatenate([np.arange(n) for n in lengths])

@@ -91,6 +91,14 @@ class LeRobotChunkPolicy(nn.Module):
             raise ValueError(f"LeRobot policy {config.type!r} has no {ACTION!r} output feature")
         self.action_dim: int = int(config.output_features[ACTION].shape[0])
         self.chunk_size: int = chunk_size or _native_chunk_size(config)
+        # Diffusion regresses a horizon that reaches past the chunk it executes.
+        self.training_horizon: int = int(config.horizon) if config.type == "diffusion" else self.chunk_size
+        if int(getattr(config, "n_obs_steps", 1)) > 1:
+            raise ConfigError(f"LeRobot policy {config.type!r} reads n_obs_steps={config.n_obs_steps} past "
+                              "observations; the edge gives a policy the current one only "
+                              "(policy.options.n_obs_steps=1)")
+        # Diffusion's own modules want a time axis on the state even for one observation.
+        self._state_time_axis = config.type == "diffusion"
         if OBS_STATE not in config.input_features:
             raise ValueError(f"LeRobot policy {config.type!r} reads no {OBS_STATE!r}; robot_rl feeds every policy "
                              "the joint state (roll-forward replaces it by the commanded target)")
@@ -274,7 +282,7 @@ class LeRobotChunkPolicy(nn.Module):
                      seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's own training loss per sample, weighted: (sum w l / sum w, l [B])."""
         device = self._follow_device()
-        lerobot_batch = self.preprocessor(self._to_lerobot_batch(batch))
+        lerobot_batch = self._with_time_axis(self.preprocessor(self._to_lerobot_batch(batch)))
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, enabled=seed is not None):
             if seed is not None:
@@ -283,18 +291,25 @@ class LeRobotChunkPolicy(nn.Module):
         return weighted_mean(per_sample, weights), per_sample
 
     def _per_sample_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """[B] losses. SmolVLA, pi0 and pi0.5 give them (``forward(reduction="none")``); ACT's forward
-        returns only the batch mean, so its two terms (masked L1, KL of the VAE latent) are formed per
-        sample from the model's outputs; any other policy runs its forward once per sample."""
+        """[B] losses. SmolVLA, pi0 and pi0.5 give them (``forward(reduction="none")``); ACT's and
+        Diffusion's forward return only the batch mean, so their terms are formed per sample from
+        their models' outputs, as their ``forward`` forms the mean."""
         policy = self.policy
         if self._loss_takes_reduction:
             loss, _ = policy.forward(batch, reduction="none")
             return loss.reshape(loss.shape[0], -1).mean(dim=1) if loss.ndim > 1 else loss
         if policy.config.type == "act":
             return _act_per_sample_loss(policy, batch)
-        size = len(batch[ACTION])
-        rows = [policy.forward({k: _row(v, i, size) for k, v in batch.items()})[0] for i in range(size)]
-        return torch.stack(rows)
+        if policy.config.type == "diffusion":
+            return _diffusion_per_sample_loss(policy, batch)
+        raise ConfigError(f"LeRobot policy {policy.config.type!r} gives no per-sample loss (its forward takes no "
+                          "reduction=); the learner trains act, diffusion, smolvla, pi0 and pi05")
+
+    def _with_time_axis(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """[B, S] -> [B, 1, S] states for policies that stack observation history (one observation here)."""
+        if self._state_time_axis and batch[OBS_STATE].ndim == 2:
+            batch = {**batch, OBS_STATE: batch[OBS_STATE].unsqueeze(1)}
+        return batch
 
     def _to_lerobot_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Our training batch (uint8 HWC images by camera, state, actions) under LeRobot's keys, CHW in 0..1."""
@@ -306,8 +321,8 @@ class LeRobotChunkPolicy(nn.Module):
             out[key] = frames.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
         out[OBS_STATE] = torch.as_tensor(batch["state"], dtype=torch.float32)
         actions = torch.as_tensor(batch["actions"], dtype=torch.float32)
-        if actions.ndim != 3 or actions.shape[1:] != (self.chunk_size, self.action_dim):
-            raise ValueError(f"batch['actions'] must be [B, {self.chunk_size}, {self.action_dim}], "
+        if actions.ndim != 3 or actions.shape[1:] != (self.training_horizon, self.action_dim):
+            raise ValueError(f"batch['actions'] must be [B, {self.training_horizon}, {self.action_dim}], "
                              f"got {tuple(actions.shape)}")
         out[ACTION] = actions
         pad = batch.get("action_is_pad")
@@ -322,7 +337,8 @@ class LeRobotChunkPolicy(nn.Module):
         frame = self._to_lerobot_frame(observation, state)
         device = self._follow_device()
         with torch.no_grad():
-            batch = self.preprocessor(prepare_observation_for_inference(frame, device, task=instruction))
+            batch = self._with_time_axis(self.preprocessor(prepare_observation_for_inference(frame, device,
+                                                                                             task=instruction)))
             actions = self.policy.predict_action_chunk(batch)
             if actions.ndim == 2:  # some policies drop the batch dimension
                 actions = actions[None]
@@ -374,15 +390,6 @@ def _has_stats(pipeline: Any, step_type: type, key: str) -> bool:
     return any(isinstance(step, step_type) and key in (step.stats or {}) for step in pipeline.steps)
 
 
-def _row(value: Any, i: int, size: int) -> Any:
-    """Sample ``i`` of a batch value, keeping its batch dimension (lists keep one element)."""
-    if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == size:
-        return value[i: i + 1]
-    if isinstance(value, list) and len(value) == size:
-        return value[i: i + 1]
-    return value
-
-
 def _act_per_sample_loss(policy: PreTrainedPolicy, batch: dict[str, Any]) -> torch.Tensor:
     """ACT's loss (``ACTPolicy.forward``: L1 over the valid steps plus kl_weight times the latent's KL
     divergence), per sample instead of over the batch."""
@@ -398,6 +405,27 @@ def _act_per_sample_loss(policy: PreTrainedPolicy, batch: dict[str, Any]) -> tor
         kld = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1)
         loss = loss + config.kl_weight * kld
     return loss
+
+
+def _diffusion_per_sample_loss(policy: PreTrainedPolicy, batch: dict[str, Any]) -> torch.Tensor:
+    """Diffusion Policy's loss (``DiffusionModel.compute_loss``: noise a horizon of actions at a random
+    diffusion step, regress the noise or the sample, mask the padded steps), per sample."""
+    config, model = policy.config, policy.diffusion
+    batch = dict(batch)
+    images = [batch[key] if batch[key].ndim == 5 else batch[key].unsqueeze(1) for key in config.image_features]
+    batch[OBS_IMAGES] = torch.stack(images, dim=-4)
+    cond = model._prepare_global_conditioning(batch)  # noqa: SLF001 - compute_loss's own encoder; no public one
+    trajectory = batch[ACTION]
+    eps = torch.randn(trajectory.shape, device=trajectory.device)
+    steps = torch.randint(0, model.noise_scheduler.config.num_train_timesteps, (trajectory.shape[0],),
+                          device=trajectory.device).long()
+    pred = model.unet(model.noise_scheduler.add_noise(trajectory, eps, steps), steps, global_cond=cond)
+    target = eps if config.prediction_type == "epsilon" else trajectory
+    valid = (~batch["action_is_pad"]).unsqueeze(-1).to(pred.dtype)
+    if not config.do_mask_loss_for_padding:
+        valid = torch.ones_like(valid)
+    squared = (pred - target).pow(2) * valid
+    return squared.sum(dim=(1, 2)) / (valid.sum(dim=(1, 2)) * pred.shape[-1]).clamp_min(1.0)
 
 
 def _native_chunk_size(config: PreTrainedConfig) -> int:

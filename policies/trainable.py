@@ -7,7 +7,7 @@ the same ``bc`` / ``hgdagger`` / ``rwr`` code as our own model.
 
 A training batch is the learner's (``robot_rl.learner.index``): ``images.<camera>`` uint8
 [B, H, W, 3], ``state`` [B, state_dim] (the rolled-forward state of the offset augmentation),
-``actions`` [B, chunk_size, action_dim] and ``action_is_pad`` [B, chunk_size] in robot units,
+``actions`` [B, training_horizon, action_dim] and ``action_is_pad`` [B, training_horizon] in robot units,
 ``instruction`` (list of str); a policy translates it to its own inputs.
 
 Randomness of a loss (flow noise and times, a VAE's latent draw) comes from the algorithm's
@@ -57,6 +57,11 @@ class TrainablePolicy(ChunkPolicy, Protocol):
 
     @property
     def state_offsets(self) -> StateOffsets: ...
+
+    @property
+    def training_horizon(self) -> int:
+        """Actions per training target: the chunk, or longer (Diffusion's ``horizon``)."""
+        ...
 
     @property
     def device(self) -> torch.device: ...

@@ -44,3 +44,35 @@ def tiny_act_dir(directory: Path, *, cameras: tuple[str, ...] = ("front",), imag
     for part in (policy, preprocessor, postprocessor):
         part.save_pretrained(directory)
     return directory
+
+
+def tiny_diffusion_dir(directory: Path, *, cameras: tuple[str, ...] = ("front",), image_size: int = 16,
+                       joints: int = 6, chunk_size: int = 4, horizon: int = 8, seed: int = 0) -> Path:
+    """A randomly initialised Diffusion Policy: a 2-level U-Net (32, 64 channels), a ResNet-18 image
+    encoder without pretrained weights and no random crop (the frames are smaller than its default
+    84), 4 denoising steps at inference, one observation (the edge gives the current one only), and
+    a horizon twice the executed chunk; group norm instead of batch norm (the paper's choice without
+    pretrained weights; batch norm cannot even size a 16x16 frame's 1x1 features from one sample)."""
+    torch.manual_seed(seed)
+    inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (joints,))}
+    inputs.update({f"observation.images.{cam}": PolicyFeature(FeatureType.VISUAL, (3, image_size, image_size))
+                   for cam in cameras})
+    config = make_policy_config(
+        "diffusion", input_features=inputs,
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (joints,))},
+        n_obs_steps=1, horizon=horizon, n_action_steps=chunk_size, down_dims=(32, 64), kernel_size=3,
+        diffusion_step_embed_dim=32, spatial_softmax_num_keypoints=8, crop_shape=None, pretrained_backbone_weights=None,
+        num_train_timesteps=20, num_inference_steps=4, drop_n_last_frames=horizon - chunk_size, use_group_norm=True,
+        device="cpu",
+    )
+    policy = get_policy_class("diffusion")(config)
+    image_stats = {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25),
+                   "min": torch.zeros(3, 1, 1), "max": torch.ones(3, 1, 1)}
+    joint_stats = {"mean": torch.full((joints,), 5.0), "std": torch.full((joints,), 5.0),
+                   "min": torch.zeros(joints), "max": torch.full((joints,), 13.0)}
+    stats = {"observation.state": dict(joint_stats), "action": dict(joint_stats),
+             **{f"observation.images.{cam}": image_stats for cam in cameras}}
+    preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
+    for part in (policy, preprocessor, postprocessor):
+        part.save_pretrained(directory)
+    return directory

@@ -29,7 +29,7 @@ from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.trainable import StateOffsets, TrainablePolicy
 from tests.learner_helpers import BC, CAMERAS, IMG, client_config, trainer_config, wait_for
-from tests.lerobot_policies import one_torch_thread, tiny_act_dir  # noqa: F401 - an autouse fixture
+from tests.lerobot_policies import one_torch_thread, tiny_act_dir, tiny_diffusion_dir  # noqa: F401 - autouse
 from tests.test_learner_trainer import filled_index
 from tests.test_stream_swap import CameraRobot, same_weights
 
@@ -220,3 +220,44 @@ def test_with_lora_only_the_adapters_train_travel_and_reload_on_their_base(act_d
     images, state = {"front": np.full((IMG, IMG, 3), 60, np.uint8)}, np.arange(6, dtype=np.float32)
     np.testing.assert_allclose(fresh.eval().predict_chunk(images, state, "pick the cube"),
                                trainer.policy.eval().predict_chunk(images, state, "pick the cube"), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def diffusion_dir(tmp_path_factory):
+    return tiny_diffusion_dir(tmp_path_factory.mktemp("diffusion"), cameras=CAMERAS, image_size=IMG,
+                              chunk_size=CHUNK, horizon=2 * CHUNK)
+
+
+def test_diffusion_trains_on_its_horizon_with_lerobots_loss_and_runs_its_chunk(diffusion_dir, tmp_path):
+    policy = LeRobotChunkPolicy.from_pretrained(diffusion_dir, device="cpu", state_offsets=StateOffsets(2))
+    assert (policy.chunk_size, policy.training_horizon) == (CHUNK, 2 * CHUNK)
+    batch = filled_index().sample(6, {"online": 1.0, "intervention": 1.0, "demonstration": 1.0},
+                                  SampleSpec(2 * CHUNK, CAMERAS, 2), np.random.default_rng(0))
+    batch["action_is_pad"][:] = False
+    randomness = policy.draw_training_randomness(6, torch.Generator().manual_seed(0))
+    policy.train()
+    loss, per_sample = policy.compute_loss(batch, **randomness)
+    torch.manual_seed(randomness["seed"])  # the noise and diffusion steps LeRobot's compute_loss draws, in its order
+    lerobot_batch = policy._with_time_axis(policy.preprocessor(policy._to_lerobot_batch(batch)))
+    lerobot_loss, _ = policy.policy.forward(lerobot_batch)
+    assert per_sample.shape == (6,) and torch.allclose(loss, lerobot_loss, rtol=1e-5)
+
+    trainer = Trainer(policy, filled_index(), trainer_config(tmp_path / "ckpt", lr=1e-3), RWRConfig(failures="keep"))
+    trainer.algorithm.update(batch)
+    assert float(policy.compute_loss(batch, **randomness)[0].detach()) < float(loss.detach())
+    saved = trainer.checkpoint()
+    reloaded = get_policy_class("diffusion").from_pretrained(str(saved))
+    assert all(torch.equal(v, policy.state_dict()[k]) for k, v in reloaded.state_dict().items())
+    chunk = LeRobotChunkPolicy.from_pretrained(saved).predict_chunk(
+        {"front": np.zeros((IMG, IMG, 3), np.uint8)}, np.zeros(6, np.float32), "pick the cube")
+    assert chunk.shape == (CHUNK, 6) and np.isfinite(chunk).all()
+
+
+def test_a_policy_that_reads_past_observations_is_refused_in_one_line(tmp_path):
+    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+
+    config = LeRobotPolicyConfig(type="diffusion", options={"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4,
+                                                            "down_dims": [32, 64], "crop_shape": None,
+                                                            "use_group_norm": True})
+    with pytest.raises(ConfigError, match="n_obs_steps=1"):
+        LeRobotChunkPolicy.from_scratch(config, synthetic_episodes())

@@ -87,6 +87,10 @@ class FlowVLA(nn.Module):
         return StateOffsets(self.config.max_state_offset, self.config.offset_weights)
 
     @property
+    def training_horizon(self) -> int:
+        return self.config.chunk_size
+
+    @property
     def device(self) -> torch.device:
         return self.action_position.device
 

@@ -79,7 +79,8 @@ class PoliciesBenchConfig:
     """``bench policies``: each policy type's parameters, learner updates/s, edge inference ms and
     publish bytes, full fine-tuning beside LoRA."""
 
-    types: list[str] = field(default_factory=lambda: ["flow_vla", "act", "act+lora", "smolvla", "smolvla+lora"])
+    types: list[str] = field(default_factory=lambda: ["flow_vla", "act", "act+lora", "diffusion", "smolvla",
+                                                      "smolvla+lora"])
     smolvla_size: str = "full"  # SmolVLM2-500M's architecture (random weights); "tiny" for a smoke run
     lora_rank: int = 16  # LeRobot's default rank
     batch_size: int = 8  # learner batch of the timed updates

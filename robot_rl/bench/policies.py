@@ -7,7 +7,7 @@ the bytes one weight publish puts on the wire (``learner.publisher.snapshot`` at
 transfer dtype), with LoRA rows beside the full fine-tuning ones.
 
 Policies are built from scratch with random weights (nothing is downloaded): FlowVLA of the
-configured ``policy.model``; LeRobot's ACT and SmolVLA through ``LeRobotChunkPolicy.from_scratch``
+configured ``policy.model``; LeRobot's ACT, Diffusion and SmolVLA through ``LeRobotChunkPolicy.from_scratch``
 on synthetic episodes of the sim's layout (two 96x96 cameras, 6 joints). SmolVLA's VLM is
 written to a local directory (``smolvlm_directory``): ``bench.smolvla_size=full`` gives the
 architecture of SmolVLM2-500M (SmolVLA's own, ~450 M parameters with its action expert),
@@ -139,6 +139,9 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
         "flow_vla": flow_vla,
         "act": lerobot("act", {}),
         "act+lora": lerobot("act", {}, act_targets, lora=True),
+        # One observation (the edge gives the current one); group norm, as without pretrained weights.
+        "diffusion": lerobot("diffusion", {"n_obs_steps": 1, "horizon": 2 * CHUNK, "drop_n_last_frames": CHUNK,
+                                           "use_group_norm": True}),
         "smolvla": lerobot("smolvla", vlm),
         "smolvla+lora": lerobot("smolvla", vlm, lora=True),
     }

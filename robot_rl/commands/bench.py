@@ -24,7 +24,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N"),
     "learning": ("learning", "none vs rwr vs awr vs rl vs hgdagger, with/without interventions, "
                              "async learner vs sync loop"),
-    "policies": ("policies", "FlowVLA vs ACT vs SmolVLA, full vs LoRA: parameters, learner updates/s, "
+    "policies": ("policies", "FlowVLA vs ACT vs Diffusion vs SmolVLA, full vs LoRA: parameters, learner updates/s, "
                              "edge inference ms, publish bytes"),
 }
 

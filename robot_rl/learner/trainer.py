@@ -78,7 +78,8 @@ class Trainer:
         self.logger = logger  # learning curves (TensorBoard); None: not logged
         self._schedule = PublishSchedule(config.publish_every_updates, config.publish_every_s, clock)
         offsets = policy.state_offsets
-        self._spec = SampleSpec(policy.chunk_size, policy.cameras, offsets.max_offset, offsets.weights, config.rewards)
+        self._spec = SampleSpec(policy.training_horizon, policy.cameras, offsets.max_offset, offsets.weights,
+                                config.rewards)
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
         self._said_unused_streams = False  # ready(): said once why stored steps do not count
         self._stop = threading.Event()
