@@ -261,3 +261,16 @@ def test_a_policy_that_reads_past_observations_is_refused_in_one_line(tmp_path):
                                                             "use_group_norm": True})
     with pytest.raises(ConfigError, match="n_obs_steps=1"):
         LeRobotChunkPolicy.from_scratch(config, synthetic_episodes())
+
+
+def test_a_session_refuses_a_lerobot_policy_whose_cameras_the_robot_lacks(act_dir):
+    from types import SimpleNamespace
+
+    from robot_rl.session.runner import check_policy_fits
+
+    policy = load(act_dir)
+    check_policy_fits(policy, SimpleNamespace(name="arm", camera_names=("front", "top"), joint_names=tuple("abcdef")))
+    with pytest.raises(ConfigError, match=r"reads cameras \['front'\]"):
+        check_policy_fits(policy, SimpleNamespace(name="arm", camera_names=("top",), joint_names=tuple("abcdef")))
+    with pytest.raises(ConfigError, match="drives 6 joints"):
+        check_policy_fits(policy, SimpleNamespace(name="arm", camera_names=("front",), joint_names=("a", "b")))

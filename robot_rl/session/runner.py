@@ -116,7 +116,7 @@ def run_session(cfg: RobotRLConfig) -> int:
 
 def check_policy_fits(policy: Any, robot: Any) -> None:
     """The policy reads cameras the robot has and drives as many joints as it has; one line if not."""
-    cameras = tuple(getattr(getattr(policy, "config", None), "cameras", ()) or ())
+    cameras = tuple(getattr(policy, "cameras", ()))  # a trainable policy's (FlowVLA, LeRobot); hold reads none
     missing = [c for c in cameras if c not in robot.camera_names]
     if missing:
         raise ConfigError(f"the policy reads cameras {list(cameras)} but robot {robot.name!r} has "
