@@ -36,8 +36,9 @@ from lerobot.configs.policies import PreTrainedConfig
 from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
+from lerobot.policies.rtc import RTCConfig
 from lerobot.policies.utils import prepare_observation_for_inference
-from lerobot.processor import DeviceProcessorStep, NormalizerProcessorStep
+from lerobot.processor import DeviceProcessorStep, NormalizerProcessorStep, TransitionKey, create_transition
 from lerobot.utils.constants import (
     ACTION,
     OBS_IMAGES,
@@ -334,12 +335,40 @@ class LeRobotChunkPolicy(nn.Module):
     # ------------------------------------------------------------------ inference
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
         """Images by camera (uint8 HxWx3), state, instruction -> float32[chunk_size, action_dim] in robot units."""
+        return self._predict(observation, state, instruction)
+
+    def predict_chunk_guided(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
+                             prefix: np.ndarray, delay: int) -> np.ndarray:
+        """A chunk starting now whose first ``delay`` actions are guided onto ``prefix`` (what the queue
+        executes while this chunk is computed, robot units): LeRobot's real-time chunking
+        (``lerobot.policies.rtc``), for flow policies that support it (SmolVLA, pi0, pi0.5)."""
+        if not getattr(self.policy, "supports_rtc", lambda: False)():
+            raise ConfigError(f"LeRobot policy {self.policy.config.type!r} has no real-time chunking "
+                              "(edge.real_time_chunking is for SmolVLA, pi0 and pi0.5)")
+        if self.policy.config.rtc_config is None:
+            self.policy.config.rtc_config = RTCConfig(execution_horizon=self.chunk_size)
+            self.policy.init_rtc_processor()
+        device = self._follow_device()
+        prefix = torch.as_tensor(np.asarray(prefix, dtype=np.float32)[: self.chunk_size], device=device)
+        normalized = self.preprocessor_step(NormalizerProcessorStep)(create_transition(action=prefix))
+        return self._predict(observation, state, instruction, inference_delay=int(min(delay, len(prefix))),
+                             prev_chunk_left_over=normalized[TransitionKey.ACTION][None],
+                             execution_horizon=self.chunk_size)
+
+    def preprocessor_step(self, step_type: type) -> Any:
+        for step in self.preprocessor.steps:
+            if isinstance(step, step_type):
+                return step
+        raise LookupError(f"the preprocessor has no {step_type.__name__}")
+
+    def _predict(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
+                 **chunk_kwargs: Any) -> np.ndarray:
         frame = self._to_lerobot_frame(observation, state)
         device = self._follow_device()
         with torch.no_grad():
             batch = self._with_time_axis(self.preprocessor(prepare_observation_for_inference(frame, device,
                                                                                              task=instruction)))
-            actions = self.policy.predict_action_chunk(batch)
+            actions = self.policy.predict_action_chunk(batch, **chunk_kwargs)
             if actions.ndim == 2:  # some policies drop the batch dimension
                 actions = actions[None]
             actions = self.postprocessor(actions)

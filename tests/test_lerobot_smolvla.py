@@ -201,3 +201,41 @@ def test_a_published_smolvla_policy_is_swapped_into_a_running_edge_node(smolvla_
     published = trainer.deployed.published_state_dict()
     assert published and not any(".vlm." in key for key in published)
     assert len(blob.data) < sum(v.nbytes for v in trainer.deployed.state_dict().values()) / 2
+
+
+def test_real_time_chunking_guides_the_first_actions_onto_what_the_queue_executes(smolvla_dir):
+    policy = load(smolvla_dir)
+    images, state = {"front": np.full((IMG, IMG, 3), 80, np.uint8)}, np.full(JOINTS, 3.0, np.float32)
+    free = seeded_chunk(policy, images, state)
+    prefix = free + 4.0  # an executing plan the free sample does not agree with (0.8 std off everywhere)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # the same flow noise as the free sample: only the guidance differs
+        guided = policy.predict_chunk_guided(images, state, "pick the cube", prefix, delay=2)
+    assert guided.shape == free.shape and np.isfinite(guided).all()
+    # The frozen steps move onto the prefix; guidance fades after the delay, so they move most.
+    assert np.abs(guided[:2] - prefix[:2]).mean() < 0.5 * np.abs(free[:2] - prefix[:2]).mean()
+
+
+def test_an_edge_node_with_real_time_chunking_sends_the_pending_plan_with_each_request(smolvla_dir):
+    policy = load(smolvla_dir)
+    calls = []
+    original = policy.predict_chunk_guided
+
+    def recording(images, state, instruction, prefix, delay):
+        calls.append((len(prefix), delay))
+        return original(images, state, instruction, prefix, delay)
+
+    policy.predict_chunk_guided = recording
+    config = EdgeConfig(fps=30, mode="async_naive", real_time_chunking=True, simulated_latency_ms=50,
+                        inference_runner="virtual", request_threshold=2)
+    with EdgeNode(CameraRobot(), policy, VirtualClock(), config, robot_id="edge-rtc") as node:
+        node.reset_episode("pick the cube")
+        for _ in range(12):
+            node.tick()
+    assert calls and all(0 < pending <= CHUNK and delay >= 1 for pending, delay in calls)
+    with pytest.raises(ValueError, match="async_naive"):
+        EdgeConfig(mode="async_rollforward", real_time_chunking=True)
+    from robot_rl.policies.hold import HoldPolicy
+
+    with pytest.raises(ValueError, match="takes a frozen prefix"):
+        EdgeNode(CameraRobot(), HoldPolicy(), VirtualClock(), config, robot_id="edge-hold")

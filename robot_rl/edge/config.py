@@ -78,6 +78,12 @@ class EdgeConfig:
     # Seam smoothing: linearly blend this many new actions with what the old plan
     # would have commanded at the same ticks. 0 = off.
     blend_ticks: int = 0
+    # Real-time chunking (LeRobot's RTC, for flow policies: SmolVLA, pi0, pi0.5), with mode
+    # async_naive: each request carries the actions the queue will execute from the request tick
+    # on, and the policy's sampling is guided to agree with them over the estimated delay, so the
+    # new chunk, which starts at the request tick, joins the executing one without a jump (the
+    # policy sees the measured state; no roll-forward, no blend needed).
+    real_time_chunking: bool = False
 
     # Safety: largest change of any joint target between two ticks (degrees, gripper
     # units); one number for every joint or a list with one per joint. None = off. A real
@@ -127,6 +133,9 @@ class EdgeConfig:
             problems.append(f"command_lag_ticks must be >= 0, got {self.command_lag_ticks}")
         if self.blend_ticks < 0:
             problems.append(f"blend_ticks must be >= 0, got {self.blend_ticks}")
+        if self.real_time_chunking and self.mode != "async_naive":
+            problems.append(f"real_time_chunking guides chunks that start at their request tick: it needs "
+                            f"mode async_naive, got {self.mode!r}")
         if self.simulated_latency_ms < 0 or self.latency_jitter_ms < 0:
             problems.append("simulated_latency_ms and latency_jitter_ms must be >= 0")
         if self.latency_distribution not in LATENCY_DISTRIBUTIONS:

@@ -68,6 +68,9 @@ class InferenceRequest:
     rolled_state: np.ndarray | None
     generation: int  # episode counter: answers to requests of a past episode are dropped
     swap: PolicySwap | None = None
+    # Real-time chunking: the actions the queue executes from the request tick on [T, A] (robot
+    # units), which the chunk is guided to agree with over its first delay_estimate steps.
+    prefix: np.ndarray | None = None
 
 
 @dataclass
@@ -105,7 +108,11 @@ class PolicyRunner:
             policy, version = self.policy, self.version
             started = time.perf_counter()
             try:
-                raw = policy.predict_chunk(request.images, request.state, request.instruction)
+                if request.prefix is not None:
+                    raw = policy.predict_chunk_guided(request.images, request.state, request.instruction,
+                                                      request.prefix, request.delay_estimate)
+                else:
+                    raw = policy.predict_chunk(request.images, request.state, request.instruction)
                 actions = validate_chunk(raw, getattr(policy, "chunk_size", None), self.action_dim)
             except InvalidChunkError as exc:
                 return self._failed(request, started, version, f"invalid chunk from policy v{version}: {exc}",

@@ -129,6 +129,9 @@ class EdgeNode:
                 f"policy predicts {policy_dim}-dim actions but robot {self.robot_id!r} has {action_dim} joints "
                 f"{list(self._joint_names)}; use a policy trained for this robot"
             )
+        if self.config.real_time_chunking and not hasattr(policy, "predict_chunk_guided"):
+            raise ValueError(f"edge.real_time_chunking needs a flow policy that takes a frozen prefix (a LeRobot "
+                             f"SmolVLA, pi0 or pi0.5); {type(policy).__name__} does not")
         robot_fps = getattr(robot, "fps", self.config.fps)
         if robot_fps != self.config.fps:
             log.warning("robot %s runs at %s fps but the edge ticks at %d fps", self.robot_id, robot_fps,
@@ -384,6 +387,9 @@ class EdgeNode:
         else:
             # async_naive, or a human driving (their future is unknown): measured state.
             delay_used, policy_state, rolled, start = 0, state, None, n
+        pending = self.queue.pending()
+        prefix = (np.stack([entry.action for entry in pending]).astype(np.float32)
+                  if self.config.real_time_chunking and pending and not intervening else None)
 
         request = InferenceRequest(
             chunk_id=self._next_chunk_id,
@@ -399,6 +405,7 @@ class EdgeNode:
             rolled_state=rolled,
             generation=self._generation,
             swap=self._take_swap(),
+            prefix=prefix,
         )
         self._next_chunk_id += 1
         self._last_request_tick = n
