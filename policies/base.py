@@ -38,6 +38,16 @@ class ChunkPolicy(Protocol):
     def save_pretrained(self, directory: str | Path) -> None: ...
 
 
+@runtime_checkable
+class GuidedChunkPolicy(ChunkPolicy, Protocol):
+    """A flow policy that can be guided onto a frozen prefix: real-time chunking (``edge.real_time_chunking``)."""
+
+    def predict_chunk_guided(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
+                             prefix: np.ndarray, delay: int) -> np.ndarray:
+        """A chunk starting now whose first ``delay`` actions agree with ``prefix`` [T, action_dim]."""
+        ...
+
+
 def validate_chunk(chunk: object, horizon: int | None, action_dim: int) -> np.ndarray:
     """Return ``chunk`` as float32[H, action_dim] or raise InvalidChunkError saying why."""
     arr = np.asarray(chunk, dtype=np.float32)

@@ -62,13 +62,13 @@ from robot_rl.policies.lerobot_lora import (
     save_lora_checkpoint,
     wrap_with_lora,
 )
-from robot_rl.policies.trainable import StateOffsets, weighted_mean
+from robot_rl.policies.trainable import StateOffsets, TrainablePolicy, weighted_mean
 
 # Config fields that say where/how a policy runs, not what it computes.
 _RUNTIME_FIELDS = {"device", "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path"}
 
 
-class LeRobotChunkPolicy(nn.Module):
+class LeRobotChunkPolicy(TrainablePolicy):
     """A LeRobot ``PreTrainedPolicy`` plus its processors, behind the TrainablePolicy protocol.
 
     ``camera_map`` maps our camera names to LeRobot's (``{"wrist": "gripper"}`` feeds our
@@ -83,17 +83,17 @@ class LeRobotChunkPolicy(nn.Module):
         super().__init__()
         self.policy = policy.eval()
         self.lora = lora  # the PEFT wrapper of ``policy`` when only its LoRA adapters train (lerobot_lora)
-        self.state_offsets = state_offsets or StateOffsets()
+        self._state_offsets = state_offsets or StateOffsets()
         self.preprocessor = preprocessor
         self.postprocessor = postprocessor
         self.camera_map = dict(camera_map or {})
         config = policy.config
         if ACTION not in config.output_features:
             raise ValueError(f"LeRobot policy {config.type!r} has no {ACTION!r} output feature")
-        self.action_dim: int = int(config.output_features[ACTION].shape[0])
-        self.chunk_size: int = chunk_size or _native_chunk_size(config)
+        self._action_dim = int(config.output_features[ACTION].shape[0])
+        self._chunk_size = chunk_size or _native_chunk_size(config)
         # Diffusion regresses a horizon that reaches past the chunk it executes.
-        self.training_horizon: int = int(config.horizon) if config.type == "diffusion" else self.chunk_size
+        self._training_horizon = int(config.horizon) if config.type == "diffusion" else self._chunk_size
         if int(getattr(config, "n_obs_steps", 1)) > 1:
             raise ConfigError(f"LeRobot policy {config.type!r} reads n_obs_steps={config.n_obs_steps} past "
                               "observations; the edge gives a policy the current one only "
@@ -103,13 +103,38 @@ class LeRobotChunkPolicy(nn.Module):
         if OBS_STATE not in config.input_features:
             raise ValueError(f"LeRobot policy {config.type!r} reads no {OBS_STATE!r}; robot_rl feeds every policy "
                              "the joint state (roll-forward replaces it by the commanded target)")
-        self.state_dim: int = int(config.input_features[OBS_STATE].shape[0])
+        self._state_dim = int(config.input_features[OBS_STATE].shape[0])
         self.image_keys: list[str] = list(config.image_features)
         ours = {theirs: mine for mine, theirs in self.camera_map.items()}
-        self.cameras: tuple[str, ...] = tuple(
+        self._cameras: tuple[str, ...] = tuple(
             ours.get(key.removeprefix(f"{OBS_IMAGES}."), key.removeprefix(f"{OBS_IMAGES}.")) for key in self.image_keys)
         self._loss_takes_reduction = "reduction" in inspect.signature(policy.forward).parameters
         self.policy.reset()
+
+    # ------------------------------------------------------------------ features
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return self._cameras
+
+    @property
+    def state_dim(self) -> int:
+        return self._state_dim
+
+    @property
+    def action_dim(self) -> int:
+        return self._action_dim
+
+    @property
+    def chunk_size(self) -> int:
+        return self._chunk_size
+
+    @property
+    def training_horizon(self) -> int:
+        return self._training_horizon
+
+    @property
+    def state_offsets(self) -> StateOffsets:
+        return self._state_offsets
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -227,7 +252,7 @@ class LeRobotChunkPolicy(nn.Module):
     def device(self) -> torch.device:
         return next(self.policy.parameters()).device
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]  # LeRobot's keys
         """The LeRobot policy's own state dict (its key names), what its checkpoints and the wire hold;
         with LoRA only the adapters (PEFT's names): the frozen base never travels."""
         if self.lora is not None:
@@ -349,9 +374,9 @@ class LeRobotChunkPolicy(nn.Module):
             self.policy.config.rtc_config = RTCConfig(execution_horizon=self.chunk_size)
             self.policy.init_rtc_processor()
         device = self._follow_device()
-        prefix = torch.as_tensor(np.asarray(prefix, dtype=np.float32)[: self.chunk_size], device=device)
-        normalized = self.preprocessor_step(NormalizerProcessorStep)(create_transition(action=prefix))
-        return self._predict(observation, state, instruction, inference_delay=int(min(delay, len(prefix))),
+        frozen = torch.as_tensor(np.asarray(prefix, dtype=np.float32)[: self.chunk_size], device=device)
+        normalized = self.preprocessor_step(NormalizerProcessorStep)(create_transition(action=frozen))
+        return self._predict(observation, state, instruction, inference_delay=int(min(delay, len(frozen))),
                              prev_chunk_left_over=normalized[TransitionKey.ACTION][None],
                              execution_horizon=self.chunk_size)
 
@@ -415,7 +440,7 @@ def _array_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) for k, v in stats.items()}
 
 
-def _has_stats(pipeline: Any, step_type: type, key: str) -> bool:
+def _has_stats(pipeline: Any, step_type: type[NormalizerProcessorStep], key: str) -> bool:
     return any(isinstance(step, step_type) and key in (step.stats or {}) for step in pipeline.steps)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lerobot.policies.pretrained import PreTrainedPolicy
-from peft import PeftConfig, PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
 from robot_rl.core.errors import ConfigError
 
@@ -61,13 +61,16 @@ def adapter_state_dict(model: PeftModel) -> dict[str, Any]:
 def load_adapter_state(model: PeftModel, state: Any) -> None:
     """Copy published adapters into ``model``; a key that is not one of its adapters is an error."""
     result = set_peft_model_state_dict(model, state)
-    if result.unexpected_keys:
-        raise ValueError(f"weights do not fit the running adapters (unexpected {sorted(result.unexpected_keys)[:5]})")
+    unexpected = sorted(result.unexpected_keys)  # type: ignore[attr-defined]  # torch's load result, untyped in peft
+    if unexpected:
+        raise ValueError(f"weights do not fit the running adapters (unexpected {unexpected[:5]})")
 
 
 def lora_signature(model: PeftModel) -> dict[str, Any]:
     """What must match between learner and robots for their adapters to fit each other."""
     config = model.peft_config["default"]
+    if not isinstance(config, LoraConfig):
+        raise TypeError(f"expected LoRA adapters, got {type(config).__name__}")
     targets = config.target_modules
     return {"r": config.r, "lora_alpha": config.lora_alpha,
             "target_modules": sorted(targets) if isinstance(targets, set | list) else targets,

@@ -1,5 +1,9 @@
 """The TrainablePolicy protocol: what the learner trains and publishes, and the edge swaps in.
 
+An abstract ``torch.nn.Module`` rather than a ``typing.Protocol``: both implementations are modules
+(parameters, ``state_dict``, ``to``, ``train``), and the learner uses all of that; it also satisfies
+the edge's ``ChunkPolicy``.
+
 Two implementations: the project's ``FlowVLA`` and ``LeRobotChunkPolicy`` (any LeRobot
 ``PreTrainedPolicy`` with its own processors). The learner's algorithms, trainer, checkpoints
 and publisher speak only this protocol, so a lab's ACT or SmolVLA checkpoint is fine-tuned by
@@ -17,15 +21,15 @@ update, and data-parallel ranks shard one draw instead of drawing their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
-
-from robot_rl.policies.base import ChunkPolicy
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,7 @@ class StateOffsets:
     weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
 
 
-@runtime_checkable
-class TrainablePolicy(ChunkPolicy, Protocol):
+class TrainablePolicy(nn.Module, ABC):
     """A ``ChunkPolicy`` that is also a ``torch.nn.Module`` the learner can update and publish.
 
     ``published_state_dict`` is what the wire carries (the learner publishes it, the edge copies it
@@ -47,66 +50,75 @@ class TrainablePolicy(ChunkPolicy, Protocol):
     policy's is a LeRobot checkpoint).
     """
 
+    # What the policy reads and writes (the features it consumes and produces).
     @property
+    @abstractmethod
     def cameras(self) -> tuple[str, ...]:
         """Our camera names the policy reads, in its order."""
-        ...
 
     @property
+    @abstractmethod
     def state_dim(self) -> int: ...
 
     @property
+    @abstractmethod
+    def action_dim(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def chunk_size(self) -> int:
+        """Actions per predicted chunk (what the edge executes)."""
+
+    @property
+    @abstractmethod
+    def training_horizon(self) -> int:
+        """Actions per training target: the chunk, or longer (Diffusion's ``horizon``)."""
+
+    @property
+    @abstractmethod
     def state_offsets(self) -> StateOffsets: ...
 
     @property
-    def training_horizon(self) -> int:
-        """Actions per training target: the chunk, or longer (Diffusion's ``horizon``)."""
-        ...
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
 
-    @property
-    def device(self) -> torch.device: ...
+    @abstractmethod
+    def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
+        """Images by camera (uint8 HxWx3), joint state -> float32[chunk_size, action_dim], robot units."""
 
+    @abstractmethod
+    def save_pretrained(self, directory: str | Path) -> None: ...
+
+    @abstractmethod
     def config_hash(self) -> str:
         """Equal hashes mean the published weights fit (architecture and features)."""
-        ...
 
-    def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
+    @abstractmethod
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
         """What the optimiser updates (a frozen backbone's parameters are left out)."""
-        ...
 
-    def needs_statistics(self) -> bool:
-        """True while the normalisation statistics are still to be fitted on training data."""
-        ...
-
-    def fit_statistics(self, states: np.ndarray, actions: np.ndarray, instructions: Sequence[str]) -> None:
-        """Fit the normalisation statistics on the stored steps (a fresh policy's first batch)."""
-        ...
-
-    def draw_training_randomness(self, batch_size: int, generator: torch.Generator) -> dict[str, Any]:
-        """Keyword arguments for ``compute_loss`` drawn from ``generator`` (tensors with one row per sample,
-        or scalars), so the loss of a batch is a function of the batch and the generator's state."""
-        ...
-
+    @abstractmethod
     def published_state_dict(self) -> dict[str, torch.Tensor]:
         """What the learner publishes and robots load on a swap: the tensors training changes (a frozen
         part never travels: robots start from the same checkpoint)."""
-        ...
 
-    def compute_loss(self, batch: dict[str, Any], weights: torch.Tensor | None = None,
-                     **randomness: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum_i w_i l_i / sum_i w_i, per-sample losses l [B]); a zero weight removes a sample entirely."""
-        ...
+    @abstractmethod
+    def needs_statistics(self) -> bool:
+        """True while the normalisation statistics are still to be fitted on training data."""
 
-    # nn.Module's, used by the learner (listed so that a type checker sees them on the protocol)
-    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+    @abstractmethod
+    def fit_statistics(self, states: np.ndarray, actions: np.ndarray, instructions: Sequence[str]) -> None:
+        """Fit the normalisation statistics on the stored steps (a fresh policy's first batch)."""
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+    @abstractmethod
+    def draw_training_randomness(self, batch_size: int, generator: torch.Generator) -> dict[str, Any]:
+        """Keyword arguments for ``compute_loss`` drawn from ``generator`` (tensors with one row per sample,
+        or scalars), so the loss of a batch is a function of the batch and the generator's state."""
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any: ...
-
-    def train(self, mode: bool = True) -> Any: ...
-
-    def to(self, *args: Any, **kwargs: Any) -> Any: ...
+    # (sum_i w_i l_i / sum_i w_i, per-sample losses l [B]) of ``compute_loss(batch, weights, **randomness)``;
+    # a zero weight removes a sample entirely. An attribute, not a method signature: each policy names
+    # its own randomness (FlowVLA: noise, flow_time; LeRobot: seed), and data-parallel training shadows it.
+    compute_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:

@@ -29,12 +29,12 @@ from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
 from robot_rl.policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float, random_shift
 from robot_rl.policies.flow_vla.normalization import Normalizer
 from robot_rl.policies.text_encoder import InstructionEncoder
-from robot_rl.policies.trainable import StateOffsets, weighted_mean
+from robot_rl.policies.trainable import StateOffsets, TrainablePolicy, weighted_mean
 
 Batch = dict[str, Any]
 
 
-class FlowVLA(nn.Module):
+class FlowVLA(TrainablePolicy):
     """The project's VLA; implements ``robot_rl.policies.trainable.TrainablePolicy``."""
 
     def __init__(self, config: FlowVLAConfig | None = None, text_encoder: InstructionEncoder | None = None):

@@ -76,11 +76,13 @@ def smolvlm_directory(directory: Path, size: str) -> Path:
                                         extra_special_tokens=dict(SPECIAL_TOKENS), model_max_length=512)
     # Whole tokens, never split by the whitespace pre-tokenizer.
     tokenizer.add_special_tokens({"additional_special_tokens": specials[2:]}, replace_extra_special_tokens=False)
-    text = LlamaConfig(max_position_embeddings=8192, pad_token_id=0, tie_word_embeddings=False, **spec["text"])
+    # Their fields arrive through **kwargs (transformers' configs declare few in their signatures).
+    text = LlamaConfig(**{"max_position_embeddings": 8192, "pad_token_id": 0, "tie_word_embeddings": False,
+                          **spec["text"]})
     vision = SmolVLMVisionConfig(**spec["vision"])
-    SmolVLMConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), scale_factor=spec["scale_factor"],
-                  image_token_id=vocab["<image>"], vocab_size=spec["text"]["vocab_size"],
-                  pad_token_id=0).save_pretrained(directory)
+    SmolVLMConfig(**{"text_config": text.to_dict(), "vision_config": vision.to_dict(),
+                     "scale_factor": spec["scale_factor"], "image_token_id": vocab["<image>"],
+                     "vocab_size": spec["text"]["vocab_size"], "pad_token_id": 0}).save_pretrained(directory)
     side = spec["vision"]["image_size"]
     # Idefics3's processor is SmolVLM's without its video part (which needs num2words at import).
     Idefics3Processor(image_processor=Idefics3ImageProcessor(size={"longest_edge": side},

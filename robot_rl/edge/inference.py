@@ -30,7 +30,7 @@ from robot_rl.core.clock import Clock
 from robot_rl.core.types import ActionChunk
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.latency import LatencyModel
-from robot_rl.policies.base import ChunkPolicy, InvalidChunkError, validate_chunk
+from robot_rl.policies.base import ChunkPolicy, GuidedChunkPolicy, InvalidChunkError, validate_chunk
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,9 @@ class PolicyRunner:
             started = time.perf_counter()
             try:
                 if request.prefix is not None:
+                    if not isinstance(policy, GuidedChunkPolicy):  # a swap put in a policy without it
+                        raise InvalidChunkError(f"{type(policy).__name__} takes no frozen prefix "
+                                                "(edge.real_time_chunking)")
                     raw = policy.predict_chunk_guided(request.images, request.state, request.instruction,
                                                       request.prefix, request.delay_estimate)
                 else:

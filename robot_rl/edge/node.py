@@ -49,7 +49,7 @@ from robot_rl.edge.delay import DelayEstimator
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, InferenceWorker, PolicySwap, make_worker
 from robot_rl.edge.stats import ChunkRecord, EdgeStats
 from robot_rl.hardware.robot import InvalidActionError, Observation, Robot, validate_action
-from robot_rl.policies.base import ChunkPolicy
+from robot_rl.policies.base import ChunkPolicy, GuidedChunkPolicy
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class EdgeNode:
                 f"policy predicts {policy_dim}-dim actions but robot {self.robot_id!r} has {action_dim} joints "
                 f"{list(self._joint_names)}; use a policy trained for this robot"
             )
-        if self.config.real_time_chunking and not hasattr(policy, "predict_chunk_guided"):
+        if self.config.real_time_chunking and not isinstance(policy, GuidedChunkPolicy):
             raise ValueError(f"edge.real_time_chunking needs a flow policy that takes a frozen prefix (a LeRobot "
                              f"SmolVLA, pi0 or pi0.5); {type(policy).__name__} does not")
         robot_fps = getattr(robot, "fps", self.config.fps)

@@ -222,7 +222,7 @@ def route_loss_through_ddp(policy: TrainablePolicy, ctx: DistContext, batch_size
         return ddp(shard, shard_rows(weights, rows), {k: shard_rows(v, rows) for k, v in randomness.items()})
 
     # The algorithms keep calling policy.compute_loss: this instance attribute shadows the method.
-    policy.compute_loss = compute_shard_loss  # type: ignore[method-assign]  # shadows the method on purpose
+    policy.compute_loss = compute_shard_loss  # shadows the method on purpose
     return ddp
 
 

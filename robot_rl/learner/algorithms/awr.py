@@ -71,6 +71,8 @@ def advantage_weights(advantages: torch.Tensor, has_target: torch.Tensor, beta: 
 class AWR(WeightedFlowAlgorithm[AWRConfig]):
     """AWR on the flow-matching loss with a chunk-boundary value critic trained alongside."""
 
+    policy: FlowVLA  # its critic reads FlowVLA's context encoder (require_flow_vla)
+
     def __init__(self, params: AWRConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
         require_flow_vla(policy, "awr")
         super().__init__(params, policy, config, device)

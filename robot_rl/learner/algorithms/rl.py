@@ -76,6 +76,8 @@ def gather_chunks(candidates: torch.Tensor, index: torch.Tensor) -> torch.Tensor
 class ChunkQLearning(WeightedFlowAlgorithm[RLConfig]):
     """Q-chunking critic + best-of-N distillation into the flow policy (see the module docstring)."""
 
+    policy: FlowVLA  # its critic reads FlowVLA's context encoder, its candidates FlowVLA's sampler
+
     def __init__(self, params: RLConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
         require_flow_vla(policy, "rl")
         super().__init__(params, policy, config, device)
