@@ -120,7 +120,7 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
     def lerobot(kind: str, options: dict[str, Any], lora_targets: list[str] | None = None,
                 lora: bool = False) -> Callable[[], TrainablePolicy]:
         def build() -> TrainablePolicy:
-            config = LeRobotPolicyConfig(type=kind, options={"chunk_size": CHUNK, "n_action_steps": CHUNK, **options})
+            config = LeRobotPolicyConfig(type=kind, options=options)
             policy = LeRobotChunkPolicy.from_scratch(config, episodes)
             if not lora:
                 return policy
@@ -137,15 +137,17 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
     if bench.smolvla_size == "tiny":
         vlm.update(self_attn_every_n_layers=2, expert_width_multiplier=0.75, tokenizer_max_length=16)
     act_targets = ["linear1", "linear2"]  # ACT has no LeRobot default: its transformer's feed-forward layers
+    chunked = {"chunk_size": CHUNK, "n_action_steps": CHUNK}
+    # One observation (the edge gives the current one); group norm, as without pretrained weights.
+    diffusion = {"n_obs_steps": 1, "horizon": 2 * CHUNK, "n_action_steps": CHUNK, "drop_n_last_frames": CHUNK,
+                 "use_group_norm": True}
     builders = {
         "flow_vla": flow_vla,
-        "act": lerobot("act", {}),
-        "act+lora": lerobot("act", {}, act_targets, lora=True),
-        # One observation (the edge gives the current one); group norm, as without pretrained weights.
-        "diffusion": lerobot("diffusion", {"n_obs_steps": 1, "horizon": 2 * CHUNK, "drop_n_last_frames": CHUNK,
-                                           "use_group_norm": True}),
-        "smolvla": lerobot("smolvla", vlm),
-        "smolvla+lora": lerobot("smolvla", vlm, lora=True),
+        "act": lerobot("act", chunked),
+        "act+lora": lerobot("act", chunked, act_targets, lora=True),
+        "diffusion": lerobot("diffusion", diffusion),
+        "smolvla": lerobot("smolvla", {**chunked, **vlm}),
+        "smolvla+lora": lerobot("smolvla", {**chunked, **vlm}, lora=True),
     }
     unknown = [name for name in bench.types if name not in builders]
     if unknown:
@@ -153,13 +155,13 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
     return {name: builders[name] for name in bench.types}
 
 
-def synthetic_batch(size: int) -> dict[str, Any]:
+def synthetic_batch(size: int, horizon: int) -> dict[str, Any]:
     import torch
 
     rng = np.random.default_rng(1)
     state = torch.as_tensor(rng.normal(0, 20, (size, JOINTS)), dtype=torch.float32)
-    batch: dict[str, Any] = {"state": state, "actions": state[:, None].repeat(1, CHUNK, 1) + 1,
-                             "action_is_pad": torch.zeros(size, CHUNK, dtype=torch.bool),
+    batch: dict[str, Any] = {"state": state, "actions": state[:, None].repeat(1, horizon, 1) + 1,
+                             "action_is_pad": torch.zeros(size, horizon, dtype=torch.bool),
                              "instruction": [INSTRUCTION] * size, "weight": torch.ones(size)}
     for cam in CAMERAS:
         batch[f"images.{cam}"] = torch.as_tensor(rng.integers(0, 256, (size, IMAGE, IMAGE, 3), dtype=np.uint8))
@@ -181,7 +183,7 @@ def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
                               np.concatenate([e["action"] for e in episodes]), [INSTRUCTION])
     policy.to(device).train()
     algorithm = WeightedBC(None, policy, trainer, device)
-    batch = synthetic_batch(bench.batch_size)
+    batch = synthetic_batch(bench.batch_size, policy.training_horizon)
     algorithm.update(batch)  # warm-up: allocations, kernels, the text encoder's cache
     started = time.perf_counter()
     for _ in range(bench.updates):
