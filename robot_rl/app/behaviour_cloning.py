@@ -36,7 +36,7 @@ def ensure_demos(cfg: RobotRLConfig) -> Path:
 def bc_start(cfg: RobotRLConfig, episodes: list[dict]) -> TrainablePolicy:
     """The policy BC trains: a new FlowVLA of ``policy.model``; for ``policy=lerobot`` the checkpoint at
     ``policy.path`` (fine-tuned with its own statistics), else a new ``policy.type`` shaped by the episodes."""
-    from robot_rl.config import ConfigError
+    from robot_rl.core.errors import ConfigError
     from robot_rl.core.registry import POLICIES
     from robot_rl.policies.flow_vla import FlowVLA
     from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig

@@ -191,7 +191,7 @@ def local_run_config(cfg: RobotRLConfig, run_dir: Path) -> LocalRunConfig:
 def run_main_job(cfg: RobotRLConfig) -> dict:
     from robot_rl.app.local_run import make_sim_robot_factory, run_local
     from robot_rl.app.sim import sim_config, task_families
-    from robot_rl.config import ConfigError
+    from robot_rl.core.errors import ConfigError
     from robot_rl.policies.trainable import load_trainable
 
     if getattr(cfg.policy, "lora_rank", 0) > 0:
