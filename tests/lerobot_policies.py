@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
+
+from tests.learner_helpers import IMG, JOINTS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,3 +80,42 @@ def tiny_diffusion_dir(directory: Path, *, cameras: tuple[str, ...] = ("front",)
     for part in (policy, preprocessor, postprocessor):
         part.save_pretrained(directory)
     return directory
+
+
+def swap_in_mid_episode(running: Any, published: Any, spool: Path, robot_id: str) -> tuple[Any, bytes]:
+    """Hand ``published`` (the learner's deployed policy) to an EdgeStreamer as the link would, while
+    an EdgeNode runs ``running`` mid-episode; tick until it swaps. Returns (the node, closed; the bytes
+    that travelled)."""
+    from robot_rl.core.clock import VirtualClock
+    from robot_rl.edge.config import EdgeConfig
+    from robot_rl.edge.node import EdgeNode
+    from robot_rl.edge.streaming import EdgeStreamer
+    from robot_rl.learner.publisher import snapshot
+    from tests.learner_helpers import client_config, wait_for
+    from tests.test_stream_swap import CameraRobot
+
+    class Nowhere:  # the link never connects
+        router_endpoint, pub_endpoint = "tcp://127.0.0.1:9", None
+
+    streamer = EdgeStreamer(client_config(robot_id, Nowhere, spool, policy_version=0,
+                                          config_hash=running.config_hash()), running)
+    node = EdgeNode(CameraRobot(), running, VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=40),
+                    robot_id=robot_id, policy_version=0)
+    node.step_sink = None  # only the weights path is under test here
+    streamer.node = node
+    streamer.start()
+    try:
+        node.reset_episode("pick the cube")
+        for _ in range(6):
+            node.tick()  # mid-episode: chunks are being executed when the weights arrive
+        blob = snapshot(published, 1, published.config_hash())
+        streamer._on_weights(blob.announce(), bytearray(blob.data))
+        wait_for(lambda: node.tick().policy_version == 1, what="swap to v1")
+    finally:
+        streamer.stop()
+        node.close()
+    return node, blob.data
+
+
+# What the swap tests ask a policy before and after (the test robots' camera and joints).
+ZERO_IMAGES, ZERO_STATE = {"front": np.zeros((IMG, IMG, 3), np.uint8)}, np.zeros(len(JOINTS), np.float32)

@@ -27,15 +27,18 @@ from robot_rl.bench.policies import SMOLVLM_SIZES, smolvlm_directory
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.streaming import EdgeStreamer
 from robot_rl.learner.algorithms.configs import RWRConfig
 from robot_rl.learner.index import SampleSpec
-from robot_rl.learner.publisher import snapshot
 from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.trainable import StateOffsets, TrainablePolicy
-from tests.learner_helpers import BC, CAMERAS, IMG, client_config, trainer_config, wait_for
-from tests.lerobot_policies import one_torch_thread  # noqa: F401 - an autouse fixture
+from tests.learner_helpers import BC, CAMERAS, IMG, trainer_config
+from tests.lerobot_policies import (  # noqa: F401 - one_torch_thread: an autouse fixture
+    ZERO_IMAGES,
+    ZERO_STATE,
+    one_torch_thread,
+    swap_in_mid_episode,
+)
 from tests.test_learner_trainer import filled_index
 from tests.test_stream_swap import CameraRobot, same_weights
 
@@ -166,41 +169,20 @@ def test_the_learners_checkpoint_is_a_lerobot_smolvla_checkpoint_and_resumes(smo
 
 
 def test_a_published_smolvla_policy_is_swapped_into_a_running_edge_node(smolvla_dir, tmp_path):
-    class Nowhere:  # the link never connects; weights are handed to the streamer as the link would
-        router_endpoint, pub_endpoint = "tcp://127.0.0.1:9", None
-
     running = load(smolvla_dir).eval()
     trainer = Trainer(load(smolvla_dir), filled_index(), trainer_config(tmp_path / "ckpt", lr=3e-3), BC)
     for _ in range(5):
         trainer.update_once()
-    streamer = EdgeStreamer(client_config("edge-smolvla", Nowhere, tmp_path / "spool", policy_version=0,
-                                          config_hash=running.config_hash()), running)
-    node = EdgeNode(CameraRobot(), running, VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=40),
-                    robot_id="edge-smolvla", policy_version=0)
-    node.step_sink = None  # only the weights path is under test here
-    streamer.node = node
-    images = {"front": np.zeros((IMG, IMG, 3), np.uint8)}
-    state = np.zeros(6, np.float32)
-    before = seeded_chunk(running, images, state)
-    streamer.start()
-    try:
-        node.reset_episode("pick the cube")
-        for _ in range(6):
-            node.tick()  # mid-episode: chunks are being executed when the weights arrive
-        blob = snapshot(trainer.deployed, 1, trainer.policy.config_hash())
-        streamer._on_weights(blob.announce(), bytearray(blob.data))
-        wait_for(lambda: node.tick().policy_version == 1, what="swap to v1")
-        assert same_weights(node.running_policy, trainer.deployed)  # the frozen VLM is the same checkpoint's
-    finally:
-        streamer.stop()
-        node.close()
-    after = seeded_chunk(node.running_policy, images, state)  # after close: no inference thread shares the RNG
-    assert not np.allclose(after, before)
+    before = seeded_chunk(running, ZERO_IMAGES, ZERO_STATE)
+    node, data = swap_in_mid_episode(running, trainer.deployed, tmp_path / "spool", "edge-smolvla")
+    assert same_weights(node.running_policy, trainer.deployed)  # the frozen VLM is the same checkpoint's
+    # After the node closed: no inference thread shares the RNG of the seeded chunk.
+    assert not np.allclose(seeded_chunk(node.running_policy, ZERO_IMAGES, ZERO_STATE), before)
     assert node.stats.swap_failures == 0
     # Only what trains travels: the action expert and projections, not the frozen VLM.
     published = trainer.deployed.published_state_dict()
     assert published and not any(".vlm." in key for key in published)
-    assert len(blob.data) < sum(v.nbytes for v in trainer.deployed.state_dict().values()) / 2
+    assert len(data) < sum(v.nbytes for v in trainer.deployed.state_dict().values()) / 2
 
 
 def test_real_time_chunking_guides_the_first_actions_onto_what_the_queue_executes(smolvla_dir):

@@ -18,20 +18,22 @@ import torch
 from lerobot.policies.factory import get_policy_class
 
 from robot_rl.config import ConfigError
-from robot_rl.core.clock import VirtualClock
-from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.streaming import EdgeStreamer
 from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RLConfig, RWRConfig
 from robot_rl.learner.index import SampleSpec
-from robot_rl.learner.publisher import snapshot
 from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.trainable import StateOffsets, TrainablePolicy
-from tests.learner_helpers import BC, CAMERAS, IMG, client_config, trainer_config, wait_for
-from tests.lerobot_policies import one_torch_thread, tiny_act_dir, tiny_diffusion_dir  # noqa: F401 - autouse
+from tests.learner_helpers import BC, CAMERAS, IMG, trainer_config
+from tests.lerobot_policies import (  # noqa: F401 - one_torch_thread: an autouse fixture
+    ZERO_IMAGES,
+    ZERO_STATE,
+    one_torch_thread,
+    swap_in_mid_episode,
+    tiny_act_dir,
+    tiny_diffusion_dir,
+)
 from tests.test_learner_trainer import filled_index
-from tests.test_stream_swap import CameraRobot, same_weights
+from tests.test_stream_swap import same_weights
 
 CHUNK = 4
 
@@ -99,36 +101,14 @@ def test_the_learners_checkpoint_is_a_lerobot_checkpoint_and_resumes(act_dir, tm
 
 
 def test_a_published_lerobot_policy_is_swapped_into_a_running_edge_node(act_dir, tmp_path):
-    class Nowhere:  # the link never connects; weights are handed to the streamer as the link would
-        router_endpoint, pub_endpoint = "tcp://127.0.0.1:9", None
-
     running = load(act_dir).eval()
     trainer = Trainer(load(act_dir), filled_index(), trainer_config(tmp_path / "ckpt", lr=3e-3), BC)
     for _ in range(5):
         trainer.update_once()
-    streamer = EdgeStreamer(client_config("edge-act", Nowhere, tmp_path / "spool", policy_version=0,
-                                          config_hash=running.config_hash()), running)
-    node = EdgeNode(CameraRobot(), running, VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=40),
-                    robot_id="edge-act", policy_version=0)
-    node.step_sink = None  # only the weights path is under test here
-    streamer.node = node
-    images = {"front": np.zeros((IMG, IMG, 3), np.uint8)}
-    state = np.zeros(6, np.float32)
-    before = running.predict_chunk(images, state, "pick the cube")
-    streamer.start()
-    try:
-        node.reset_episode("pick the cube")
-        for _ in range(6):
-            node.tick()  # mid-episode: chunks are being executed when the weights arrive
-        blob = snapshot(trainer.deployed, 1, trainer.policy.config_hash())
-        streamer._on_weights(blob.announce(), bytearray(blob.data))
-        wait_for(lambda: node.tick().policy_version == 1, what="swap to v1")
-        assert same_weights(node.running_policy, trainer.deployed)
-        after = node.running_policy.predict_chunk(images, state, "pick the cube")
-    finally:
-        streamer.stop()
-        node.close()
-    assert not np.allclose(after, before)
+    before = running.predict_chunk(ZERO_IMAGES, ZERO_STATE, "pick the cube")
+    node, _ = swap_in_mid_episode(running, trainer.deployed, tmp_path / "spool", "edge-act")
+    assert same_weights(node.running_policy, trainer.deployed)
+    assert not np.allclose(node.running_policy.predict_chunk(ZERO_IMAGES, ZERO_STATE, "pick the cube"), before)
     assert node.stats.swap_failures == 0
 
 
