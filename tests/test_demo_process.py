@@ -52,3 +52,9 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path, override, mes
     with pytest.raises(ConfigError, match=message):
         record_demos(_config(tmp_path / "demos", override), progress=False)
     assert not (tmp_path / "demos").exists()
+
+
+def test_episodes_too_short_for_the_expert_store_nothing_and_say_so_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"solved none of its 3 attempts within robot.max_episode_steps=5"):
+        record_demos(_config(tmp_path / "demos", "demos.episodes=1", "robot.max_episode_steps=5",
+                             "demos.sim_process=false"), progress=False)

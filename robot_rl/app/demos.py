@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from robot_rl.app.config import Seeds
+from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder
@@ -137,12 +138,18 @@ def record_demos(cfg: RobotRLConfig, progress: bool = True) -> DemoSummary:
 
         job = DemoJob(sim_config(cfg), cfg.demos.expert_speed, tuple(families), cfg.demos.episodes, seed,
                       cfg.seeds.stride)
-        return record_demos_in_child(job, cfg.demos.dir, progress=progress)
-    robot = make_sim(cfg)
-    try:
-        attempts = expert_attempts(robot, demo_expert(robot, cfg.demos.expert_speed), families, cfg.demos.episodes,
-                                   seed, cfg.seeds.stride)
-        layout = RecordedLayout.of_robot(robot)
-        return store_demos(attempts, layout, cfg.demos.dir, families, cfg.demos.episodes, progress)
-    finally:
-        robot.disconnect()
+        summary = record_demos_in_child(job, cfg.demos.dir, progress=progress)
+    else:
+        robot = make_sim(cfg)
+        try:
+            attempts = expert_attempts(robot, demo_expert(robot, cfg.demos.expert_speed), families,
+                                       cfg.demos.episodes, seed, cfg.seeds.stride)
+            summary = store_demos(attempts, RecordedLayout.of_robot(robot), cfg.demos.dir, families,
+                                  cfg.demos.episodes, progress)
+        finally:
+            robot.disconnect()
+    if summary.stored == 0:  # a dataset without episodes: nothing to train on, and LeRobot cannot read it
+        raise ConfigError(f"the scripted expert solved none of its {summary.attempted} attempts within "
+                          f"robot.max_episode_steps={sim_config(cfg).max_episode_steps}: no demonstration was "
+                          f"stored in {cfg.demos.dir}; allow longer episodes")
+    return summary
