@@ -387,9 +387,7 @@ class EdgeNode:
         else:
             # async_naive, or a human driving (their future is unknown): measured state.
             delay_used, policy_state, rolled, start = 0, state, None, n
-        pending = self.queue.pending()
-        prefix = (np.stack([entry.action for entry in pending]).astype(np.float32)
-                  if self.config.real_time_chunking and pending and not intervening else None)
+        prefix = self._frozen_prefix() if self.config.real_time_chunking and not intervening else None
 
         request = InferenceRequest(
             chunk_id=self._next_chunk_id,
@@ -416,6 +414,11 @@ class EdgeNode:
                         self.queue.remaining)
         )
         self.worker.submit(request)
+
+    def _frozen_prefix(self) -> np.ndarray | None:
+        """Real-time chunking: the actions the queue executes from this tick on (None: nothing queued)."""
+        pending = self.queue.pending()
+        return np.stack([entry.action for entry in pending]).astype(np.float32) if pending else None
 
     def _plan_before_start(self, obs: Observation, state: np.ndarray) -> float:
         """Compute the first chunk with the arm at rest, then start the episode's clock.
