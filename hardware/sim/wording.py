@@ -11,6 +11,11 @@ and changes only what the policy reads:
 * ``colour_words``: other names of the same colours ("push the crimson cube to the left").
 
 Paraphrases rotate over a few per family by the episode's index, so a set of scenes sees each.
+
+``training_table`` gives *other* wordings for training-time instruction augmentation
+(``policy.model.instruction_variants=sim``): other verbs, nouns, orders and colour names than
+every wording above, so an evaluation with ``eval.wording`` still reads text the policy never
+trained on.
 """
 
 from __future__ import annotations
@@ -42,6 +47,19 @@ _TRAINED = {
 }
 COLOUR_SYNONYMS = {"red": "crimson", "green": "emerald", "blue": "navy"}
 
+# Training wordings: none of their verbs, nouns or orders is an evaluation wording's above.
+_TRAINING_TEMPLATES = {
+    "push": ("nudge the {color} cube to the {direction}", "push the {color} box {direction}",
+             "the {color} cube should end up on the {direction}", "shift the {color} cube toward the {direction}",
+             "{direction} side: that is where the {color} cube must be pushed"),
+    "pick": ("pick the {color} box up", "raise the {color} cube", "the {color} cube: lift it off the table",
+             "get the {color} cube up in the air"),
+    "place": ("set the {color} cube into the bowl", "the bowl is where the {color} box goes",
+              "carry the {color} cube to the bowl and drop it", "put the {color} box in the bowl"),
+}
+_TRAINING_COLOUR_NAMES = {"red": ("red", "scarlet", "ruby"), "green": ("green", "lime", "jade"),
+                          "blue": ("blue", "azure", "cobalt")}
+
 
 def parse(instruction: str) -> tuple[str, dict[str, str]]:
     """(family, {colour, direction}) of a sim instruction; ValueError for any other text."""
@@ -66,3 +84,11 @@ def reword(instruction: str, wording: str, index: int = 0) -> str:
     if wording == "reordered":
         return _REORDERED[family].format(**slots)
     return _TRAINED[family].format(**{**slots, "color": COLOUR_SYNONYMS[slots["color"]]})
+
+
+def training_variants(instruction: str) -> tuple[str, ...]:
+    """Wordings of a sim ``instruction`` to train on (every template with every training colour name)."""
+    family, slots = parse(instruction)
+    return tuple(template.format(**{**slots, "color": name})
+                 for template in _TRAINING_TEMPLATES[family] for name in _TRAINING_COLOUR_NAMES[slots["color"]])
+

@@ -63,6 +63,11 @@ class FlowVLAConfig:
     # State-offset augmentation: offsets 0..max_state_offset ticks (roll-forward up to ~170 ms).
     max_state_offset: int = 5
     offset_weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
+    # Instruction augmentation (policies/wordings.py): a training sample reads another wording of its
+    # instruction with probability instruction_augmentation. "sim": the sim's training wordings; or a
+    # YAML file {instruction: [wording, ...]}; None = off.
+    instruction_variants: str | None = None
+    instruction_augmentation: float = 0.5
 
     def __post_init__(self) -> None:
         self.cameras = tuple(self.cameras)
@@ -98,6 +103,8 @@ class FlowVLAConfig:
                 )
             elif min(self.offset_weights) < 0 or sum(self.offset_weights) <= 0:
                 problems.append("offset_weights must be non-negative with a positive sum")
+        if not 0.0 <= self.instruction_augmentation <= 1.0:
+            problems.append(f"instruction_augmentation must be in [0, 1], got {self.instruction_augmentation}")
         if self.keypoints < 0:
             problems.append(f"keypoints must be >= 0, got {self.keypoints}")
         if not 0.0 <= self.state_noise_std < 10.0:

@@ -30,6 +30,7 @@ from robot_rl.policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, ima
 from robot_rl.policies.flow_vla.normalization import Normalizer
 from robot_rl.policies.text_encoder import InstructionEncoder
 from robot_rl.policies.trainable import StateOffsets, TrainablePolicy, weighted_mean
+from robot_rl.policies.wordings import InstructionVariants
 
 Batch = dict[str, Any]
 
@@ -41,6 +42,7 @@ class FlowVLA(TrainablePolicy):
         super().__init__()
         self.config = config = config or FlowVLAConfig()
         self._text_encoder = text_encoder  # not a submodule: frozen, shared, outside state_dict
+        self._instruction_variants: InstructionVariants | None = None
         d = config.d_model
 
         self.normalizer = Normalizer(config.state_dim, config.action_dim,
@@ -119,7 +121,10 @@ class FlowVLA(TrainablePolicy):
         """Fit the normaliser on training data: states/actions [N, dim] and the instructions seen."""
         self.normalizer.fit(states, actions)
         if self.config.normalize_instruction:
-            distinct = sorted(set(instructions))
+            # With augmentation the statistics cover every wording, so what varies only between
+            # wordings of one task is not blown up into a difference the network must learn to ignore.
+            variants = self.instruction_variants
+            distinct = sorted(set(variants.all_wordings(instructions) if variants else instructions))
             self.normalizer.fit_text(self.text_encoder.encode_batch(distinct).cpu().numpy())
 
     # ------------------------------------------------------------------ network
@@ -160,14 +165,28 @@ class FlowVLA(TrainablePolicy):
             per_camera.append(images_to_float(frames, self.config.image_size))
         return torch.stack(per_camera, dim=1)
 
-    def _text_from(self, batch: Batch) -> torch.Tensor:
+    @property
+    def instruction_variants(self) -> InstructionVariants | None:
+        """The wordings training reads (``config.instruction_variants``), loaded on first use (inference never
+        needs them)."""
+        if self._instruction_variants is None and self.config.instruction_variants is not None:
+            self._instruction_variants = InstructionVariants.load(self.config.instruction_variants,
+                                                                  self.config.instruction_augmentation)
+        return self._instruction_variants
+
+    def _text_from(self, batch: Batch, wording_draw: torch.Tensor | None = None) -> torch.Tensor:
+        """The instruction embeddings [B, text_dim]; with ``wording_draw`` [B] some rows read another wording."""
+        # Only a training draw reads the table: a robot never needs the file the learner trained with.
+        if wording_draw is not None and "instruction" in batch and (variants := self.instruction_variants):
+            reworded = variants.reword(list(batch["instruction"]), wording_draw)
+            return self.text_encoder.encode_batch(reworded).to(self.device)
         if "instruction_embedding" in batch:
             return torch.as_tensor(batch["instruction_embedding"], dtype=torch.float32).to(self.device)
         if "instruction" in batch:
             return self.text_encoder.encode_batch(list(batch["instruction"])).to(self.device)
         raise KeyError("batch needs 'instruction' (list[str]) or 'instruction_embedding' [B, text_dim]")
 
-    def _context_from_batch(self, batch: Batch) -> torch.Tensor:
+    def _context_from_batch(self, batch: Batch, wording_draw: torch.Tensor | None = None) -> torch.Tensor:
         def camera(cam: str) -> Any:
             key = f"images.{cam}"
             if key not in batch:
@@ -182,7 +201,7 @@ class FlowVLA(TrainablePolicy):
             # Noise on the state input keeps the policy from reading the task off the proprio
             # alone (the arm starts at the same pose in every episode: only images say where to go).
             state = state + self.config.state_noise_std * torch.randn_like(state)
-        return self.encode_context(images, state, self._text_from(batch))
+        return self.encode_context(images, state, self._text_from(batch, wording_draw))
 
     # ------------------------------------------------------------------ training
     def compute_loss(
@@ -192,12 +211,15 @@ class FlowVLA(TrainablePolicy):
         *,
         noise: torch.Tensor | None = None,
         flow_time: torch.Tensor | None = None,
+        wording_draw: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Flow-matching loss: (sum_i w_i * l_i / sum_i w_i, per-sample l [B]).
 
         ``l_i`` is the mean squared velocity error over the sample's non-padded steps
         (``action_is_pad`` True = past the episode end, no loss). ``noise``/``flow_time``
         may be fixed for reproducible evaluation; by default they are drawn fresh.
+        ``wording_draw`` [B] (uniform in [0, 1)) rewords instructions when instruction
+        augmentation is configured; in training mode it is drawn fresh when not given.
         """
         actions = torch.as_tensor(batch["actions"], dtype=torch.float32).to(self.device)
         expected = (self.chunk_size, self.action_dim)
@@ -213,7 +235,9 @@ class FlowVLA(TrainablePolicy):
         t = self._sample_flow_time(b) if flow_time is None else flow_time.to(self.device, torch.float32)
         x_t = (1 - t)[:, None, None] * noise + t[:, None, None] * target
 
-        pred = self.velocity(x_t, t, self._context_from_batch(batch))
+        if wording_draw is None and self.training and self.instruction_variants is not None:
+            wording_draw = torch.rand(b)
+        pred = self.velocity(x_t, t, self._context_from_batch(batch, wording_draw))
         per_sample = masked_mse_per_sample(pred, target - noise, is_pad)
         return weighted_mean(per_sample, weights), per_sample
 
@@ -223,7 +247,10 @@ class FlowVLA(TrainablePolicy):
         u = torch.rand(batch_size, generator=generator)
         # "beta": Beta(1.5, 1) by inverse CDF (u ** (1/1.5)), mapped like _sample_flow_time.
         flow_time = 1.0 - u.pow(1.0 / 1.5) * 0.999 if self.config.flow_time_sampling == "beta" else u
-        return {"noise": noise.to(self.device), "flow_time": flow_time.to(self.device)}
+        randomness = {"noise": noise.to(self.device), "flow_time": flow_time.to(self.device)}
+        if self.config.instruction_variants is not None:
+            randomness["wording_draw"] = torch.rand(batch_size, generator=generator)
+        return randomness
 
     def _sample_flow_time(self, n: int) -> torch.Tensor:
         if self.config.flow_time_sampling == "beta":
