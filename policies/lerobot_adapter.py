@@ -51,6 +51,7 @@ from torch import nn
 
 from robot_rl.core.errors import ConfigError
 from robot_rl.policies.base import validate_chunk
+from robot_rl.policies.joint_order import JointOrder
 from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 from robot_rl.policies.lerobot_lora import (
     ADAPTER_WEIGHTS,
@@ -75,11 +76,14 @@ class LeRobotChunkPolicy(TrainablePolicy):
     "wrist" image to ``observation.images.gripper``); unmapped cameras keep their name.
     ``state_offsets``: the roll-forward augmentation the learner trains it with. With ``lora``
     (``policy.lora_rank > 0``) only the adapters train, and they are the whole state dict.
+    ``joint_names``: the checkpoint's joints in the order of its vectors; once ``bind_joints`` has
+    the robot's, states and actions are matched by name (``policies.joint_order``).
     """
 
     def __init__(self, policy: PreTrainedPolicy, preprocessor: Any, postprocessor: Any,
                  camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
-                 state_offsets: StateOffsets | None = None, lora: PeftModel | None = None):
+                 state_offsets: StateOffsets | None = None, lora: PeftModel | None = None,
+                 joint_names: Sequence[str] | None = None):
         super().__init__()
         self.policy = policy.eval()
         self.lora = lora  # the PEFT wrapper of ``policy`` when only its LoRA adapters train (lerobot_lora)
@@ -104,6 +108,11 @@ class LeRobotChunkPolicy(TrainablePolicy):
             raise ValueError(f"LeRobot policy {config.type!r} reads no {OBS_STATE!r}; robot_rl feeds every policy "
                              "the joint state (roll-forward replaces it by the commanded target)")
         self._state_dim = int(config.input_features[OBS_STATE].shape[0])
+        self.joint_names = tuple(joint_names) if joint_names else None
+        if self.joint_names is not None and len(self.joint_names) != self._state_dim:
+            raise ConfigError(f"policy.joint_names names {len(self.joint_names)} joints, the LeRobot checkpoint's "
+                              f"state has {self._state_dim}")
+        self.joint_order: JointOrder | None = None  # set by bind_joints
         self.image_keys: list[str] = list(config.image_features)
         ours = {theirs: mine for mine, theirs in self.camera_map.items()}
         self._cameras: tuple[str, ...] = tuple(
@@ -115,6 +124,16 @@ class LeRobotChunkPolicy(TrainablePolicy):
     @property
     def cameras(self) -> tuple[str, ...]:
         return self._cameras
+
+    def bind_joints(self, robot_joints: Sequence[str]) -> None:
+        if self.joint_names is not None:
+            self.joint_order = JointOrder(self.joint_names, robot_joints)
+
+    def _to_policy_order[V: (np.ndarray, torch.Tensor)](self, vectors: V) -> V:
+        return vectors if self.joint_order is None else self.joint_order.to_policy(vectors)
+
+    def _to_robot_order[V: (np.ndarray, torch.Tensor)](self, vectors: V) -> V:
+        return vectors if self.joint_order is None else self.joint_order.to_robot(vectors)
 
     @property
     def state_dim(self) -> int:
@@ -144,7 +163,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
             raise ValueError("policy=lerobot needs policy.path=DIR_OR_HUB_ID (a LeRobot policy checkpoint)")
         return cls.from_pretrained(config.path, device=config.device, camera_map=config.camera_map or None,
                                    state_offsets=StateOffsets(config.max_state_offset, config.offset_weights),
-                                   lora=config)
+                                   lora=config, joint_names=config.joint_names)
 
     @classmethod
     def from_scratch(cls, config: LeRobotPolicyConfig, episodes: Sequence[dict]) -> LeRobotChunkPolicy:
@@ -184,7 +203,8 @@ class LeRobotChunkPolicy(TrainablePolicy):
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,
                         camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
                         revision: str | None = None, state_offsets: StateOffsets | None = None,
-                        lora: LeRobotPolicyConfig | None = None) -> LeRobotChunkPolicy:
+                        lora: LeRobotPolicyConfig | None = None,
+                        joint_names: Sequence[str] | None = None) -> LeRobotChunkPolicy:
         """Load policy and processors from a local directory or a Hugging Face Hub repo id; a directory
         of LoRA adapters comes with its base. ``lora`` (a config with ``lora_rank > 0``) adds new
         adapters to a full checkpoint."""
@@ -225,7 +245,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
             preprocessor_overrides={"device_processor": {"device": str(config.device)}},
         )
         return cls(policy, preprocessor, postprocessor, camera_map=camera_map, chunk_size=chunk_size,
-                   state_offsets=state_offsets, lora=peft_model)
+                   state_offsets=state_offsets, lora=peft_model, joint_names=joint_names)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write policy and processors in LeRobot's layout (loadable by LeRobot and by this adapter);
@@ -345,8 +365,8 @@ class LeRobotChunkPolicy(TrainablePolicy):
                 raise KeyError(f"the training batch has no images.{ours}; the LeRobot policy reads {self.image_keys}")
             frames = torch.as_tensor(batch[f"images.{ours}"])
             out[key] = frames.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
-        out[OBS_STATE] = torch.as_tensor(batch["state"], dtype=torch.float32)
-        actions = torch.as_tensor(batch["actions"], dtype=torch.float32)
+        out[OBS_STATE] = self._to_policy_order(torch.as_tensor(batch["state"], dtype=torch.float32))
+        actions = self._to_policy_order(torch.as_tensor(batch["actions"], dtype=torch.float32))
         if actions.ndim != 3 or actions.shape[1:] != (self.training_horizon, self.action_dim):
             raise ValueError(f"batch['actions'] must be [B, {self.training_horizon}, {self.action_dim}], "
                              f"got {tuple(actions.shape)}")
@@ -374,7 +394,8 @@ class LeRobotChunkPolicy(TrainablePolicy):
             self.policy.config.rtc_config = RTCConfig(execution_horizon=self.chunk_size)
             self.policy.init_rtc_processor()
         device = self._follow_device()
-        frozen = torch.as_tensor(np.asarray(prefix, dtype=np.float32)[: self.chunk_size], device=device)
+        frozen = torch.as_tensor(self._to_policy_order(np.asarray(prefix, dtype=np.float32)[: self.chunk_size]),
+                                 device=device)
         normalized = self.preprocessor_step(NormalizerProcessorStep)(create_transition(action=frozen))
         return self._predict(observation, state, instruction, inference_delay=int(min(delay, len(frozen))),
                              prev_chunk_left_over=normalized[TransitionKey.ACTION][None],
@@ -397,7 +418,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
             if actions.ndim == 2:  # some policies drop the batch dimension
                 actions = actions[None]
             actions = self.postprocessor(actions)
-        chunk = actions[0, : self.chunk_size].float().cpu().numpy()
+        chunk = self._to_robot_order(actions[0, : self.chunk_size].float().cpu().numpy())
         return validate_chunk(chunk, self.chunk_size, self.action_dim)
 
     def _to_lerobot_frame(self, observation: dict[str, np.ndarray], state: np.ndarray) -> dict[str, np.ndarray]:
@@ -414,7 +435,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
             state = np.asarray(state, dtype=np.float32).reshape(-1)
             if state.shape != (self.state_dim,):
                 raise ValueError(f"state has {state.size} values, the LeRobot policy expects {self.state_dim}")
-            frame[OBS_STATE] = state
+            frame[OBS_STATE] = self._to_policy_order(state)
         return frame
 
 

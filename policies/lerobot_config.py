@@ -25,6 +25,9 @@ class LeRobotPolicyConfig:
     options: dict[str, Any] = field(default_factory=dict)
     device: str | None = None  # null: the device the checkpoint was saved for
     camera_map: dict[str, str] = field(default_factory=dict)  # our camera -> LeRobot's image key, e.g. {wrist: gripper}
+    # The checkpoint's joints in the order of its state/action vectors (its dataset's names, e.g.
+    # [shoulder_pan.pos, ...]): matched to the robot's joints by name. null: the robot's own order.
+    joint_names: list[str] | None = None
     # Learner: train on states rolled forward 0..max_state_offset ticks (the edge's roll-forward, as FlowVLA does).
     max_state_offset: int = 5
     offset_weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform

@@ -89,6 +89,10 @@ class TrainablePolicy(nn.Module, ABC):
     @abstractmethod
     def save_pretrained(self, directory: str | Path) -> None: ...
 
+    def bind_joints(self, robot_joints: Sequence[str]) -> None:
+        """Read states and write actions in the robot's joint order from now on. A policy that names no
+        joints (FlowVLA) reads and writes the order it was trained in, which the edge checks by count."""
+
     @abstractmethod
     def config_hash(self) -> str:
         """Equal hashes mean the published weights fit (architecture and features)."""

@@ -3,7 +3,8 @@
 What must hold for a lab's own checkpoint: the learner's per-sample loss is LeRobot's loss, an
 update lowers it, the learner's checkpoint is a LeRobot checkpoint (``from_pretrained`` in
 LeRobot itself), a publish lands in a running edge node between chunks and changes its chunks,
-and algorithms that need FlowVLA's encoder refuse in one line.
+``awr`` weights it with a critic on an encoder of its own, and ``rl`` (whose candidates come from
+FlowVLA's flow sampler) refuses in one line.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from robot_rl.learner.index import SampleSpec
 from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.trainable import StateOffsets, TrainablePolicy
-from tests.learner_helpers import BC, CAMERAS, IMG, trainer_config
+from tests.learner_helpers import BC, CAMERAS, IMG, trainer_config, wait_for
 from tests.lerobot_policies import (  # noqa: F401 - one_torch_thread: an autouse fixture
     ZERO_IMAGES,
     ZERO_STATE,
@@ -112,10 +113,33 @@ def test_a_published_lerobot_policy_is_swapped_into_a_running_edge_node(act_dir,
     assert node.stats.swap_failures == 0
 
 
-@pytest.mark.parametrize("algorithm", [AWRConfig(), RLConfig()], ids=["awr", "rl"])
-def test_algorithms_with_flowvla_critics_refuse_a_lerobot_policy_in_one_line(act_dir, algorithm):
-    with pytest.raises(ConfigError, match="learner=rwr"):
-        ALGORITHMS.build(algorithm, load(act_dir), trainer_config(act_dir / "unused"), torch.device("cpu"))
+def test_awr_weights_a_lerobot_policy_with_a_critic_on_its_own_encoder_and_resumes_it(act_dir, tmp_path):
+    config = trainer_config(tmp_path / "ckpt", batch_size=8)
+    trainer = Trainer(load(act_dir), filled_index(), config, AWRConfig(critic_hidden=16))
+    encoder = trainer.algorithm.extra_modules()["critic_encoder"]
+    start_policy = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    start_encoder = {k: v.clone() for k, v in encoder.state_dict().items()}
+    metrics = [trainer.update_once() for _ in range(3)]
+    assert all(np.isfinite(m["value_loss"]) and m["ess"] < 8 for m in metrics)  # advantages weight the samples
+    assert any(not torch.equal(v, start_policy[k]) for k, v in trainer.policy.state_dict().items())
+    assert any(not torch.equal(v, start_encoder[k]) for k, v in encoder.state_dict().items())
+    # The features read the instruction and the images, not the policy.
+    batch = fixed_batch(4)
+    features = trainer.algorithm.encoder(batch).features
+    other_task = trainer.algorithm.encoder({**batch, "instruction": ["open the drawer"] * 4}).features
+    dark = trainer.algorithm.encoder({**batch, "images.front": torch.zeros_like(batch["images.front"])}).features
+    assert not torch.allclose(features, other_task) and not torch.allclose(features, dark)
+
+    trainer.checkpoint()
+    expected = trainer.update_once()
+    resumed = Trainer(load(act_dir), filled_index(), config, AWRConfig(critic_hidden=16))
+    resumed.resume()
+    assert resumed.update_once() == expected and same_weights(resumed.policy, trainer.policy)
+
+
+def test_rl_refuses_a_lerobot_policy_in_one_line_naming_what_trains_it(act_dir):
+    with pytest.raises(ConfigError, match="flow sampler.*learner=bc, hgdagger, rwr or awr"):
+        ALGORITHMS.build(RLConfig(), load(act_dir), trainer_config(act_dir / "unused"), torch.device("cpu"))
 
 
 def synthetic_episodes(n: int = 3, length: int = 12) -> list[dict]:
@@ -254,3 +278,76 @@ def test_a_session_refuses_a_lerobot_policy_whose_cameras_the_robot_lacks(act_di
         check_policy_fits(policy, SimpleNamespace(name="arm", camera_names=("top",), joint_names=tuple("abcdef")))
     with pytest.raises(ConfigError, match="drives 6 joints"):
         check_policy_fits(policy, SimpleNamespace(name="arm", camera_names=("front",), joint_names=("a", "b")))
+
+
+def test_states_and_actions_keep_their_joint_by_name_when_the_robot_lists_joints_in_another_order(act_dir):
+    """The checkpoint's joints a..f against a robot that lists them f..a: every joint's state reaches
+    the policy's input for that joint, and its action (in that joint's units) comes back to it."""
+    from types import SimpleNamespace
+
+    from robot_rl.session.runner import check_policy_fits
+
+    trained_order, robot_order = list("abcdef"), list("fedcba")
+    plain = load(act_dir).eval()
+    named = LeRobotChunkPolicy.from_pretrained(act_dir, device="cpu", state_offsets=StateOffsets(2),
+                                               joint_names=trained_order).eval()
+    check_policy_fits(named, SimpleNamespace(name="arm", camera_names=("front",), joint_names=tuple(robot_order)))
+    to_robot = [trained_order.index(j) for j in robot_order]
+    images = {"front": np.full((IMG, IMG, 3), 90, np.uint8)}
+    state = np.arange(6, dtype=np.float32) * 3.0  # in the trained order
+    expected = plain.predict_chunk(images, state, "pick the cube")
+    chunk = named.predict_chunk(images, state[to_robot], "pick the cube")  # the robot's order in and out
+    np.testing.assert_allclose(chunk, expected[:, to_robot], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(expected[:, to_robot], expected, atol=1e-3)  # the order does matter here
+
+    # Training reads the store's (the robot's) order the same way: the same per-sample losses.
+    batch = fixed_batch(4)
+    reordered = {**batch, "state": batch["state"][:, to_robot], "actions": batch["actions"][..., to_robot]}
+    _, by_index = plain.compute_loss(batch, seed=3)
+    _, by_name = named.compute_loss(reordered, seed=3)
+    torch.testing.assert_close(by_name, by_index)
+
+    with pytest.raises(ConfigError, match=r"the robot lacks \['f'\]; the policy lacks \['g'\]"):
+        named.bind_joints(list("abcdeg"))
+    with pytest.raises(ConfigError, match="names 2 joints"):
+        LeRobotChunkPolicy.from_pretrained(act_dir, device="cpu", joint_names=["a", "b"])
+
+
+def test_the_learner_takes_the_joint_order_from_the_first_hello_and_refuses_a_robot_it_cannot_match(act_dir,
+                                                                                                     tmp_path):
+    from robot_rl.bridges.zmq.streaming import StreamingClient
+    from robot_rl.core.layout import RecordedLayout
+    from robot_rl.learner.service import LearnerService
+    from tests.learner_helpers import JOINTS, client_config, learner_config
+    from tests.test_learner_layout import ROBOT, UNPINNED
+
+    def link(name: str, learner: LearnerService, layout: RecordedLayout) -> StreamingClient:
+        return StreamingClient(client_config(name, learner, tmp_path / "spools", features=layout.to_document(),
+                                             config_hash=learner.policy.config_hash(), refused_retry_s=0.5)).start()
+
+    def learner_with_named_joints() -> LearnerService:
+        config = learner_config(tmp_path / "learner")
+        config.store = type(config.store)(**{**config.store.__dict__, **UNPINNED})
+        policy = LeRobotChunkPolicy.from_pretrained(act_dir, device="cpu", joint_names=list(reversed(JOINTS)))
+        return LearnerService(config, policy, train=False).start()
+
+    learner = learner_with_named_joints()
+    try:
+        assert learner.policy.joint_order is None  # no robot has said which order it streams in
+        renamed = RecordedLayout(30, (*JOINTS[:-1], "elbow_2"), dict(ROBOT.camera_shapes))
+        stranger = link("so101-b", learner, renamed)
+        wait_for(lambda: stranger.refusal is not None, what="the refusal of a robot with other joint names")
+        assert "policy.joint_names" in stranger.refusal and "'elbow_2'" in stranger.refusal
+        assert "\n" not in stranger.refusal and learner.store.layout is None  # the store adopted nothing
+        robot = link("so101-a", learner, ROBOT)
+        assert robot.wait_connected(20.0)
+        assert list(learner.policy.joint_order.robot_index) == list(reversed(range(len(JOINTS))))
+        for client in (robot, stranger):
+            client.stop()
+    finally:
+        learner.stop(checkpoint=False)
+    again = learner_with_named_joints()  # a restart binds from the store's layout before any hello
+    try:
+        assert list(again.policy.joint_order.robot_index) == list(reversed(range(len(JOINTS))))
+    finally:
+        again.stop(checkpoint=False)

@@ -21,11 +21,16 @@ one ``broadcast`` per tensor): nothing is pickled between ranks. Control message
 (idle, stop) travel the same way, so followers never sit in a collective that the
 leader will not join, and an idle learner keeps the process group alive.
 
-Limits: weighted losses (``sum w l / sum w``) are averaged per shard, which equals the
-global weighted mean only when shards carry equal weight sums (true for BC, weight 1);
-algorithms with extra trainable modules (critics) are refused, since only the policy
-is wrapped. The global ``batch_size`` must divide by the world size. On ``--resume``
-every rank reads the same checkpoint directory (shared storage across nodes).
+* **Weighted losses are exact**: a rank's loss is its shard's weighted mean scaled by
+  ``world_size * shard_weight_sum / batch_weight_sum``, so the gradients DDP averages are those
+  of the batch's weighted mean (``sum w l / sum w``) whatever weights land on which rank.
+* **Critics** (the extra modules of ``awr`` and ``rl``) are small next to the policy and read the
+  whole batch, which every rank holds: every rank runs the same critic step on it, and after
+  each update rank 0's extra modules are broadcast, so ranks cannot drift apart even where GPU
+  kernels are not bit-deterministic. Only the policy's loss is sharded.
+
+The global ``batch_size`` must divide by the world size. On ``--resume`` every rank reads the
+same checkpoint directory (shared storage across nodes).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from robot_rl.learner.algorithms.configs import ALGORITHMS
+from robot_rl.core.errors import ConfigError
 from robot_rl.learner.config import LearnerConfig, TrainerConfig
 from robot_rl.learner.index import SamplingIndex
 from robot_rl.learner.publisher import PublishFn
@@ -201,25 +206,33 @@ def route_loss_through_ddp(policy: TrainablePolicy, ctx: DistContext, batch_size
 
     Algorithms call ``self.policy.compute_loss(batch, weights, **randomness)`` with the whole
     batch and the randomness drawn for it (``draw_training_randomness``); the replacement keeps
-    rows ``[rank*n, (rank+1)*n)`` of every argument and calls DDP, which all-reduces the
-    gradients in ``backward``. Constructing DDP broadcasts rank 0's parameters and buffers, so all
-    ranks start identical.
+    rows ``[rank*n, (rank+1)*n)`` of every argument (``n`` = rows / world size: ``rl`` regresses
+    on twice the batch) and calls DDP, which all-reduces the gradients in ``backward``.
+    Constructing DDP broadcasts rank 0's parameters and buffers, so all ranks start identical.
     """
     if batch_size % ctx.world_size:
         raise ValueError(f"trainer.batch_size {batch_size} must divide by the world size {ctx.world_size} "
                          "(each rank trains on an equal shard)")
-    n = batch_size // ctx.world_size
-    rows = slice(ctx.rank * n, (ctx.rank + 1) * n)
     original = policy.compute_loss
     ddp = DistributedDataParallel(_LossModule(policy, original),
                                   device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
     def compute_shard_loss(batch: dict, weights: torch.Tensor | None = None, **randomness: Any) -> Any:
-        if len(batch["actions"]) != batch_size:
-            raise ValueError(f"data-parallel update expects the global batch of {batch_size} rows, "
-                             f"got {len(batch['actions'])}")
+        total = len(batch["actions"])
+        if total % ctx.world_size:
+            raise ValueError(f"a data-parallel loss needs rows divisible by the world size {ctx.world_size}, "
+                             f"got {total}")
+        n = total // ctx.world_size
+        rows = slice(ctx.rank * n, (ctx.rank + 1) * n)
         shard = {k: shard_rows(v, rows) for k, v in batch.items()}
-        return ddp(shard, shard_rows(weights, rows), {k: shard_rows(v, rows) for k, v in randomness.items()})
+        shard_weights = shard_rows(weights, rows)
+        loss, per_sample = ddp(shard, shard_weights, {k: shard_rows(v, rows) for k, v in randomness.items()})
+        if weights is not None:  # DDP averages the ranks: make that average the batch's weighted mean
+            total_weight = torch.as_tensor(weights, dtype=torch.float64).sum()
+            shard_weight = torch.as_tensor(shard_weights, dtype=torch.float64).sum()
+            share = ctx.world_size * shard_weight / total_weight if total_weight > 0 else torch.zeros(())
+            loss = loss * share.to(loss.dtype)
+        return loss, per_sample
 
     # The algorithms keep calling policy.compute_loss: this instance attribute shadows the method.
     policy.compute_loss = compute_shard_loss  # shadows the method on purpose
@@ -243,13 +256,10 @@ class DistributedTrainer(Trainer):
         super().__init__(policy, index, config, algorithm_config, publish=publish if ctx.is_leader else None,
                          on_checkpoint=on_checkpoint if ctx.is_leader else None,
                          logger=logger if ctx.is_leader else None)
-        if self.algorithm.extra_modules():
-            raise ValueError(f"learner.algorithm {ALGORITHMS.name_of(algorithm_config)!r} trains extra modules "
-                             f"{sorted(self.algorithm.extra_modules())}; data-parallel training wraps only the "
-                             "policy, so run this algorithm in a single process")
         self.ctx = ctx
         self.channel = BatchChannel(ctx)
         self._ddp: DistributedDataParallel | None = None
+        self._statistics_to_sync = True
 
     def connect(self) -> None:
         """Collective: agree on the step (after a resume) and wrap the policy in DDP."""
@@ -266,6 +276,27 @@ class DistributedTrainer(Trainer):
         rng = self.channel.broadcast(self.algorithm.rng_state().clone())
         self.algorithm.set_rng_state(rng)
         self._ddp = route_loss_through_ddp(self.policy, self.ctx, self.config.batch_size)
+        self._sync_extra_modules()
+        self._statistics_to_sync = True
+
+    def _before_update(self) -> None:
+        """Collective: on the first update, rank 0's policy buffers (its normaliser is fitted on the first
+        batch it samples) reach every rank before a critic reads features through them."""
+        if self._statistics_to_sync:
+            self._broadcast_from_leader(list(self.policy.buffers()))
+            self._statistics_to_sync = False
+
+    def _sync_extra_modules(self) -> None:
+        """Collective: rank 0's critics (parameters and buffers) on every rank."""
+        for module in self.algorithm.extra_modules().values():
+            self._broadcast_from_leader([*module.parameters(), *module.buffers()])
+
+    def _broadcast_from_leader(self, tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            synced = tensor.detach().to(self.ctx.device)
+            dist.broadcast(synced, src=0)
+            with torch.no_grad():
+                tensor.copy_(synced)
 
     # ------------------------------------------------------------ leader
 
@@ -279,7 +310,10 @@ class DistributedTrainer(Trainer):
         with self._lock:
             batch = self._sample_locked()
             self.channel.send(OP_UPDATE, batch, self.version)
-            return self._apply_locked(batch)
+            self._before_update()
+            metrics = self._apply_locked(batch)
+            self._sync_extra_modules()
+            return metrics
 
     def _run(self) -> None:
         try:
@@ -320,7 +354,9 @@ class DistributedTrainer(Trainer):
                 if version != self.version:  # staleness-aware algorithms measure against rank 0's version
                     self.version = version
                     self.algorithm.set_policy_version(version)
+                self._before_update()
                 self.last_metrics = self.algorithm.update(batch)
+                self._sync_extra_modules()
                 self.step += 1
 
 
@@ -333,6 +369,11 @@ def follow_rank(config: LearnerConfig, policy: TrainablePolicy, ctx: DistContext
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: log.info("rank %d: signal %d; waiting for rank 0 to stop us",
                                                           ctx.rank, signum))
+    if config.store.joint_names is not None:
+        policy.bind_joints(config.store.joint_names)
+    elif getattr(policy, "joint_names", None):  # rank 0 learns the order from a robot's hello; this rank never does
+        raise ConfigError("policy.joint_names under torchrun needs learner.store.joint_names (the robots' joint "
+                          "order), so every rank reorders its shard alike")
     trainer = DistributedTrainer(policy, SamplingIndex(config.store.cameras or policy.cameras), config.trainer,
                                  config.algorithm,
                                  ctx)

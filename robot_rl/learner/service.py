@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from robot_rl.bridges.zmq.keys import ServerCurve
 from robot_rl.bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
 from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
@@ -78,7 +79,11 @@ class LearnerService(ServerHandlers):
         check_layout(config, policy)
         self.state_dim = policy.state_dim
         self.store = ReplayStore(config.store, train_cameras=policy.cameras)
+        self.policy = policy
         try:
+            known = self.store.layout.joint_names if self.store.layout is not None else config.store.joint_names
+            if known is not None:
+                policy.bind_joints(known)
             self.server = ZmqServer(server_config(config.service, policy.config_hash()), handlers=self)
             self.logger = make_logger(config, self.store.outcomes) if train else None
             self.hub = HubPusher(config.hub, dataset_snapshot(self.store)) if config.hub.enabled else None
@@ -189,7 +194,14 @@ class LearnerService(ServerHandlers):
         if len(offered.joint_names) != self.state_dim:
             return (f"the learner's policy drives {self.state_dim} joints, this robot has "
                     f"{len(offered.joint_names)} {list(offered.joint_names)}")
-        return self.store.adopt_layout(offered)
+        try:  # before the store adopts a layout the policy could never read
+            self.policy.bind_joints(offered.joint_names)  # the store's order: what every batch is in
+        except ConfigError as exc:
+            return str(exc)
+        refusal = self.store.adopt_layout(offered)
+        if refusal is not None and self.store.layout is not None:
+            self.policy.bind_joints(self.store.layout.joint_names)  # the stored order stays the policy's
+        return refusal
 
     def on_segment(self, peer: Peer, msg: Segment) -> Ack | Error:
         reply = self.on_segments([(peer, msg)])[0]

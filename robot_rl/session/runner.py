@@ -125,6 +125,9 @@ def check_policy_fits(policy: Any, robot: Any) -> None:
     if action_dim != len(robot.joint_names):
         raise ConfigError(f"the policy drives {action_dim} joints but robot {robot.name!r} has "
                           f"{len(robot.joint_names)} {list(robot.joint_names)}")
+    bind_joints = getattr(policy, "bind_joints", None)  # a trainable policy's; hold has no joints of its own
+    if bind_joints is not None:
+        bind_joints(robot.joint_names)  # a LeRobot checkpoint's joint_names: states and actions matched by name
 
 
 def warm_up(policy: Any, robot: Any, instruction: str) -> float:

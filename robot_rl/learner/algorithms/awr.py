@@ -31,18 +31,10 @@ from typing import Any
 import torch
 
 from robot_rl.learner.algorithms.configs import AWRConfig
-from robot_rl.learner.algorithms.critic import (
-    ValueNetwork,
-    critic_inputs,
-    feature_dim,
-    frozen_copy,
-    polyak_update,
-    require_flow_vla,
-    seeded,
-)
+from robot_rl.learner.algorithms.critic import ValueNetwork, frozen_copy, observation_encoder, polyak_update, seeded
 from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, rejection_factors, require_fields
 from robot_rl.learner.config import TrainerConfig
-from robot_rl.policies.flow_vla import FlowVLA
+from robot_rl.policies.trainable import TrainablePolicy
 
 AWR_FIELDS = ("return", "chunk_reward", "chunk_discount", "transition_valid", "episode_finished", "next.state")
 
@@ -69,29 +61,30 @@ def advantage_weights(advantages: torch.Tensor, has_target: torch.Tensor, beta: 
 
 
 class AWR(WeightedFlowAlgorithm[AWRConfig]):
-    """AWR on the flow-matching loss with a chunk-boundary value critic trained alongside."""
+    """AWR on the policy's own loss with a chunk-boundary value critic trained alongside (its features:
+    FlowVLA's context, or an encoder of its own for any other policy; ``critic.observation_encoder``)."""
 
-    policy: FlowVLA  # its critic reads FlowVLA's context encoder (require_flow_vla)
-
-    def __init__(self, params: AWRConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
-        require_flow_vla(policy, "awr")
+    def __init__(self, params: AWRConfig, policy: TrainablePolicy, config: TrainerConfig,
+                 device: torch.device) -> None:
         super().__init__(params, policy, config, device)
         with seeded(config.seed):
-            self.value = ValueNetwork(feature_dim(policy), self.params.critic_hidden, self.params.critic_depth)
+            self.encoder = observation_encoder(policy, device)
+            self.value = ValueNetwork(self.encoder.dim, self.params.critic_hidden, self.params.critic_depth)
         self.value.to(device)
         self.value_target = frozen_copy(self.value)
-        self.critic_optimizer = torch.optim.AdamW(self.value.parameters(), lr=self.params.critic_lr)
+        self.critic_parameters = [*self.value.parameters(), *self.encoder.parameters()]
+        self.critic_optimizer = torch.optim.AdamW(self.critic_parameters, lr=self.params.critic_lr)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {**super().optimizers(), "value": self.critic_optimizer}
 
     def extra_modules(self) -> dict[str, torch.nn.Module]:
-        return {"value": self.value, "value_target": self.value_target}
+        return {"value": self.value, "value_target": self.value_target, **self.encoder.modules()}
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         require_fields(batch, AWR_FIELDS, "awr")
         stale, stale_metrics = self.base_weights(batch)
-        inputs = critic_inputs(self.policy, batch)
+        inputs = self.encoder(batch)
         batch, features, next_features = inputs.batch, inputs.features, inputs.next_features
 
         def field_(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -118,7 +111,7 @@ class AWR(WeightedFlowAlgorithm[AWRConfig]):
         loss = (mask * (value - targets).pow(2)).sum() / mask.sum().clamp_min(1.0)
         self.critic_optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.value.parameters(), self.config.grad_clip)
+        torch.nn.utils.clip_grad_norm_(self.critic_parameters, self.config.grad_clip)
         self.critic_optimizer.step()
         polyak_update(self.value_target, self.value, self.params.tau)
         self.value.num_updates += 1

@@ -36,8 +36,7 @@ import torch
 from robot_rl.learner.algorithms.configs import RLConfig
 from robot_rl.learner.algorithms.critic import (
     ChunkQEnsemble,
-    critic_inputs,
-    feature_dim,
+    PolicyContextEncoder,
     frozen_copy,
     polyak_update,
     require_flow_vla,
@@ -81,8 +80,9 @@ class ChunkQLearning(WeightedFlowAlgorithm[RLConfig]):
     def __init__(self, params: RLConfig, policy: FlowVLA, config: TrainerConfig, device: torch.device) -> None:
         require_flow_vla(policy, "rl")
         super().__init__(params, policy, config, device)
+        self.encoder = PolicyContextEncoder(policy)
         with seeded(config.seed):
-            self.critic = ChunkQEnsemble(feature_dim(policy), policy.chunk_size, policy.action_dim,
+            self.critic = ChunkQEnsemble(self.encoder.dim, policy.chunk_size, policy.action_dim,
                                          params.critic_hidden, params.critic_depth, params.ensemble_size)
         self.critic.to(device)
         self.critic_target = frozen_copy(self.critic)
@@ -99,9 +99,9 @@ class ChunkQLearning(WeightedFlowAlgorithm[RLConfig]):
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         require_fields(batch, RL_FIELDS, "rl")
         stale, stale_metrics = self.base_weights(batch)
-        inputs = critic_inputs(self.policy, batch)
-        batch, context, features = inputs.batch, inputs.context, inputs.features
-        next_context, next_features = inputs.next_context, inputs.next_features
+        inputs = self.encoder(batch)
+        batch, features, next_features = inputs.batch, inputs.features, inputs.next_features
+        context, next_context = inputs.context, inputs.next_context
         data_chunks = self.policy.normalizer.normalize_action(
             torch.as_tensor(batch["actions"], dtype=torch.float32).to(self.device))
 
