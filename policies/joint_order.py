@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from robot_rl.core.errors import ConfigError
+from robot_rl.core.robot_io import joint_base_name
 
 Vector = TypeVar("Vector", np.ndarray, torch.Tensor)
 
@@ -26,12 +27,14 @@ class JointOrder:
 
     def __init__(self, policy_joints: Sequence[str], robot_joints: Sequence[str]) -> None:
         policy_joints, robot_joints = tuple(policy_joints), tuple(robot_joints)
-        missing = [j for j in policy_joints if j not in robot_joints]
-        extra = [j for j in robot_joints if j not in policy_joints]
-        if missing or extra or len(set(policy_joints)) != len(policy_joints):
+        ours = [joint_base_name(j) for j in policy_joints]  # "shoulder_pan.pos" is the joint "shoulder_pan"
+        theirs = [joint_base_name(j) for j in robot_joints]
+        missing = [j for j, base in zip(policy_joints, ours, strict=True) if base not in theirs]
+        extra = [j for j, base in zip(robot_joints, theirs, strict=True) if base not in ours]
+        if missing or extra or len(set(ours)) != len(ours):
             raise ConfigError(f"policy.joint_names {list(policy_joints)} must name the robot's joints "
                               f"{list(robot_joints)}, each once (the robot lacks {missing}; the policy lacks {extra})")
-        self.robot_index = np.array([robot_joints.index(j) for j in policy_joints])  # policy joint i = robot's [i]
+        self.robot_index = np.array([theirs.index(base) for base in ours])  # policy joint i = robot's [i]
         self.policy_index = np.argsort(self.robot_index)  # robot joint k = policy's [k]
         self.is_identity = bool((self.robot_index == np.arange(len(policy_joints))).all())
 

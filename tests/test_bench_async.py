@@ -49,7 +49,13 @@ def test_pipelined_variant_replans_continuously_with_two_in_flight():
     assert (config.mode, config.request_threshold, config.max_inflight) == ("async_rollforward", 16, 2)
     assert config.simulated_latency_ms == 200.0 and config.inference_runner == "virtual"
     plain = mode_config(EdgeConfig(), "sync", 100)
-    assert plain.mode == "sync" and plain.max_inflight == 1
+    assert plain.mode == "sync" and plain.max_inflight == 1 and not plain.real_time_chunking
+
+
+def test_real_time_chunking_variant_guides_async_naive_chunks_and_only_there():
+    config = mode_config(EdgeConfig(), "async_naive_rtc", 200)
+    assert (config.mode, config.real_time_chunking, config.simulated_latency_ms) == ("async_naive", True, 200.0)
+    assert not mode_config(EdgeConfig(real_time_chunking=True, mode="async_naive"), "async_naive", 0).real_time_chunking
 
 
 def test_ratios_to_sync_at_the_same_latency():

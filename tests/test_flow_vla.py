@@ -464,3 +464,25 @@ def test_a_checkpoint_keeps_the_architecture_it_was_saved_with_when_defaults_cha
     assert FlowVLAConfig().film_instruction and FlowVLAConfig().keypoints == 32  # today's defaults differ
     with pytest.raises(ValueError, match="unknown FlowVLAConfig field"):
         FlowVLAConfig.from_checkpoint({**saved, "image_sise": 16})
+
+
+def test_real_time_chunking_guides_the_first_actions_onto_the_executing_plan_and_leaves_the_rest_free():
+    """FlowVLA through LeRobot's RTCProcessor: with the same initial noise, only the guidance differs."""
+    model = tiny_model()
+    rng = np.random.default_rng(0)
+    samples = rng.standard_normal((100, A))
+    model.normalizer.fit(samples, samples)
+    state = np.zeros(A, np.float32)
+    model.reseed_noise(0)
+    free = model.predict_chunk(observation(), state, "task 0")
+    prefix = free + 2.0  # an executing plan two standard deviations from what the free sample does
+    model.reseed_noise(0)
+    guided = model.predict_chunk_guided(observation(), state, "task 0", prefix, delay=2)
+    assert guided.shape == free.shape and np.isfinite(guided).all()
+    assert np.abs(guided[:2] - prefix[:2]).max() < 0.05  # the frozen steps join the executing plan
+    # After the delay the guidance fades (LeRobot's linear schedule over the chunk): each later step
+    # keeps more of the policy's own plan.
+    error = np.abs(guided - prefix).mean(axis=1)
+    assert error[1] < error[2] < error[3] and error[3] > 5 * error[:2].max()
+    with pytest.raises(ValueError, match="prefix must be"):
+        model.predict_chunk_guided(observation(), state, "task 0", prefix[:, :3], delay=2)

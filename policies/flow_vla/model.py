@@ -43,6 +43,7 @@ class FlowVLA(TrainablePolicy):
         self.config = config = config or FlowVLAConfig()
         self._text_encoder = text_encoder  # not a submodule: frozen, shared, outside state_dict
         self._instruction_variants: InstructionVariants | None = None
+        self._rtc: Any = None  # LeRobot's RTCProcessor, built on the first guided chunk
         d = config.d_model
 
         self.normalizer = Normalizer(config.state_dim, config.action_dim,
@@ -142,19 +143,37 @@ class FlowVLA(TrainablePolicy):
         return self.action_out(self.expert(tokens, context))
 
     @torch.no_grad()
-    def sample(self, context: torch.Tensor, noise: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+    def sample(self, context: torch.Tensor, noise: torch.Tensor, steps: int | None = None,
+               prefix: torch.Tensor | None = None, delay: int = 0) -> torch.Tensor:
         """Euler-integrate the velocity field from noise (t=0) to normalised actions (t=1).
 
         ``steps`` overrides ``num_integration_steps`` (a learner scoring many candidates can
-        afford fewer, coarser steps than the robot's controller)."""
+        afford fewer, coarser steps than the robot's controller). With ``prefix`` [B, T, A]
+        (normalised actions the robot executes while this chunk is computed) every step is
+        guided so that the first ``delay`` actions agree with it: real-time chunking (Black et
+        al. 2025), LeRobot's ``RTCProcessor``."""
         steps = self.config.num_integration_steps if steps is None else int(steps)
         if steps < 1:
             raise ValueError(f"sample: steps must be >= 1, got {steps}")
         x = noise
         for k in range(steps):
             t = torch.full((x.shape[0],), k / steps, device=x.device)
-            x = x + self.velocity(x, t, context) / steps
+            v = self.velocity(x, t, context) if prefix is None else self._guided_velocity(x, t, context, prefix, delay)
+            x = x + v / steps
         return x
+
+    def _guided_velocity(self, x: torch.Tensor, t: torch.Tensor, context: torch.Tensor, prefix: torch.Tensor,
+                         delay: int) -> torch.Tensor:
+        # LeRobot's flow time runs from the data (0) to the noise (1) and its velocity points at the
+        # noise: its time is 1 - t and its velocity is ours negated (predicted actions x + (1 - t) v alike).
+        if self._rtc is None:
+            from lerobot.policies.rtc.configuration_rtc import RTCConfig
+            from lerobot.policies.rtc.modeling_rtc import RTCProcessor
+
+            self._rtc = RTCProcessor(RTCConfig(execution_horizon=self.chunk_size))
+        guided = self._rtc.denoise_step(x, prefix, delay, 1.0 - float(t[0]),
+                                        lambda x_t: -self.velocity(x_t, t, context), execution_horizon=self.chunk_size)
+        return -guided
 
     # ------------------------------------------------------------------ inputs
     def _images_from(self, get_camera) -> torch.Tensor:
@@ -265,12 +284,26 @@ class FlowVLA(TrainablePolicy):
         states = np.asarray(state, dtype=np.float32)[None]
         return self.predict_chunks([observation], states, [instruction], seed=seed)[0]
 
+    def predict_chunk_guided(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
+                             prefix: np.ndarray, delay: int) -> np.ndarray:
+        """A chunk starting now whose first ``delay`` actions are guided onto ``prefix`` (robot units; what
+        the queue executes while this chunk is computed): ``edge.real_time_chunking``."""
+        frozen = np.asarray(prefix, dtype=np.float32)[: self.chunk_size]
+        if frozen.ndim != 2 or frozen.shape[1] != self.action_dim:
+            raise ValueError(f"prefix must be [T, {self.action_dim}], got {frozen.shape}")
+        normalized = self.normalizer.normalize_action(torch.from_numpy(frozen).to(self.device))[None]
+        states = np.asarray(state, dtype=np.float32)[None]
+        return self.predict_chunks([observation], states, [instruction], prefix=normalized,
+                                   delay=int(min(delay, len(frozen))))[0]
+
     def predict_chunks(self, observations: Sequence[dict[str, np.ndarray]], states: np.ndarray,
-                       instructions: Sequence[str], *, seed: int | None = None) -> np.ndarray:
+                       instructions: Sequence[str], *, seed: int | None = None, prefix: torch.Tensor | None = None,
+                       delay: int = 0) -> np.ndarray:
         """Batched ``predict_chunk``: B observations -> float32[B, H, action_dim].
 
         ``seed`` (or ``config.inference_seed``) fixes the initial noise, making the output a
-        deterministic function of the inputs and weights, on any device.
+        deterministic function of the inputs and weights, on any device. ``prefix``/``delay``:
+        real-time chunking (``sample``).
         """
         states = np.asarray(states, dtype=np.float32)
         if states.shape != (len(observations), self.config.state_dim):
@@ -293,7 +326,7 @@ class FlowVLA(TrainablePolicy):
                 state = self.normalizer.normalize_state(torch.from_numpy(states).to(self.device))
                 context = self.encode_context(self._images_from(camera), state, text)
                 noise = self._initial_noise(len(observations), seed)
-                actions = self.normalizer.unnormalize_action(self.sample(context, noise))
+                actions = self.normalizer.unnormalize_action(self.sample(context, noise, prefix=prefix, delay=delay))
         finally:
             self.train(was_training)
         return actions.float().cpu().numpy()

@@ -60,12 +60,16 @@ def train_bc(cfg: RobotRLConfig, progress: bool = True) -> dict:
     from robot_rl.app.evaluation import evaluate_policy
     from robot_rl.app.sim import make_sim, task_families
     from robot_rl.data import load_episode_arrays
+    from robot_rl.data.reader import recorded_joint_names
     from robot_rl.policies.training import fit
 
     demos = ensure_demos(cfg)
     episodes = load_episode_arrays(demos)
     log.info("training on %d demonstrations (%d steps)", len(episodes), sum(len(e["action"]) for e in episodes))
     policy = bc_start(cfg, episodes)
+    joints = recorded_joint_names(demos)
+    if joints:
+        policy.bind_joints(joints)  # a checkpoint's policy.joint_names: the demonstrations' vectors by name
     started = time.monotonic()
     stats = fit(policy, episodes, steps=cfg.bc.steps, batch_size=cfg.bc.batch_size, lr=cfg.bc.lr, seed=cfg.seed,
                 progress=progress)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
@@ -28,6 +28,7 @@ from robot_rl.app.config import Seeds
 from robot_rl.app.evaluation import evaluate_policy, run_scene_episode
 from robot_rl.bench.configs import AsyncBenchConfig
 from robot_rl.bench.reaction import commanded_ee, reaction_time
+from robot_rl.core.errors import ConfigError
 from robot_rl.edge import EdgeConfig
 from robot_rl.replay.scenes import Scene
 
@@ -38,9 +39,15 @@ MODES = ("sync", "async_naive", "async_rollforward")
 # Variants of a mode, benchmarked side by side with it. "pipelined": re-plan continuously
 # (ask again whenever a request slot is free) with two requests in flight, staggered half
 # an inference apart, so a change in the world reaches the executed plan about a quarter
-# of an inference sooner on average than with one request in flight.
-VARIANTS = {"async_rollforward_pipelined": ("async_rollforward", {"continuous": True, "max_inflight": 2})}
-LATENCIES_MS = (0, 100, 200, 400)
+# of an inference sooner on average than with one request in flight. "rtc": real-time
+# chunking (LeRobot's RTCProcessor) instead of trim/blend: the new chunk, computed from the
+# request tick's observation, is guided onto what the queue executes meanwhile, so it joins
+# without a jump and without rolling the state forward. Flow policies only (the scripted
+# expert has no flow to guide, so its table leaves it out).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "async_rollforward_pipelined": ("async_rollforward", {"continuous": True, "max_inflight": 2}),
+    "async_naive_rtc": ("async_naive", {"real_time_chunking": True}),
+}
 # The target moves 0.5-0.9 s in: the arm is on its way to the cube, nothing grasped yet.
 # The tick varies over seeds so the move lands at every phase of an inference cycle (at a
 # fixed tick and constant latency, one phase would decide the result for the whole cell).
@@ -57,12 +64,13 @@ def perturb_tick(i: int) -> int:
 def mode_config(base: EdgeConfig, mode: str, latency_ms: float, chunk_size: int = 20) -> EdgeConfig:
     """The edge settings of one benchmark cell: the configured edge, with this mode (or
     variant, see ``VARIANTS``) and latency."""
-    settings: dict = {}
+    settings: dict = {"real_time_chunking": False}
     if mode in VARIANTS:
         mode, variant = VARIANTS[mode]
         settings["max_inflight"] = variant.get("max_inflight", base.max_inflight)
         if variant.get("continuous"):
             settings["request_threshold"] = chunk_size  # a slot is free: ask again
+        settings["real_time_chunking"] = bool(variant.get("real_time_chunking", False))
     return replace(
         base,
         **settings,
@@ -123,8 +131,8 @@ def measure_cells(
     base: EdgeConfig,
     seeds: list[int],
     reaction_seeds: list[int],
-    latencies_ms=LATENCIES_MS,
-    modes=(*MODES, *VARIANTS),
+    latencies_ms: Sequence[int],
+    modes: Sequence[str] = (*MODES, *VARIANTS),
     families: Sequence[str] | None = None,
     desc: str = "bench async",
     progress: bool = True,
@@ -160,8 +168,8 @@ def run_async_bench(
     base: EdgeConfig,
     settings: AsyncBenchConfig,
     seeds: Seeds,
-    latencies_ms=LATENCIES_MS,
-    modes=(*MODES, *VARIANTS),
+    latencies_ms: Sequence[int],
+    modes: Sequence[str],
     families: Sequence[str] | None = None,
     expert_policy=None,
     progress: bool = True,
@@ -177,8 +185,9 @@ def run_async_bench(
                                  "bench async (checkpoint)", progress),
     }
     if expert_policy is not None:
+        expert_modes = [m for m in modes if not mode_config(base, m, 0).real_time_chunking]
         report["results_expert_policy"] = measure_cells(
-            robot, expert_policy, base, scenes, reaction_seeds, latencies_ms, modes, families,
+            robot, expert_policy, base, scenes, reaction_seeds, latencies_ms, expert_modes, families,
             "bench async (expert policy)", progress)
     realtime_seeds = [seeds.realtime + i for i in range(settings.realtime_episodes)]
     report["realtime_late_tick_frac"] = measure_late_ticks(
@@ -236,12 +245,16 @@ def run_from_cli(cfg: RobotRLConfig) -> dict:
     from robot_rl.app.sim import demo_expert, make_sim, task_families
     from robot_rl.hardware.sim.expert_policy import ExpertChunkPolicy
 
+    modes = tuple(cfg.bench.modes) if cfg.bench.modes is not None else (*MODES, *VARIANTS)
+    unknown = [m for m in modes if m not in (*MODES, *VARIANTS)]
+    if unknown:
+        raise ConfigError(f"bench.modes: unknown {unknown}; choose from {[*MODES, *VARIANTS]}")
     policy = load_policy(cfg)  # episodes are reproducible: run_scene_episode seeds the policy's noise per episode
     robot = make_sim(cfg)
     expert = ExpertChunkPolicy(demo_expert(robot, cfg.demos.expert_speed), getattr(policy, "chunk_size", 20))
     try:
-        report = run_async_bench(robot, policy, cfg.edge, cfg.bench, cfg.seeds, families=task_families(cfg),
-                                 expert_policy=expert)
+        report = run_async_bench(robot, policy, cfg.edge, cfg.bench, cfg.seeds, tuple(cfg.bench.latencies_ms), modes,
+                                 families=task_families(cfg), expert_policy=expert)
     finally:
         robot.disconnect()
     report["policy"] = policy_source(cfg)

@@ -29,6 +29,10 @@ class AsyncBenchConfig:
     episodes: int = 30  # per mode and latency (seeds.eval onwards)
     reaction_episodes: int = 12  # reaction-latency episodes (seeds.reaction onwards)
     realtime_episodes: int = 2  # wall-clock episodes per mode (seeds.realtime onwards)
+    # Which cells: modes and variants (null: every one, robot_rl.bench.async_control.MODES and VARIANTS)
+    # and simulated inference latencies.
+    modes: list[str] | None = None
+    latencies_ms: list[int] = field(default_factory=lambda: [0, 100, 200, 400])
 
 
 @dataclass

@@ -11,6 +11,13 @@ from typing import TypedDict
 
 import numpy as np
 
+POSITION_SUFFIX = ".pos"  # LeRobot's robots name a joint's position "shoulder_pan.pos"
+
+
+def joint_base_name(name: str) -> str:
+    """A joint's name without LeRobot's position suffix: "shoulder_pan.pos" and "shoulder_pan" are one joint."""
+    return name.removesuffix(POSITION_SUFFIX)
+
 
 class Observation(TypedDict):
     """One reading of the robot: uint8 HxWx3 images by camera name, float32 joint state."""

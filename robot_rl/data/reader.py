@@ -7,6 +7,7 @@ dataset's Arrow table rather than frame by frame.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,21 @@ def load_episode_arrays(
         chunk = table[int(rows[0]) : int(rows[-1]) + 1]
         out.append(_episode_dict(chunk, tasks))
     return out
+
+
+def vector_names(feature: dict) -> tuple[str, ...]:
+    """The names of a vector feature's entries (LeRobot stores a list, or ``{"motors": [...]}``); empty
+    when it names none."""
+    names = feature.get("names")
+    if isinstance(names, dict):
+        names = next((v for v in names.values() if isinstance(v, list)), None)
+    return tuple(str(n) for n in names or ())
+
+
+def recorded_joint_names(root: str | Path) -> tuple[str, ...]:
+    """The joints a dataset's ``observation.state`` names, in its order."""
+    features = json.loads((Path(root) / "meta" / "info.json").read_text())["features"]
+    return vector_names(features.get("observation.state", {}))
 
 
 def _episode_dict(columns: dict, tasks: dict[int, str]) -> dict:

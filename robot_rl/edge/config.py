@@ -78,7 +78,7 @@ class EdgeConfig:
     # Seam smoothing: linearly blend this many new actions with what the old plan
     # would have commanded at the same ticks. 0 = off.
     blend_ticks: int = 0
-    # Real-time chunking (LeRobot's RTC, for flow policies: SmolVLA, pi0, pi0.5), with mode
+    # Real-time chunking (LeRobot's RTC, for flow policies: FlowVLA, SmolVLA, pi0, pi0.5), with mode
     # async_naive: each request carries the actions the queue will execute from the request tick
     # on, and the policy's sampling is guided to agree with them over the estimated delay, so the
     # new chunk, which starts at the request tick, joins the executing one without a jump (the

@@ -130,8 +130,8 @@ class EdgeNode:
                 f"{list(self._joint_names)}; use a policy trained for this robot"
             )
         if self.config.real_time_chunking and not isinstance(policy, GuidedChunkPolicy):
-            raise ValueError(f"edge.real_time_chunking needs a flow policy that takes a frozen prefix (a LeRobot "
-                             f"SmolVLA, pi0 or pi0.5); {type(policy).__name__} does not")
+            raise ValueError(f"edge.real_time_chunking needs a flow policy that takes a frozen prefix (FlowVLA, or a "
+                             f"LeRobot SmolVLA, pi0 or pi0.5); {type(policy).__name__} does not")
         robot_fps = getattr(robot, "fps", self.config.fps)
         if robot_fps != self.config.fps:
             log.warning("robot %s runs at %s fps but the edge ticks at %d fps", self.robot_id, robot_fps,

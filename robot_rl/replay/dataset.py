@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from robot_rl.core.errors import ConfigError
-from robot_rl.data.reader import IMAGE_PREFIX, load_episode_arrays
+from robot_rl.data.reader import IMAGE_PREFIX, load_episode_arrays, vector_names
 
 LOCAL_REPO_ID = "local/robot_rl"
 # A per-step column holding the sim seed an episode was reset with (-1 = unknown).
@@ -103,15 +103,13 @@ def load_logged_dataset(source: str, episodes: list[int] | None = None) -> Logge
 
 def feature_names(feature: dict, key: str) -> tuple[str, ...]:
     """Joint names of a vector feature; LeRobot stores a list, or a dict like {"motors": [...]}."""
-    names = feature.get("names")
-    if isinstance(names, dict):
-        names = next((v for v in names.values() if isinstance(v, list)), None)
+    names = vector_names(feature)
     if not names:
         raise DatasetError(f"column {key!r} does not name its joints, so they cannot be mapped onto the sim robot")
     width = int(np.prod(feature.get("shape", (len(names),))))
     if len(names) != width:
         raise DatasetError(f"column {key!r} has {width} values but names {len(names)} joints: {names}")
-    return tuple(str(n) for n in names)
+    return names
 
 
 def logged_episode(arrays: dict) -> LoggedEpisode:

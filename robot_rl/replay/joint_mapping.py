@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from robot_rl.core.errors import ConfigError
+from robot_rl.core.robot_io import joint_base_name
 
 log = logging.getLogger(__name__)
 
-POSITION_SUFFIX = ".pos"
 
 
 class JointMappingError(ConfigError):
@@ -53,10 +53,6 @@ class JointMapping:
             numbers = list(value.values()) if isinstance(value, dict) else [value]
             if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers):
                 raise ValueError(f"mapping.{label} must be a number or {{joint: number}}, got {value!r}")
-
-
-def strip_suffix(name: str) -> str:
-    return name[: -len(POSITION_SUFFIX)] if name.endswith(POSITION_SUFFIX) else name
 
 
 @dataclass(frozen=True)
@@ -93,9 +89,9 @@ def build_mapper(mapping: JointMapping, source_names: Sequence[str], sim_names: 
     """Resolve ``mapping`` for a dataset's joints; raise JointMappingError naming what does not fit."""
     source = tuple(source_names)
     sim = tuple(sim_names)
-    bare_source = [strip_suffix(n) for n in source]
-    bare_sim = [strip_suffix(n) for n in sim]
-    renamed = {strip_suffix(k): strip_suffix(v) for k, v in mapping.names.items()}
+    bare_source = [joint_base_name(n) for n in source]
+    bare_sim = [joint_base_name(n) for n in sim]
+    renamed = {joint_base_name(k): joint_base_name(v) for k, v in mapping.names.items()}
     _check_known(renamed, bare_source, bare_sim)
 
     target_of = {name: renamed.get(name, name) for name in bare_source}
@@ -153,7 +149,7 @@ def _per_joint(
     """One number per sim joint from a scalar or a dict keyed by sim or dataset joint name."""
     if isinstance(value, (int, float)):
         return np.full(len(sim), float(value))
-    by_name = {strip_suffix(k): float(v) for k, v in value.items()}
+    by_name = {joint_base_name(k): float(v) for k, v in value.items()}
     unknown = [k for k in by_name if k not in sim and k not in source]
     if unknown:
         raise JointMappingError(f"mapping.{what} names unknown joints {unknown}; "
