@@ -10,6 +10,9 @@ Where the wordings come from (``InstructionVariants.load``):
 
 * ``"sim"``: the sim's training wordings (``robot_rl.hardware.sim.wording.training_variants``),
   which share no template with the evaluation wordings;
+* ``"package.module:function"``: any function from an instruction to a tuple of its wordings
+  (``"sim"`` names one; imported by name when training starts, so this package, which the sim
+  builds on, never imports the sim);
 * a YAML file mapping each instruction to a list of its wordings, for a lab's own tasks.
 
 An instruction with no entry keeps its wording. One uniform draw per sample decides both
@@ -19,13 +22,14 @@ ranks reproduce the same choice from the algorithm's generator.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import yaml
 
-SIM_WORDINGS = "sim"
+ALIASES = {"sim": "robot_rl.hardware.sim.wording:training_variants"}
 
 
 class InstructionVariants:
@@ -39,9 +43,10 @@ class InstructionVariants:
 
     @classmethod
     def load(cls, source: str, probability: float) -> InstructionVariants:
-        """``"sim"`` or the path of a YAML file ``{instruction: [wording, ...]}``."""
-        if source == SIM_WORDINGS:
-            return cls(_sim_variants, probability)
+        """``"sim"``, ``"module:function"`` or the path of a YAML file ``{instruction: [wording, ...]}``."""
+        source = ALIASES.get(source, source)
+        if not Path(source).is_file() and ":" in source:
+            return cls(_function(source), probability)
         table = _read_table(Path(source))
         return cls(lambda instruction: table.get(instruction, ()), probability)
 
@@ -69,19 +74,26 @@ class InstructionVariants:
         return out
 
 
-def _sim_variants(instruction: str) -> tuple[str, ...]:
-    from robot_rl.hardware.sim.wording import training_variants
-
+def _function(source: str) -> Callable[[str], tuple[str, ...]]:
+    module_name, _, name = source.partition(":")
     try:
-        return training_variants(instruction)
-    except ValueError:  # not a sim instruction (e.g. typed in a session): it keeps its wording
-        return ()
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"instruction_variants: cannot import {source!r} ({e})") from e
+
+    def variants_of(instruction: str) -> tuple[str, ...]:
+        try:
+            return tuple(function(instruction))
+        except ValueError:  # an instruction the function does not know (typed in a session): kept as it is
+            return ()
+
+    return variants_of
 
 
 def _read_table(path: Path) -> dict[str, tuple[str, ...]]:
     if not path.is_file():
-        raise ValueError(f"instruction_variants: {path} is not a file; give 'sim' or a YAML file "
-                         "mapping each instruction to a list of its wordings")
+        raise ValueError(f"instruction_variants: {path} is not a file; give 'sim', 'module:function' or a "
+                         "YAML file mapping each instruction to a list of its wordings")
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

@@ -59,6 +59,14 @@ def test_a_lab_table_is_read_from_yaml_and_a_bad_one_is_refused_by_name(tmp_path
             InstructionVariants.load(str(table), probability=1.0)
     with pytest.raises(ValueError, match="is not a file; give 'sim'"):
         InstructionVariants.load(str(tmp_path / "missing.yaml"), probability=1.0)
+    with pytest.raises(ValueError, match="cannot import 'robot_rl.nowhere:variants'"):
+        InstructionVariants.load("robot_rl.nowhere:variants", probability=1.0)
+
+
+def test_sim_names_the_sims_training_wordings_and_leaves_other_text_alone():
+    variants = InstructionVariants.load("sim", probability=1.0)
+    assert variants.variants("push the red cube to the left") == training_variants("push the red cube to the left")
+    assert variants.variants("wipe the table") == ()
 
 
 def augmented_model(tmp_path, encoded: list[str], **overrides) -> FlowVLA:

@@ -64,8 +64,8 @@ class FlowVLAConfig:
     max_state_offset: int = 5
     offset_weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
     # Instruction augmentation (policies/wordings.py): a training sample reads another wording of its
-    # instruction with probability instruction_augmentation. "sim": the sim's training wordings; or a
-    # YAML file {instruction: [wording, ...]}; None = off.
+    # instruction with probability instruction_augmentation. "sim": the sim's training wordings; a
+    # YAML file {instruction: [wording, ...]}; or "module:function" (instruction -> wordings); None = off.
     instruction_variants: str | None = None
     instruction_augmentation: float = 0.5
 
