@@ -106,3 +106,13 @@ def test_without_augmentation_the_randomness_and_the_statistics_are_as_before(tm
     model.fit_statistics(rng.standard_normal((50, 6)), rng.standard_normal((50, 6)), ["task 0", "task 1"])
     assert sorted(encoded) == ["task 0", "task 1"]
     assert model.instruction_variants is None
+
+
+def test_a_missing_table_is_refused_when_training_starts_and_never_read_for_inference(tmp_path):
+    missing = str(tmp_path / "gone.yaml")
+    model = FlowVLA(tiny_config(instruction_variants=missing),
+                    text_encoder=InstructionEncoder(backend=hashed_embeddings))
+    model.eval()
+    assert model.predict_chunk({"front": np.zeros((16, 16, 3), np.uint8)}, np.zeros(6, np.float32), "task 0").shape
+    with pytest.raises(ValueError, match="gone.yaml is not a file"):
+        model.train()

@@ -184,6 +184,11 @@ class FlowVLA(TrainablePolicy):
             per_camera.append(images_to_float(frames, self.config.image_size))
         return torch.stack(per_camera, dim=1)
 
+    def train(self, mode: bool = True) -> FlowVLA:
+        if mode and self.config.instruction_variants is not None:
+            _ = self.instruction_variants  # a missing or bad table fails when training starts, not mid-update
+        return super().train(mode)
+
     @property
     def instruction_variants(self) -> InstructionVariants | None:
         """The wordings training reads (``config.instruction_variants``), loaded on first use (inference never
