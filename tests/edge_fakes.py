@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from robot_rl.hardware.robot import Observation, features_for, validate_action
 
@@ -157,3 +158,44 @@ class CountingTask:
 
     def is_success(self) -> bool:
         return self.ticks > self.success_tick
+
+
+class TorchEncodingPolicy(torch.nn.Module):
+    """EncodingPolicy's chunks from a torch module: action i of a chunk is ``base + i`` on every
+    joint, ``base`` a buffer, so published weights (a state dict with another base) show in the
+    very next chunk; ``load_hold_s`` makes every weights load hold the interpreter lock that long
+    (a C-level loop that never yields it), the way a slow library call in a loader would."""
+
+    def __init__(self, chunk_size: int = 20, action_dim: int = 6, base: float = 0.0, load_hold_s: float = 0.0
+                 ) -> None:
+        super().__init__()
+        self.chunk_size = chunk_size
+        self.action_dim = action_dim
+        self.load_hold_s = load_hold_s
+        self.register_buffer("base", torch.tensor(float(base)))
+
+    def predict_chunk(self, observation: dict, state: np.ndarray, instruction: str) -> np.ndarray:
+        values = float(self.base) + np.arange(self.chunk_size, dtype=np.float32)
+        return np.repeat(values[:, None], self.action_dim, axis=1).astype(np.float32)
+
+    def published_state_dict(self) -> dict:
+        if self.load_hold_s > 0:
+            hold_interpreter_lock(self.load_hold_s)
+        return self.state_dict()
+
+    def save_pretrained(self, directory: str) -> None:  # protocol completeness
+        pass
+
+
+def hold_interpreter_lock(seconds: float) -> None:
+    """Hold the GIL for about ``seconds``: ``sum`` over a range runs in C and never releases it."""
+    per_item_s = 2e-8  # CPython's int sum, a few ns per item on any recent CPU; the loop below calibrates
+    items = 1_000_000
+    started = time.perf_counter()
+    sum(range(items))
+    per_item_s = max(per_item_s, (time.perf_counter() - started) / items)
+    sum(range(int(seconds / per_item_s)))
+
+
+def failing_policy() -> TorchEncodingPolicy:
+    raise FileNotFoundError("no checkpoint at /nowhere (a test's policy factory)")

@@ -1,5 +1,8 @@
 """Edge streaming glue on loopback: the control loop keeps its rate with the learner down,
-and a weight swap lands between chunks during an episode with the versions recorded."""
+and a weight swap lands between chunks during an episode with the versions recorded.
+
+On a virtual clock no tick is ever late, so lateness is not asserted here: the wall-clock
+claims (a swap's load in the policy's own process delays no tick) are in test_policy_process.py."""
 
 from __future__ import annotations
 
@@ -56,8 +59,7 @@ def test_control_rate_holds_while_learner_is_down_and_every_step_arrives_later(t
     # the sink must keep the rest itself instead of blocking the control thread or dropping them.
     streamer.begin_episode(1)
     episode = node.run_episode(120, "pick the cube")
-    assert len(episode.steps) == 120
-    assert node.stats.late_ticks == 0 and node.stats.sink_errors == 0
+    assert len(episode.steps) == 120 and node.stats.sink_errors == 0
     start = episode.steps[0].time_s  # after the first chunk, computed before tick 0
     assert np.allclose([s.time_s - start for s in episode.steps], np.arange(120) / 30, rtol=0, atol=1e-9)  # exact rate
     assert streamer.submit_retries > 0  # the full queue pushed back, and nothing was lost
@@ -105,7 +107,7 @@ def test_weight_swap_during_an_episode_lands_between_chunks(tmp_path):
     assert set(versions[:first_new]) == {0} and set(versions[first_new:]) == {1}  # one clean switch
     switched = [s for s in steps if s.chunk_id >= 0]
     assert switched[first_new].chunk_id != switched[first_new - 1].chunk_id  # at a chunk boundary
-    assert node.stats.late_ticks == 0 and node.stats.swaps == 1 and node.stats.swap_failures == 0
+    assert node.stats.swaps == 1 and node.stats.swap_failures == 0
     # The swapped-in weights are the learner's, not the edge's initial ones.
     served = learner.trainer.policy.state_dict()
     running = node.running_policy.state_dict()

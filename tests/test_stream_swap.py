@@ -129,3 +129,30 @@ def test_swaps_reuse_one_shadow_policy(tmp_path, monkeypatch):
     assert policy in running  # the caller's policy is one of the two buffers
     assert streamer.shadow_recycled >= 3 and streamer.swaps_withdrawn == 1
     assert node.stats.swaps == 5 and node.stats.swap_failures == 0  # v5 never ran: superseded by v6
+
+
+class FrozenBase(torch.nn.Module):
+    """A trainable head on a frozen base that is never published (a VLM under train_expert_only,
+    a LoRA adapter's base)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = torch.nn.Linear(64, 64)
+        self.head = torch.nn.Linear(64, 6)
+        self.base.requires_grad_(False)
+
+    def published_state_dict(self) -> dict:
+        return {k: v for k, v in self.state_dict().items() if k.startswith("head.")}
+
+
+def test_the_shadow_shares_what_never_travels_and_owns_what_does():
+    live = FrozenBase()
+    shadow = streaming.shadow_of(live)
+    assert shadow.base.weight is live.base.weight and shadow.base.bias is live.base.bias  # held once
+    assert shadow.head.weight.data_ptr() != live.head.weight.data_ptr()
+    new = {k: torch.full_like(v, 3.0) for k, v in live.published_state_dict().items()}
+    load_weights_into(shadow, serialize_tensors(new))
+    assert torch.equal(shadow.head.weight, torch.full_like(shadow.head.weight, 3.0))
+    assert not torch.equal(live.head.weight, shadow.head.weight)  # the running head is untouched
+    full = torch.nn.Linear(8, 8)  # a module that publishes everything shares nothing
+    assert streaming.shadow_of(full).weight.data_ptr() != full.weight.data_ptr()

@@ -319,6 +319,35 @@ def test_weights_torch_bfloat16_transfer():
     assert back["count"].dtype == torch.int64
 
 
+def test_snapshot_buffer_is_safetensors_that_safetensors_itself_reads():
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load as load_torch
+
+    from robot_rl.bridges.zmq.weights import snapshot_buffer, tensor_views
+
+    sd = {"b.weight": torch.randn(5, 3).t(),  # not contiguous
+          "a.bias": torch.randn(7), "count": torch.tensor([3, 4]), "mask": torch.tensor([True, False]),
+          "empty": torch.zeros(0, 4), "half": torch.randn(3, dtype=torch.float16)}
+    exact = load_torch(bytes(snapshot_buffer(sd, metadata={"version": "3"})))
+    assert set(exact) == set(sd) and all(torch.equal(exact[k], sd[k].float() if k == "half" else sd[k]) for k in sd)
+    small = load_torch(bytes(snapshot_buffer(sd, transfer_dtype="bfloat16")))
+    assert small["a.bias"].dtype == torch.bfloat16 and small["count"].dtype == torch.int64
+    assert torch.equal(small["a.bias"], sd["a.bias"].to(torch.bfloat16))
+    # What a reference writer's bytes decode to, ours do too (same tensors, both readable by tensor_views).
+    reference = serialize_tensors(sd)
+    assert {k: (v.dtype, v.shape) for k, v in tensor_views(reference).items()} == \
+        {k: (v.dtype, v.shape) for k, v in tensor_views(snapshot_buffer(sd)).items()}
+
+
+def test_the_version_digest_covers_every_chunk_and_the_chunking():
+    data = bytearray(os.urandom(10_000))
+    blob = WeightsBlob(version=2, data=bytes(data), config_hash="h", chunk_size=3000)
+    data[9_999] ^= 1  # the last byte of the last chunk
+    assert WeightsBlob(version=2, data=bytes(data), config_hash="h", chunk_size=3000).sha256 != blob.sha256
+    assert WeightsBlob(version=2, data=blob.data, config_hash="h", chunk_size=2000).sha256 != blob.sha256
+    assert WeightsBlob(version=9, data=blob.data, config_hash="h", chunk_size=3000).sha256 == blob.sha256
+
+
 def _reassemble(blob: WeightsBlob, tamper: dict[int, bytes] | None = None) -> ChunkAssembler:
     asm = ChunkAssembler(blob.announce())
     for i in range(blob.num_chunks):

@@ -78,7 +78,9 @@ if TYPE_CHECKING:  # what the lazy exports below are, for type checkers
         deserialize_tensors,
         serialize_tensors,
         sha256_hex,
+        snapshot_buffer,
         tensor_views,
+        version_digest,
     )
 
 # Exported lazily: the configuration reads ``link.LinkConfig``, and a config must not import the
@@ -132,6 +134,8 @@ _EXPORTS = {
     "deserialize_tensors": "weights",
     "serialize_tensors": "weights",
     "sha256_hex": "weights",
+    "snapshot_buffer": "weights",
+    "version_digest": "weights",
     "tensor_views": "weights",
 }
 
@@ -187,5 +191,7 @@ __all__ = [
     "load_public_keys",
     "serialize_tensors",
     "sha256_hex",
+    "snapshot_buffer",
     "tensor_views",
+    "version_digest",
 ]

@@ -45,7 +45,7 @@ from robot_rl.bridges.zmq.protocol import (
     encode_message,
 )
 from robot_rl.bridges.zmq.spool import Spool
-from robot_rl.bridges.zmq.weights import ChunkAssembler, WeightsError
+from robot_rl.bridges.zmq.weights import BufferAllocator, ChunkAssembler, WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class ClientConfig:
     heartbeat_interval_s: float = 1.0
     server_timeout_s: float = 5.0  # silence from the learner before the link is reset
     fetch_weights: bool = True
-    weights_window: int = 4  # chunk requests in flight
+    weights_window: int = 16  # chunk requests in flight (1 MB each: fewer leave the link waiting on round trips)
     weights_chunk_timeout_s: float = 5.0
     weights_chunk_retries: int = 3  # per chunk, for timeouts and corrupt chunks
     weights_download_attempts: int = 3  # per version, across re-announcements
@@ -115,12 +115,13 @@ class ZmqClient:
     """One edge node's connection to the learner. Single-threaded; drive it with ``poll``."""
 
     def __init__(self, config: ClientConfig, on_weights: WeightsCallback | None = None,
-                 spool: Spool | None = None) -> None:
+                 spool: Spool | None = None, allocate_weights: BufferAllocator | None = None) -> None:
         for endpoint in (config.router_endpoint, config.pub_endpoint):
             if endpoint:
                 check_endpoint_security(endpoint, config.curve, config.allow_insecure)
         self.config = config
         self.on_weights = on_weights
+        self.allocate_weights = allocate_weights  # where downloads are assembled (None: this process's memory)
         self.policy_version = config.policy_version
         self.stats = ClientStats()
         self.server: HelloOk | None = None  # set while the handshake holds
@@ -340,7 +341,7 @@ class ZmqClient:
         if self._failed_downloads[msg.version] >= cfg.weights_download_attempts:
             return  # already reported; wait for a newer version
         try:
-            self._fetch = _WeightsFetch(ChunkAssembler(msg, cfg.max_weights_bytes))
+            self._fetch = _WeightsFetch(ChunkAssembler(msg, cfg.max_weights_bytes, self.allocate_weights))
         except WeightsError as exc:
             self._download_failed(msg.version, str(exc))
             return

@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 import zmq
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # Little-endian, fixed-size dtypes only ("|" = byte order irrelevant). Object,
 # string, void and structured dtypes are refused: they are either unsafe or not

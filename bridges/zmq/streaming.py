@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from robot_rl.bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
 from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
 from robot_rl.bridges.zmq.spool import Spool
+from robot_rl.bridges.zmq.weights import BufferAllocator
 from robot_rl.core import Step
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,10 @@ class StreamingClient:
         queue_size: int = 256,
         image_encoding: ImageEncoding = ImageEncoding(),
         poll_interval_ms: int = 5,
+        allocate_weights: BufferAllocator | None = None,
     ) -> None:
         self.config = config
+        self._allocate_weights = allocate_weights
         self.image_encoding = image_encoding
         self._on_weights = on_weights
         self._poll_ms = poll_interval_ms
@@ -175,7 +178,7 @@ class StreamingClient:
     def _run(self) -> None:
         try:
             spool = Spool(self.config.spool_dir)
-            client = ZmqClient(self.config, self._on_weights, spool)
+            client = ZmqClient(self.config, self._on_weights, spool, self._allocate_weights)
         except BaseException as exc:  # noqa: BLE001 - re-raised by start() in its caller's thread
             self._startup_error = exc
             self._started.set()

@@ -1,25 +1,35 @@
-"""Weights on the wire: safetensors bytes, chunked, sha256-verified.
+"""Weights on the wire: safetensors bytes, chunked, each chunk sha256-verified, the version by a digest of them.
 
 Why safetensors: it is pure data (a JSON header + raw tensors), so loading bytes
 from the network cannot execute code, unlike pickle / ``torch.load``.
 
-The learner wraps the bytes in a ``WeightsBlob`` (version, sha256, chunking) and
-announces it; the edge fetches chunks into a ``ChunkAssembler``, which refuses any
-chunk whose sha256 differs from the one sent with it and checks the whole payload
-against the announced sha256 and size before handing it out. Floating tensors can
-travel as float16/bfloat16 to halve the bytes.
+The learner wraps the bytes in a ``WeightsBlob`` (version, chunking, one sha256 per chunk and the
+version digest: sha256 over the size, the chunk size and the chunks' sha256s in order) and
+announces it; the edge fetches chunks into a ``ChunkAssembler``, which refuses any chunk whose
+sha256 differs from the one sent with it and checks the version digest of the chunks it verified
+against the announced one before handing the payload out. Every byte is hashed once on each side
+(a whole-payload hash on top would be a second pass: 0.7 s per GB on one core), and the learner
+hashes its chunks on every core at once (hashlib releases the GIL).
+
+``snapshot_buffer`` writes the safetensors layout straight into one buffer, one copy per tensor
+(from the GPU included, cast to the wire's float type on the way), where ``safetensors``' own
+``save`` makes two. Floating tensors can travel as float16/bfloat16 to halve the bytes.
 
 torch is only imported (through ``safetensors.torch``) when torch tensors are given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import math
+import mmap
+import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +43,48 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 _META_DTYPE = "robot_rl.transfer_dtype"
 
 
+BufferAllocator = Callable[[int], memoryview]  # size -> a writable byte buffer of that size
+
+
 class WeightsError(ValueError):
     """Weights bytes that fail verification or cannot be (de)serialized."""
 
 
 def sha256_hex(data: bytes | memoryview | np.ndarray) -> str:
     return hashlib.sha256(memoryview(data).cast("B") if not isinstance(data, bytes) else data).hexdigest()
+
+
+def version_digest(chunk_digests: list[bytes], size: int, chunk_size: int) -> str:
+    """The digest a version is announced by: sha256 over its size, chunk size and the chunks' raw
+    sha256 digests in order. Equal digests mean equal payloads as surely as one sha256 of the
+    whole would, and it costs nothing once each chunk is hashed."""
+    digest = hashlib.sha256(f"robot_rl.weights:{size}:{chunk_size}:".encode())
+    for chunk in chunk_digests:
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fresh_buffer(size: int) -> memoryview:
+    """A writable byte buffer of ``size`` for a payload, asked for in huge pages where the kernel
+    offers them (Linux transparent huge pages, ``madvise`` mode): the first write to fresh memory
+    faults in every page, and in 4 KB pages that costs ~0.1 s per 100 MB."""
+    if size == 0:
+        return memoryview(bytearray())
+    buffer = mmap.mmap(-1, size)  # anonymous and private; unmapped when the last view goes
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        with contextlib.suppress(OSError):
+            buffer.madvise(mmap.MADV_HUGEPAGE)
+    return memoryview(buffer)
+
+
+def _chunk_digests(data: bytes | memoryview, chunk_size: int) -> list[bytes]:
+    """sha256 of every chunk, on every core (hashlib releases the GIL for large buffers)."""
+    view = memoryview(data).cast("B")
+    spans = [view[start:start + chunk_size] for start in range(0, max(1, view.nbytes), chunk_size)]
+    if len(spans) < 4:
+        return [hashlib.sha256(span).digest() for span in spans]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda span: hashlib.sha256(span).digest(), spans))
 
 
 # ---------------------------------------------------------------- tensors <-> bytes
@@ -72,6 +118,51 @@ def serialize_tensors(
         a = np.asarray(a)
         out_np[name] = np.ascontiguousarray(a.astype(transfer_dtype) if a.dtype.kind == "f" else a)
     return safetensors.numpy.save(out_np, metadata=meta)
+
+
+_SAFETENSORS_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def snapshot_buffer(tensors: Mapping[str, Any], *, transfer_dtype: str = "float32",
+                    metadata: Mapping[str, str] | None = None) -> memoryview:
+    """torch ``tensors`` -> safetensors bytes in one fresh buffer, one copy per tensor.
+
+    The same layout ``safetensors.torch.save`` writes (8-byte header length, JSON header padded
+    to 8 bytes, tensors back to back in name order), read by any safetensors reader. Each tensor
+    is copied by ``Tensor.copy_`` into its place (the GIL released, a GPU tensor read directly,
+    floats cast to ``transfer_dtype`` in the same pass). What ``serialize_tensors`` gives as
+    ``bytes``, as a ``memoryview`` of the buffer.
+    """
+    import torch
+
+    if transfer_dtype not in TRANSFER_DTYPES:
+        raise WeightsError(f"transfer_dtype {transfer_dtype!r} unknown; use one of {TRANSFER_DTYPES}")
+    target = getattr(torch, transfer_dtype)
+    header: dict[str, Any] = {"__metadata__": {**(metadata or {}), _META_DTYPE: transfer_dtype}}
+    layout = []
+    offset = 0
+    for name in sorted(tensors):
+        t = torch.as_tensor(tensors[name]).detach()
+        dtype = target if t.is_floating_point() else t.dtype
+        code = _SAFETENSORS_CODES.get(str(dtype).removeprefix("torch."))
+        if code is None:
+            raise WeightsError(f"tensor {name!r}: dtype {dtype} has no safetensors code here")
+        nbytes = t.numel() * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        layout.append((t, dtype, offset))
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    base = 8 + len(text)
+    buffer = fresh_buffer(base + offset)
+    buffer[:8] = struct.pack("<Q", len(text))
+    buffer[8:base] = text
+    with torch.no_grad():
+        for t, dtype, start in layout:
+            if t.numel():
+                torch.frombuffer(buffer, dtype=dtype, count=t.numel(), offset=base + start).copy_(t.reshape(-1))
+    return buffer
 
 
 def deserialize_tensors(data: bytes, *, framework: str = "numpy", cast_to: str | None = None) -> dict[str, Any]:
@@ -170,45 +261,44 @@ def tensor_views(data: bytes | bytearray | memoryview) -> dict[str, TensorView]:
 
 @dataclass(frozen=True)
 class WeightsBlob:
-    """One published weights snapshot, served chunk by chunk."""
+    """One published weights snapshot, served chunk by chunk (one serialization, however many robots fetch it)."""
 
     version: int
-    data: bytes
+    data: bytes | memoryview
     config_hash: str
     dtype: str = "float32"
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    sha256: str = field(init=False)
-    _chunk_hashes: list[str | None] = field(init=False, repr=False, compare=False)
+    sha256: str = field(init=False)  # the version digest (``version_digest``)
+    _chunk_hashes: list[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.chunk_size <= 0:
             raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
-        object.__setattr__(self, "sha256", sha256_hex(self.data))
-        # Chunk hashes are computed when a chunk is first served (and kept): the announcement
-        # does not wait for a second pass over the whole payload, which overlaps the transfer.
-        object.__setattr__(self, "_chunk_hashes", [None] * self.num_chunks)
+        digests = _chunk_digests(self.data, self.chunk_size)
+        object.__setattr__(self, "_chunk_hashes", [d.hex() for d in digests])
+        object.__setattr__(self, "sha256", version_digest(digests, len(self), self.chunk_size))
+
+    def __len__(self) -> int:
+        return memoryview(self.data).nbytes
 
     @property
     def num_chunks(self) -> int:
-        return max(1, -(-len(self.data) // self.chunk_size))
+        return max(1, -(-len(self) // self.chunk_size))
 
     def chunk(self, index: int) -> memoryview:
         if not 0 <= index < self.num_chunks:
             raise IndexError(f"chunk {index} out of range 0..{self.num_chunks - 1}")
-        return memoryview(self.data)[index * self.chunk_size : (index + 1) * self.chunk_size]
+        return memoryview(self.data).cast("B")[index * self.chunk_size : (index + 1) * self.chunk_size]
 
     def chunk_message(self, index: int) -> WeightsChunk:
         data = np.frombuffer(self.chunk(index), dtype=np.uint8)
-        digest = self._chunk_hashes[index]
-        if digest is None:  # a race between two threads only computes the same value twice
-            digest = self._chunk_hashes[index] = sha256_hex(self.chunk(index))
-        return WeightsChunk(version=self.version, chunk=index, sha256=digest, data=data)
+        return WeightsChunk(version=self.version, chunk=index, sha256=self._chunk_hashes[index], data=data)
 
     def announce(self) -> WeightsAnnounce:
         return WeightsAnnounce(
             version=self.version,
             sha256=self.sha256,
-            size=len(self.data),
+            size=len(self),
             num_chunks=self.num_chunks,
             chunk_size=self.chunk_size,
             config_hash=self.config_hash,
@@ -222,7 +312,8 @@ class WeightsBlob:
 class ChunkAssembler:
     """Collects the chunks of one announced snapshot and verifies them."""
 
-    def __init__(self, announce: WeightsAnnounce, max_size: int = 16 << 30) -> None:
+    def __init__(self, announce: WeightsAnnounce, max_size: int = 16 << 30,
+                 allocate: BufferAllocator | None = None) -> None:
         expected_chunks = max(1, -(-announce.size // announce.chunk_size)) if announce.chunk_size > 0 else -1
         if not 0 <= announce.size <= max_size or expected_chunks != announce.num_chunks:
             raise WeightsError(
@@ -230,11 +321,18 @@ class ChunkAssembler:
                 f"chunk_size {announce.chunk_size}, num_chunks {announce.num_chunks}, max size {max_size})"
             )
         self.announce = announce
-        # np.empty, not bytearray(size): bytearray zero-fills the whole payload up front while holding
-        # the GIL (~0.1 s for 100 MB, a stall for every other thread of the edge process); np.empty
-        # maps pages lazily and each chunk's copy touches only its own.
-        self._buffer = memoryview(np.empty(announce.size, dtype=np.uint8)).cast("B")
+        # Never bytearray(size): it zero-fills the whole payload up front while holding the GIL
+        # (~0.1 s for 100 MB, a stall for every other thread of the edge process); a fresh mapping
+        # is filled lazily, each chunk's copy touching only its own pages.
+        # ``allocate`` places the payload where its consumer reads it (an edge whose policy runs in
+        # another process: a shared file), so the download is never copied between processes.
+        buffer = allocate(announce.size) if allocate is not None else fresh_buffer(announce.size)
+        self._buffer = memoryview(buffer).cast("B")
+        if self._buffer.nbytes != announce.size or self._buffer.readonly:
+            raise WeightsError(f"weights v{announce.version}: the allocator gave {self._buffer.nbytes} "
+                               f"{'read-only ' if self._buffer.readonly else ''}bytes for {announce.size}")
         self._missing = set(range(announce.num_chunks))
+        self._digests: list[bytes] = [b""] * announce.num_chunks  # each chunk's, as verified here
 
     def add(self, msg: WeightsChunk) -> None:
         """Store one chunk; raise ``WeightsError`` if it does not belong or is corrupt."""
@@ -247,10 +345,12 @@ class ChunkAssembler:
         if msg.data.size != expected_len:
             raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: {msg.data.size} bytes, "
                                f"expected {expected_len}")
-        if sha256_hex(msg.data) != msg.sha256:
+        digest = hashlib.sha256(memoryview(msg.data).cast("B")).digest()
+        if digest.hex() != msg.sha256:
             raise WeightsError(f"weights v{a.version} chunk {msg.chunk}: sha256 mismatch (corrupted in transit); "
                                "refetch it")
         self._buffer[start : start + expected_len] = memoryview(msg.data).cast("B")  # one memcpy
+        self._digests[msg.chunk] = digest
         self._missing.discard(msg.chunk)
 
     def missing(self) -> list[int]:
@@ -261,7 +361,7 @@ class ChunkAssembler:
         return not self._missing
 
     def result(self) -> memoryview:
-        """The verified payload. Raises ``WeightsError`` if incomplete or the sha256 differs.
+        """The verified payload. Raises ``WeightsError`` if incomplete or the version digest differs.
 
         A byte ``memoryview`` of the assembly buffer itself, not a copy (a 100 MB ``bytes`` copy
         would hold the GIL for tens of milliseconds on the edge); it is writable, so tensors can
@@ -270,11 +370,10 @@ class ChunkAssembler:
         """
         if self._missing:
             raise WeightsError(f"weights v{self.announce.version}: {len(self._missing)} chunks still missing")
-        data = self._buffer
-        digest = sha256_hex(data)
+        digest = version_digest(self._digests, self.announce.size, self.announce.chunk_size)
         if digest != self.announce.sha256:
             raise WeightsError(
-                f"weights v{self.announce.version}: sha256 {digest[:16]}... differs from announced "
+                f"weights v{self.announce.version}: digest {digest[:16]}... differs from announced "
                 f"{self.announce.sha256[:16]}...; refusing these bytes"
             )
-        return data
+        return self._buffer

@@ -39,12 +39,40 @@ class AsyncBenchConfig:
 class TransportBenchConfig:
     """``bench transport``: ingest steps/s and weight hot-swap latency, ZeroMQ against LeRobot's gRPC."""
 
-    robots: list[int] = field(default_factory=lambda: [1, 4])  # edge processes streaming at once
-    sizes_mb: list[int] = field(default_factory=lambda: [10, 100])  # weights swapped
+    robots: list[int] = field(default_factory=lambda: [1, 4, 16])  # edge processes streaming at once
+    sizes_mb: list[int] = field(default_factory=lambda: [10, 100, 1000])  # whole models swapped
+    # A LoRA-style row: adapter_mb published on a frozen base of adapter_base_mb that never travels. 0: no row.
+    adapter_mb: float = 10.0
+    adapter_base_mb: float = 1000.0
+    # Where the swapping edge runs inference and loads weights, side by side; the first is the "swap" rows.
+    runners: list[str] = field(default_factory=lambda: ["process", "thread"])
+    fanout_robots: list[int] = field(default_factory=lambda: [1, 4, 16])  # edge processes fetching each version
+    fanout_mb: float = 10.0
     ingest_window_s: float = 6.0  # the store indexes every step in memory: keep it short
     swaps: int = 10
     swap_gap_s: float = 1.0  # between two publishes (the edge keeps ticking)
-    swap_timeout_s: float = 30.0
+    swap_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.runners or any(r not in ("process", "thread") for r in self.runners):
+            raise ValueError(f"bench transport: runners must be process and/or thread, got {self.runners}")
+
+
+@dataclass
+class RealtimeBenchConfig:
+    """``bench realtime``: tick lateness of edge nodes on the wall clock beside a learner that trains."""
+
+    duration_s: float = 600.0  # per runner, once every edge is running
+    robots: int = 2  # edge processes
+    swap_every_s: float = 10.0  # the learner publishes new weights this often (trainer.publish_every_s)
+    # Where each edge runs inference and loads weights; one soak per entry, one after the other.
+    runners: list[str] = field(default_factory=lambda: ["process", "thread"])
+
+    def __post_init__(self) -> None:
+        if not self.runners or any(r not in ("process", "thread") for r in self.runners):
+            raise ValueError(f"bench realtime: runners must be process and/or thread, got {self.runners}")
+        if self.duration_s <= 0 or self.robots < 1 or self.swap_every_s <= 0:
+            raise ValueError("bench realtime: duration_s and swap_every_s must be > 0, robots >= 1")
 
 
 @dataclass
@@ -154,6 +182,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "sim": SimBenchConfig,
     "async": AsyncBenchConfig,
     "transport": TransportBenchConfig,
+    "realtime": RealtimeBenchConfig,
     "store": StoreBenchConfig,
     "replan": ReplanBenchConfig,
     "learning": LearningBenchConfig,

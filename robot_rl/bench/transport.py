@@ -35,6 +35,7 @@ The baseline is measured only; nothing of it is used by the product (it pickles)
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -45,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,8 +113,13 @@ def hashed_text(texts: list[str]) -> np.ndarray:
     return np.stack(out).astype(np.float32)
 
 
-def ballast_policy(size_mb: float) -> Any:
-    """The project's FlowVLA plus a ballast buffer so that its state dict weighs ``size_mb`` MB."""
+def ballast_policy(size_mb: float, frozen_mb: float = 0.0) -> Any:
+    """The project's FlowVLA plus a ballast buffer so that what it publishes weighs ``size_mb`` MB.
+
+    ``frozen_mb`` adds a frozen base that never travels (a non-persistent buffer: outside the state
+    dict, so outside what is published, as a VLM under LoRA is): the adapter case, where a swap
+    moves a few MB of a model of a GB, and the edge's shadow shares the base with the live policy.
+    """
     import torch
 
     from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
@@ -124,6 +131,8 @@ def ballast_policy(size_mb: float) -> Any:
     own = sum(t.numel() * t.element_size() for t in policy.state_dict().values())
     extra = max(0, int(size_mb * 1e6 - own) // 4)
     policy.register_buffer("ballast", torch.randn(extra))
+    if frozen_mb > 0:
+        policy.register_buffer("frozen_base", torch.randn(int(frozen_mb * 1e6) // 4), persistent=False)
     return policy.eval()
 
 
@@ -346,8 +355,11 @@ class BenchArm:
         return self.state
 
 
-def _zmq_edge_swap(router: str, pub: str, spool: str, size_mb: float, stop_at: float, out: mp.Queue) -> None:
-    """Edge process: run episodes on the wall clock; report when each version is first in use, and late ticks."""
+def _zmq_edge_swap(router: str, pub: str, spool: str, payload: SwapPayload, runner: str, stop_at: float,
+                   out: mp.Queue) -> None:
+    """Edge process: run episodes on the wall clock; report when each version is loaded and first in
+    use, and late ticks. ``runner``: where inference and the weights loader run ("thread": threads of
+    this process; "process": the policy's own process, the default of a session on the wall clock)."""
     import torch
 
     from robot_rl.bridges.zmq.client import ClientConfig
@@ -355,20 +367,25 @@ def _zmq_edge_swap(router: str, pub: str, spool: str, size_mb: float, stop_at: f
     from robot_rl.core.clock import WallClock
     from robot_rl.edge.config import EdgeConfig
     from robot_rl.edge.node import EdgeNode
+    from robot_rl.edge.process_runner import spawn_policy
     from robot_rl.edge.streaming import EdgeStreamer
 
     torch.set_num_threads(1)
-    policy = ballast_policy(size_mb)
+    factory = functools.partial(ballast_policy, payload.size_mb, payload.frozen_mb)
+    policy = spawn_policy(factory) if runner == "process" else factory()
     config = ClientConfig(robot_id="swap-edge", router_endpoint=router, pub_endpoint=pub, spool_dir=spool,
                           config_hash=policy.config_hash(), policy_version=0, heartbeat_interval_s=0.5)
     streamer = EdgeStreamer(config, policy, image_encoding=ImageEncoding())
-    node = EdgeNode(BenchArm(), policy, WallClock(), EdgeConfig(fps=30), robot_id="swap-edge", policy_version=0)
+    node = EdgeNode(BenchArm(), policy, WallClock(), EdgeConfig(fps=30, inference_runner=runner),
+                    robot_id="swap-edge", policy_version=0)
     streamer.attach(node).start()
     seen: set[int] = set()
     late = [0]
     forward = node.step_sink
     if forward is None:
         raise RuntimeError("the streamer attached no step sink to the edge node")
+    loaded_in_child: dict[int, float] = getattr(node.worker, "loaded_at", {})
+    reported: set[int] = set()
 
     def sink(step: Any) -> None:  # control thread: a few compares and a non-blocking put
         if step.policy_version not in seen:
@@ -377,16 +394,20 @@ def _zmq_edge_swap(router: str, pub: str, spool: str, size_mb: float, stop_at: f
         if node.stats.late_ticks > late[0]:
             late[0] = node.stats.late_ticks
             out.put(("late_tick", late[0], time.time()))
+        for version in loaded_in_child.keys() - reported:  # the policy process's own time stamp
+            reported.add(version)
+            out.put(("loaded", version, loaded_in_child[version]))
         forward(step)
 
     node.step_sink = sink
-    request_swap = node.request_policy_swap
+    if runner == "thread":
+        request_swap = node.request_policy_swap
 
-    def timed_request(new: Any, version: int) -> None:  # loader thread: weights verified and in a shadow copy
-        out.put(("loaded", version, time.time()))
-        request_swap(new, version)
+        def timed_request(new: Any, version: int) -> None:  # loader thread: weights verified, in the shadow
+            out.put(("loaded", version, time.time()))
+            request_swap(new, version)
 
-    node.request_policy_swap = timed_request  # type: ignore[method-assign]  # bench: time each swap request
+        node.request_policy_swap = timed_request  # type: ignore[method-assign]  # bench: time each swap request
     streamer.link.wait_connected(30)
     out.put(("ready", 0, time.time()))
     try:
@@ -413,11 +434,27 @@ class _AckOnly:
         return AckOnly()
 
 
-def zmq_swap(size_mb: float, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SwapPayload:
+    """What one swap row moves: ``size_mb`` published (on the wire), ``frozen_mb`` that stays home."""
+
+    name: str  # the row's key in the report: the size in MB, or "adapter"
+    size_mb: float
+    frozen_mb: float = 0.0
+
+
+def swap_payloads(cfg: TransportBenchConfig) -> list[SwapPayload]:
+    payloads = [SwapPayload(str(size), float(size)) for size in cfg.sizes_mb]
+    if cfg.adapter_mb > 0:
+        payloads.append(SwapPayload("adapter", cfg.adapter_mb, cfg.adapter_base_mb))
+    return payloads
+
+
+def zmq_swap(payload: SwapPayload, runner: str, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
     from robot_rl.bridges.zmq.server import ServerConfig, ZmqServer
     from robot_rl.learner.publisher import snapshot
 
-    policy = ballast_policy(size_mb)
+    policy = ballast_policy(payload.size_mb, payload.frozen_mb)
     server = ZmqServer(ServerConfig(config_hash=policy.config_hash(), announce_interval_s=2.0), _AckOnly())
     stop = threading.Event()
     serving = threading.Thread(target=server.serve_forever, args=(stop,), daemon=True)
@@ -425,20 +462,24 @@ def zmq_swap(size_mb: float, cfg: TransportBenchConfig, workdir: Path) -> dict[s
     out = mp.get_context("spawn").Queue()
     stop_at = time.time() + 60 + cfg.swaps * (cfg.swap_gap_s + cfg.swap_timeout_s / 4)
     edge = mp.get_context("spawn").Process(target=_zmq_edge_swap, args=(
-        server.router_endpoint, server.pub_endpoint, str(workdir / "swap-spool"), size_mb, stop_at, out))
+        server.router_endpoint, server.pub_endpoint, str(workdir / "swap-spool"), payload, runner, stop_at, out))
     edge.start()
     reports = EdgeReports(out)
     windows: list[tuple[float, float]] = []
     loaded: list[float] = []
+    wire: list[int] = []
     try:
-        reports.wait("ready", 120)
-        reports.wait("in_use", 30, version=0)
+        reports.wait("ready", 300)
+        reports.wait("in_use", 60, version=0)
         time.sleep(1.0)
         for version in range(1, cfg.swaps + 1):
             t0 = time.time()  # before serialisation: the learner's whole publish is in the latency
-            server.publish_weights(snapshot(policy, version, policy.config_hash()))
+            blob = snapshot(policy, version, policy.config_hash())
+            server.publish_weights(blob)
+            wire.append(len(blob.data))
             windows.append((t0, reports.wait("in_use", cfg.swap_timeout_s, version=version)))
             loaded.append(reports.wait("loaded", 1.0, version=version) - t0)
+            del blob
             time.sleep(cfg.swap_gap_s)
     finally:
         reports.drain()
@@ -450,10 +491,12 @@ def zmq_swap(size_mb: float, cfg: TransportBenchConfig, workdir: Path) -> dict[s
     latencies = [b - a for a, b in windows]
     late = reports.late_tick_times
     in_swaps = sum(any(a <= t <= b + 1 / 30 for a, b in windows) for t in late)
-    loaded_pct = _percentiles(loaded)
-    return {**_percentiles(latencies), "late_ticks": in_swaps, "late_ticks_outside_swaps": len(late) - in_swaps,
-            "loaded_p50_s": loaded_pct["p50_s"], "loaded_p95_s": loaded_pct["p95_s"],
-            "swaps": len(latencies), "payload_mb": _state_mb(policy)}
+    loaded_pct, in_use = _percentiles(loaded), _percentiles(latencies)
+    return {"loaded_p50_s": loaded_pct["p50_s"], "loaded_p95_s": loaded_pct["p95_s"],
+            "in_use_p50_s": in_use["p50_s"], "in_use_p95_s": in_use["p95_s"],
+            "late_ticks": in_swaps, "late_ticks_outside_swaps": len(late) - in_swaps,
+            "bytes_on_wire": float(np.mean(wire)) if wire else float("nan"), "swaps": len(latencies),
+            "payload_mb": _state_mb(policy), "model_mb": _state_mb(policy) + payload.frozen_mb, "runner": runner}
 
 
 class EdgeReports:
@@ -505,7 +548,7 @@ def _state_mb(policy: Any) -> float:
 # ============================================================== hot swap: gRPC baseline (LeRobot HIL-SERL)
 
 
-def _grpc_actor_swap(address: str, size_mb: float, out: mp.Queue) -> None:
+def _grpc_actor_swap(address: str, payload: SwapPayload, out: mp.Queue) -> None:
     """Actor process: receive parameter streams, torch.load them and load them into the policy."""
     import grpc
     import torch
@@ -513,7 +556,7 @@ def _grpc_actor_swap(address: str, size_mb: float, out: mp.Queue) -> None:
     from lerobot.transport.utils import bytes_to_state_dict, grpc_channel_options, receive_bytes_in_chunks
 
     torch.set_num_threads(1)
-    policy = ballast_policy(size_mb)
+    policy = ballast_policy(payload.size_mb, payload.frozen_mb)
     channel = grpc.insecure_channel(address, options=grpc_channel_options())
     stream = services_pb2_grpc.LearnerServiceStub(channel).StreamParameters(services_pb2.Empty())
     out.put(("ready", 0, time.time()))
@@ -528,14 +571,14 @@ def _grpc_actor_swap(address: str, size_mb: float, out: mp.Queue) -> None:
         out.put(("loaded", version, time.time()))
 
 
-def grpc_swap(size_mb: float, cfg: TransportBenchConfig) -> dict[str, Any]:
+def grpc_swap(payload: SwapPayload, cfg: TransportBenchConfig) -> dict[str, Any]:
     import grpc
     import torch
     from lerobot.rl.learner_service import LearnerService as GrpcLearnerService
     from lerobot.transport import services_pb2_grpc
     from lerobot.transport.utils import MAX_MESSAGE_SIZE, state_to_bytes
 
-    policy = ballast_policy(size_mb)
+    policy = ballast_policy(payload.size_mb, payload.frozen_mb)  # the same published bytes as ours
     parameters: queue.Queue[bytes] = queue.Queue()
     shutdown = threading.Event()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=3),
@@ -546,17 +589,20 @@ def grpc_swap(size_mb: float, cfg: TransportBenchConfig) -> dict[str, Any]:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     out = mp.get_context("spawn").Queue()
-    actor = mp.get_context("spawn").Process(target=_grpc_actor_swap, args=(f"127.0.0.1:{port}", size_mb, out))
+    actor = mp.get_context("spawn").Process(target=_grpc_actor_swap, args=(f"127.0.0.1:{port}", payload, out))
     actor.start()
     reports = EdgeReports(out)
-    latencies = []
+    latencies, wire = [], []
     try:
-        reports.wait("ready", 120)
+        reports.wait("ready", 300)
         time.sleep(1.0)
         for version in range(1, cfg.swaps + 1):
             t0 = time.time()
             state = {k: v.detach().cpu() for k, v in policy.state_dict().items()}
-            parameters.put(state_to_bytes({**state, "_bench_version": torch.tensor(version)}))
+            data = state_to_bytes({**state, "_bench_version": torch.tensor(version)})
+            wire.append(len(data))
+            parameters.put(data)
+            del data, state
             latencies.append(reports.wait("loaded", cfg.swap_timeout_s, version=version) - t0)
             time.sleep(cfg.swap_gap_s)
     finally:
@@ -564,15 +610,93 @@ def grpc_swap(size_mb: float, cfg: TransportBenchConfig) -> dict[str, Any]:
         actor.terminate()
         actor.join(10)
         server.stop(2)
-    return {**_percentiles(latencies), "late_ticks": None, "swaps": len(latencies), "payload_mb": _state_mb(policy)}
+    loaded = _percentiles(latencies)
+    return {"loaded_p50_s": loaded["p50_s"], "loaded_p95_s": loaded["p95_s"], "swaps": len(latencies),
+            "bytes_on_wire": float(np.mean(wire)) if wire else float("nan"), "payload_mb": _state_mb(policy)}
+
+
+# ============================================================== weight fan-out: one learner, N robots
+
+
+def _fanout_edge(robot_id: str, router: str, pub: str, spool: str, size_mb: float, out: mp.Queue,
+                 stop: Any) -> None:
+    """Edge process without a control loop: fetch, verify and load every published version into a
+    shadow policy (the product's link and loader), report when each is loaded."""
+    import torch
+
+    from robot_rl.bridges.zmq.client import ClientConfig
+    from robot_rl.bridges.zmq.streaming import StreamingClient
+    from robot_rl.edge.streaming import load_weights_into, shadow_of
+
+    torch.set_num_threads(1)
+    policy = ballast_policy(size_mb)
+    shadow = shadow_of(policy)
+
+    def on_weights(announce: Any, data: Any) -> None:  # link thread
+        load_weights_into(shadow, data)
+        out.put((f"loaded:{robot_id}", announce.version, time.time()))
+
+    config = ClientConfig(robot_id=robot_id, router_endpoint=router, pub_endpoint=pub, spool_dir=spool,
+                          config_hash=policy.config_hash(), policy_version=0, heartbeat_interval_s=0.5)
+    with StreamingClient(config, on_weights=on_weights) as link:
+        link.wait_connected(120)
+        out.put((f"ready:{robot_id}", 0, time.time()))
+        stop.wait()
+
+
+def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
+    from robot_rl.bridges.zmq.server import ServerConfig, ZmqServer
+    from robot_rl.learner.publisher import snapshot
+
+    policy = ballast_policy(cfg.fanout_mb)
+    server = ZmqServer(ServerConfig(config_hash=policy.config_hash(), announce_interval_s=2.0), _AckOnly())
+    stop_serving = threading.Event()
+    serving = threading.Thread(target=server.serve_forever, args=(stop_serving,), daemon=True)
+    serving.start()
+    ctx = mp.get_context("spawn")
+    out, stop = ctx.Queue(), ctx.Event()
+    ids = [f"fanout-{i}" for i in range(robots)]
+    edges = [ctx.Process(target=_fanout_edge, args=(rid, server.router_endpoint, server.pub_endpoint,
+                                                    str(workdir / f"spool-{rid}"), cfg.fanout_mb, out, stop))
+             for rid in ids]
+    for edge in edges:
+        edge.start()
+    reports = EdgeReports(out)
+    latencies: list[float] = []
+    try:
+        for rid in ids:
+            reports.wait(f"ready:{rid}", 120 + 10 * robots)
+        time.sleep(1.0)
+        for version in range(1, cfg.swaps + 1):
+            t0 = time.time()
+            server.publish_weights(snapshot(policy, version, policy.config_hash()))
+            latencies += [reports.wait(f"loaded:{rid}", cfg.swap_timeout_s, version=version) - t0 for rid in ids]
+            time.sleep(cfg.swap_gap_s)
+    finally:
+        stop.set()
+        for edge in edges:
+            edge.join(10)
+            if edge.is_alive():
+                edge.terminate()
+        stop_serving.set()
+        serving.join(5)
+        server.close()
+    loaded = _percentiles(latencies)
+    return {"loaded_p50_s": loaded["p50_s"], "loaded_p95_s": loaded["p95_s"], "swaps": cfg.swaps,
+            "payload_mb": _state_mb(policy)}
 
 
 # ============================================================== the run, the table
 
 
 def run_transport_bench(cfg: TransportBenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    report: dict[str, Any] = {"ingest": {}, "swap": {}, "baseline_grpc": {"ingest": {}, "swap": {}},
+    payloads = swap_payloads(cfg)
+    report: dict[str, Any] = {"ingest": {}, "swap": {}, "swap_by_runner": {r: {} for r in cfg.runners},
+                              "fanout": {}, "baseline_grpc": {"ingest": {}, "swap": {}},
                               "config": {"robots": list(cfg.robots), "sizes_mb": list(cfg.sizes_mb),
+                                         "adapter_mb": cfg.adapter_mb, "adapter_base_mb": cfg.adapter_base_mb,
+                                         "runners": list(cfg.runners), "fanout_robots": list(cfg.fanout_robots),
+                                         "fanout_mb": cfg.fanout_mb,
                                          "ingest_window_s": cfg.ingest_window_s, "swaps": cfg.swaps,
                                          "cameras": f"{len(CAMERAS)} x {IMAGE}x{IMAGE}",
                                          "segment_steps": SEGMENT_STEPS},
@@ -581,10 +705,14 @@ def run_transport_bench(cfg: TransportBenchConfig, progress: Callable[[str], Non
                                         "ingest_grpc": "lerobot.transport SendTransitions (torch.save of uint8 "
                                                        "transitions) -> lerobot LearnerService -> torch.load; "
                                                        "no disk writes",
-                                        "swap_zmq": "publish (serialise+sha256) -> first control tick on the new "
-                                                    "weights at a 30 fps EdgeNode",
+                                        "swap_zmq": "publish (serialise+sha256) -> verified and in the shadow "
+                                                    "(loaded) -> first control tick on the new weights at a 30 fps "
+                                                    "EdgeNode (in use); swap = the first runner's rows",
                                         "swap_grpc": "state_to_bytes -> StreamParameters (push period 0) -> "
-                                                     "torch.load -> load_state_dict at the actor"}}
+                                                     "torch.load -> load_state_dict at the actor",
+                                        "adapter": "a frozen base of adapter_base_mb that never travels plus "
+                                                   "adapter_mb published",
+                                        "fanout": "N edge processes fetch, verify and load each version"}}
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
         work = Path(tmp)
         for robots in cfg.robots:
@@ -593,11 +721,17 @@ def run_transport_bench(cfg: TransportBenchConfig, progress: Callable[[str], Non
             shutil.rmtree(work / f"zmq-{robots}", ignore_errors=True)
             progress(f"ingest, {robots} robot(s): gRPC baseline")
             report["baseline_grpc"]["ingest"][str(robots)] = grpc_ingest(robots, cfg.ingest_window_s)
-        for size in cfg.sizes_mb:
-            progress(f"hot swap, {size} MB: ZeroMQ")
-            report["swap"][str(size)] = zmq_swap(size, cfg, work / f"swap-{size}")
-            progress(f"hot swap, {size} MB: gRPC baseline")
-            report["baseline_grpc"]["swap"][str(size)] = grpc_swap(size, cfg)
+        for payload in payloads:
+            for runner in cfg.runners:
+                progress(f"hot swap, {payload.name}: ZeroMQ, inference and loader in a {runner}")
+                row = zmq_swap(payload, runner, cfg, work / f"swap-{payload.name}-{runner}")
+                report["swap_by_runner"][runner][payload.name] = row
+            report["swap"][payload.name] = report["swap_by_runner"][cfg.runners[0]][payload.name]
+            progress(f"hot swap, {payload.name}: gRPC baseline")
+            report["baseline_grpc"]["swap"][payload.name] = grpc_swap(payload, cfg)
+        for robots in cfg.fanout_robots:
+            progress(f"weight fan-out, {robots} robot(s), {cfg.fanout_mb} MB")
+            report["fanout"][str(robots)] = zmq_fanout(robots, cfg, work / f"fanout-{robots}")
     return report
 
 
@@ -616,19 +750,30 @@ def print_table(report: dict[str, Any]) -> None:
                        f"{base.get('steps_per_s', float('nan')):.0f}", f"{base.get('mb_per_s', float('nan')):.2f}",
                        f"{ratio:.2f}x")
     console.print(ingest)
-    swap = Table(title="Weight hot-swap (s). ZeroMQ: publish -> verified shadow copy (loaded) -> first tick on it "
-                       "(in use); gRPC: publish -> load_state_dict done")
-    for col in ("MB", "0MQ loaded p50", "0MQ loaded p95", "0MQ in use p50", "0MQ in use p95", "late ticks in swaps",
-                "late ticks elsewhere", "gRPC p50", "gRPC p95", "loaded p95 gRPC/0MQ"):
+    swap = Table(title="Weight hot-swap (s). Ours: publish -> verified in the shadow (loaded) -> first tick on it "
+                       "(in use), late ticks inside / outside swap windows; gRPC: publish -> load_state_dict done")
+    for col in ("MB", "runner", "wire MB", "loaded p50", "loaded p95", "in use p95", "late", "late else",
+                "gRPC p95", "gRPC/ours"):
         swap.add_column(col, justify="right")
-    for size, ours in report["swap"].items():
-        base = report["baseline_grpc"]["swap"].get(size, {})
-        ratio = base.get("p95_s", float("nan")) / ours["loaded_p95_s"] if ours.get("loaded_p95_s") else float("nan")
-        swap.add_row(f"{ours['payload_mb']:.0f}", f"{ours['loaded_p50_s']:.3f}", f"{ours['loaded_p95_s']:.3f}",
-                     f"{ours['p50_s']:.3f}", f"{ours['p95_s']:.3f}", str(ours["late_ticks"]),
-                     str(ours["late_ticks_outside_swaps"]), f"{base.get('p50_s', float('nan')):.3f}",
-                     f"{base.get('p95_s', float('nan')):.3f}", f"{ratio:.2f}x")
+    for runner, rows in report["swap_by_runner"].items():
+        for name, ours in rows.items():
+            base = report["baseline_grpc"]["swap"].get(name, {})
+            ratio = base.get("loaded_p95_s", float("nan")) / ours["loaded_p95_s"] if ours.get("loaded_p95_s") \
+                else float("nan")
+            swap.add_row(name, runner, f"{ours['bytes_on_wire'] / 1e6:.1f}", f"{ours['loaded_p50_s']:.3f}",
+                         f"{ours['loaded_p95_s']:.3f}", f"{ours['in_use_p95_s']:.3f}", str(ours["late_ticks"]),
+                         str(ours["late_ticks_outside_swaps"]), f"{base.get('loaded_p95_s', float('nan')):.3f}",
+                         f"{ratio:.2f}x")
     console.print(swap)
+    if report["fanout"]:
+        fanout = Table(title="Weight fan-out: publish -> loaded at every robot (s)")
+        for col in ("robots", "MB", "loaded p50", "loaded p95", "p95 / 1 robot"):
+            fanout.add_column(col, justify="right")
+        one = report["fanout"].get("1", {}).get("loaded_p95_s")
+        for robots, row in report["fanout"].items():
+            fanout.add_row(robots, f"{row['payload_mb']:.0f}", f"{row['loaded_p50_s']:.3f}",
+                           f"{row['loaded_p95_s']:.3f}", f"{row['loaded_p95_s'] / one:.2f}x" if one else "-")
+        console.print(fanout)
 
 
 def run_from_cli(cfg: RobotRLConfig) -> dict:

@@ -19,6 +19,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "async": ("async_control", "sync vs async_naive vs async_rollforward at simulated inference latencies"),
     "transport": ("transport", "ingest steps/s and weight hot-swap latency: "
                                "ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
+    "realtime": ("realtime", "tick lateness p50/p99/max over a wall-clock soak of edge nodes beside a training "
+                             "learner with swaps: inference in its own process vs in a thread"),
     "store": ("store", "the learner's dataset writer: seconds per stored episode and the GIL it leaves, "
                        "store.commit_batch 1 vs 8, in-process vs own process"),
     "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N"),

@@ -11,7 +11,7 @@ from typing import Any
 
 MODES = ("sync", "async_naive", "async_rollforward")
 LATENCY_DISTRIBUTIONS = ("constant", "uniform", "lognormal", "measured")
-INFERENCE_RUNNERS = ("auto", "virtual", "thread")
+INFERENCE_RUNNERS = ("auto", "virtual", "thread", "process")
 
 
 @dataclass
@@ -99,7 +99,12 @@ class EdgeConfig:
     latency_distribution: str = "constant"
     latency_seed: int = 0
 
-    # "auto": virtual runner on a virtual clock, background thread on the wall clock.
+    # Where the policy computes chunks. "process": a child process of its own with the weights
+    # loader (robot_rl.edge.process_runner), so nothing shares the control loop's interpreter lock;
+    # `robot-rl session` / `robot-rl edge` build the policy there on the wall clock. "thread": a
+    # thread of the control process. "virtual": computed at once, released after the simulated
+    # latency (exact timing on a virtual clock). "auto": process where the policy was built in one,
+    # else virtual on a virtual clock and thread on the wall clock.
     inference_runner: str = "auto"
 
     # A tick that starts more than this after its scheduled time counts as late.

@@ -190,8 +190,12 @@ class _SwapGate:
 class InferenceWorker(Protocol):
     """What the node needs from a runner: up to ``max_inflight`` requests in flight."""
 
-    runner: PolicyRunner
     max_inflight: int
+
+    @property
+    def running_policy(self) -> ChunkPolicy:
+        """The policy chunks are computed with now (a swap changes it between chunks)."""
+        ...
 
     @property
     def in_flight(self) -> int:
@@ -224,6 +228,10 @@ class VirtualLatencyRunner:
     latency: LatencyModel
     max_inflight: int = 1
     _pending: list[InferenceResult] = field(default_factory=list, init=False)
+
+    @property
+    def running_policy(self) -> ChunkPolicy:
+        return self.runner.policy
 
     @property
     def in_flight(self) -> int:
@@ -272,6 +280,10 @@ class ThreadedRunner:
             thread.start()
 
     @property
+    def running_policy(self) -> ChunkPolicy:
+        return self.runner.policy
+
+    @property
     def in_flight(self) -> int:
         return self._in_flight
 
@@ -315,12 +327,23 @@ class ThreadedRunner:
 
 def make_worker(
     policy: ChunkPolicy, version: int, action_dim: int, clock: Clock, config: EdgeConfig
-) -> VirtualLatencyRunner | ThreadedRunner:
-    """The runner the config asks for; "auto" = virtual on a virtual clock, thread on the wall clock."""
-    runner = PolicyRunner(policy, version, action_dim)
+) -> InferenceWorker:
+    """The runner the config asks for. "auto": virtual on a virtual clock; on the wall clock the
+    policy's own process when it runs in one (``spawn_policy``), else a thread."""
+    from robot_rl.edge.process_runner import ProcessPolicy
+
     kind = config.inference_runner
+    in_process = isinstance(policy, ProcessPolicy)
     if kind == "auto":
-        kind = "virtual" if clock.is_virtual else "thread"
+        kind = "process" if in_process else "virtual" if clock.is_virtual else "thread"
+    if (kind == "process") != in_process:
+        raise ValueError(f"edge.inference_runner={kind} but the policy is {policy!r}: the process runner serves a "
+                         "policy built in its own process (robot_rl.edge.process_runner.spawn_policy), and only it")
+    if isinstance(policy, ProcessPolicy):
+        if clock.is_virtual:
+            log.warning("inference in a process on a virtual clock: chunks arrive after wall time, not virtual time")
+        return policy.runner(clock.now, action_dim, config.effective_max_inflight)
+    runner = PolicyRunner(policy, version, action_dim)
     if kind == "thread":
         if clock.is_virtual:
             log.warning("threaded inference on a virtual clock: chunks arrive after wall time, not virtual time")

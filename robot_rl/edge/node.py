@@ -221,7 +221,7 @@ class EdgeNode:
     @property
     def running_policy(self) -> ChunkPolicy:
         """The policy the inference worker computes chunks with now (a swap changes it between chunks)."""
-        return self.worker.runner.policy
+        return self.worker.running_policy
 
     def reset_episode(self, instruction: str = "", scene_seed: int | None = None) -> None:
         """Start a new episode: empty plan, tick 0 now, answers to old requests ignored.

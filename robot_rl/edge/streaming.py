@@ -28,6 +28,11 @@ becomes the next shadow. If the previous shadow's swap is still pending when new
 arrive, the request is withdrawn first (the latest version wins anyway); if the worker has
 already taken it but not applied it yet, the loader waits for that one chunk.
 
+A policy that runs in a process of its own (``robot_rl.edge.process_runner``) has its shadow and
+loader there: the link assembles the download straight into a file that process maps, and this
+streamer only sends the file's name (``ProcessPolicy.stage_weights``); nothing of the load runs
+in the control process.
+
 The version in use, reported in heartbeats, is the version of the newest executed step:
 that is when a swap has really happened, not when the weights arrived.
 """
@@ -54,6 +59,7 @@ from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.bridges.zmq.weights import TensorView, WeightsError, tensor_views
 from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
+from robot_rl.edge.process_runner import ProcessPolicy
 from robot_rl.policies.trainable import published_state
 
 if TYPE_CHECKING:
@@ -109,6 +115,23 @@ def _copy_slices(dst: torch.Tensor, data: bytes | bytearray | memoryview, view: 
         flat[start : start + step].copy_(src[start : start + step])
 
 
+def shadow_of(policy: torch.nn.Module) -> Any:
+    """The second policy object weights are loaded into: its published tensors are its own, and
+    every tensor that never travels (a frozen VLM, a LoRA adapter's base) is the live policy's,
+    shared, because no swap ever writes it: a 0.9 GB SmolVLM is held once, not twice."""
+    published = {t.data_ptr() for t in published_state(policy).values() if t.numel()}
+    memo: dict[int, Any] = {}
+    for tensor in (*policy.parameters(), *policy.buffers()):
+        if tensor.numel() and tensor.data_ptr() not in published:
+            memo[id(tensor)] = tensor
+    return copy.deepcopy(policy, memo).eval()
+
+
+def receives_weights(policy: object) -> bool:
+    """True where published weights can be swapped into ``policy`` (a torch module, here or in its own process)."""
+    return isinstance(policy, torch.nn.Module) or (isinstance(policy, ProcessPolicy) and policy.swappable)
+
+
 def wall_clock_episode_id() -> int:
     """Microseconds since the epoch: unique per robot across restarts, as the dedup key needs."""
     return time.time_ns() // 1000
@@ -134,7 +157,7 @@ class EdgeStreamer:
     def __init__(
         self,
         config: ClientConfig,
-        policy: torch.nn.Module | None = None,
+        policy: torch.nn.Module | ProcessPolicy | None = None,
         *,
         segment_steps: int = 15,
         image_encoding: ImageEncoding | None = None,
@@ -143,16 +166,19 @@ class EdgeStreamer:
     ) -> None:
         if segment_steps < 1:
             raise ValueError(f"segment_steps must be >= 1, got {segment_steps}")
+        # A policy in its own process loads weights there (its shadow lives there too).
+        self._remote = policy if isinstance(policy, ProcessPolicy) else None
         self.link = StreamingClient(config, on_weights=self._on_weights if policy is not None else None,
-                                    queue_size=queue_size, image_encoding=image_encoding or ImageEncoding())
+                                    queue_size=queue_size, image_encoding=image_encoding or ImageEncoding(),
+                                    allocate_weights=self._remote.allocate_weights if self._remote else None)
         self.segment_steps = segment_steps
         self.episode_id_fn = episode_id_fn
         self.node: EdgeNode | None = None
         # The one shadow, allocated now (off the control path), on the policy's device. ``policy``
         # itself becomes the shadow after the first swap: its weights are overwritten then.
-        self._live = policy
+        self._live = None if self._remote else policy
         # Any: a torch module that is also the node's ChunkPolicy (FlowVLA).
-        self._shadow: Any = copy.deepcopy(policy).eval() if policy is not None else None
+        self._shadow: Any = shadow_of(self._live) if isinstance(self._live, torch.nn.Module) else None
         self._requested: tuple[torch.nn.Module, int] | None = None  # shadow handed to the node, not yet seen in use
         self._failures_at_request = 0
         self._episode_id: int | None = None
@@ -308,6 +334,12 @@ class EdgeStreamer:
             if self.node is None:
                 log.warning("weights v%d arrived but no node is attached; ignored", item[0].version)
                 item = None
+                continue
+            if self._remote is not None:
+                announce, data = item
+                item = None
+                self._remote.stage_weights(announce.version, data)  # a file name down a pipe
+                self.swaps_requested += 1
                 continue
             if not self._free_shadow():
                 continue  # the worker holds the shadow's swap for one chunk; try again in a few ms

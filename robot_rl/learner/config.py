@@ -152,7 +152,9 @@ class TrainerConfig:
     max_updates: int | None = None  # None: train until stopped
     publish_every_updates: int = 50  # publish weights to the robots after this many updates ...
     publish_every_s: float = 30.0  # ... or this long after the last publish, whichever comes first
-    transfer_dtype: str = "float32"  # weights on the wire: float32, float16 or bfloat16
+    # Weights on the wire: float32, float16 or bfloat16; "auto": the policy's own float type (a bf16
+    # VLA travels in bf16, a float32 policy loses nothing).
+    transfer_dtype: str = "auto"
     checkpoint_dir: str = "outputs/learner/checkpoints"
     checkpoint_every_updates: int = 500
     keep_checkpoints: int = 3  # older checkpoints are deleted

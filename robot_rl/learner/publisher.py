@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
-from robot_rl.bridges.zmq.weights import WeightsBlob, serialize_tensors
+from robot_rl.bridges.zmq.weights import TRANSFER_DTYPES, WeightsBlob, snapshot_buffer
 from robot_rl.policies.trainable import published_state
 
 log = logging.getLogger(__name__)
@@ -20,12 +20,21 @@ log = logging.getLogger(__name__)
 PublishFn = Callable[[WeightsBlob], None]
 
 
-def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_dtype: str = "float32") -> WeightsBlob:
-    """A wire snapshot of what ``policy`` publishes (``published_state``: a frozen part stays home;
-    CPU copy; floats cast to ``transfer_dtype``)."""
-    data = serialize_tensors(published_state(policy), transfer_dtype=transfer_dtype,
-                             metadata={"version": str(version), "config_hash": config_hash})
-    return WeightsBlob(version=version, data=data, config_hash=config_hash, dtype=transfer_dtype)
+def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_dtype: str = "auto") -> WeightsBlob:
+    """A wire snapshot of what ``policy`` publishes (``published_state``: a frozen part stays home),
+    written once into the buffer every robot is served from; floats cast to ``transfer_dtype``
+    ("auto": the policy's own float type, so a bf16 policy travels in bf16 and a float32 one loses nothing)."""
+    tensors = published_state(policy)
+    dtype = wire_dtype(tensors.values()) if transfer_dtype == "auto" else transfer_dtype
+    metadata = {"version": str(version), "config_hash": config_hash}
+    data = snapshot_buffer(tensors, transfer_dtype=dtype, metadata=metadata)
+    return WeightsBlob(version=version, data=data, config_hash=config_hash, dtype=dtype)
+
+
+def wire_dtype(tensors: Iterable[torch.Tensor]) -> str:
+    """The float type all of ``tensors``' floats share, if it is one the wire carries; else float32."""
+    kinds = {str(t.dtype).removeprefix("torch.") for t in tensors if t.is_floating_point()}
+    return kinds.pop() if len(kinds) == 1 and kinds <= set(TRANSFER_DTYPES) else "float32"
 
 
 class PublishSchedule:

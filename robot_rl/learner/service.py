@@ -105,6 +105,7 @@ class LearnerService(ServerHandlers):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_status_s = time.monotonic()
+        self._writer_behind = 0  # episodes waiting for the dataset writer at the last status line
 
     @property
     def router_endpoint(self) -> str:
@@ -166,8 +167,16 @@ class LearnerService(ServerHandlers):
         self._last_status_s = now
         robots = ", ".join(f"{r.robot_id}:v{r.policy_version}{'' if r.connected else '(gone)'}"
                            for r in self.robots.values()) or "none"
-        log.info("robots [%s] | store %s | update %d, weights v%d", robots, self.store.stats(),
+        stats = self.store.stats()
+        log.info("robots [%s] | store %s | update %d, weights v%d", robots, stats,
                  self.trainer.step, self.trainer.version)
+        waiting = stats["episodes_to_write"]
+        # More than two batches waiting and more than at the last status: ingest outpaces the writer.
+        if waiting > max(self._writer_behind, 2 * self.config.store.commit_batch):
+            log.warning("the dataset writer is %d episodes behind the robots (was %d): they are acked and staged, "
+                        "none is lost, but training sees them only once written; fewer robots, cameras or fps "
+                        "per learner, or store.commit_batch up, let it catch up", waiting, self._writer_behind)
+        self._writer_behind = waiting
 
     # ------------------------------------------------------------ wire handlers (serving thread)
 

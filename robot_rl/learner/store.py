@@ -364,6 +364,9 @@ class ReplayStore:
             return {
                 "episodes_stored": self.writer.num_episodes if self.writer is not None else 0,
                 "episodes_open": len(self._open),
+                # Closed, acked and staged, not in the dataset yet: a count that keeps growing says the
+                # dataset writer cannot keep up with the robots (nothing is lost; restarts write them).
+                "episodes_to_write": self._jobs.qsize() if self._committer is not None else 0,
                 "segments_staged": len(self._staging),
                 "segments_ingested": self.counters["segments"],
                 "duplicate_segments": self.counters["duplicate_segments"],

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from robot_rl.core.clock import VirtualClock, WallClock
+from robot_rl.core.clock import Clock, VirtualClock, WallClock
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import ROBOTS, TELEOPS
@@ -54,7 +55,6 @@ def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
 
 def run_session(cfg: RobotRLConfig) -> int:
     """Run ``cfg.session`` on ``cfg.robot``; stream to ``cfg.link.learner`` if set. Returns the exit code."""
-    from robot_rl.app.policies import load_policy
     from robot_rl.edge import EdgeNode
     from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
     from robot_rl.session.loop import OperatorSession
@@ -85,7 +85,9 @@ def run_session(cfg: RobotRLConfig) -> int:
     with contextlib.ExitStack() as stack:
         robot.connect()
         stack.callback(robot.disconnect)
-        policy = load_policy(cfg)
+        policy = build_policy(cfg, clock)
+        if hasattr(policy, "close"):  # a policy process, if the node never gets to own it
+            stack.callback(policy.close)
         check_policy_fits(policy, robot)
         scenes = SceneDraw.for_sim(session_cfg.seed, cfg.task_families) if simulated else SceneDraw(None)
         warm_up(policy, robot, session_cfg.instruction)
@@ -112,6 +114,23 @@ def run_session(cfg: RobotRLConfig) -> int:
         )
         result = session.run()
     return result.exit_code
+
+
+def build_policy(cfg: RobotRLConfig, clock: Clock) -> Any:
+    """The configured policy. On the wall clock (``edge.inference_runner`` auto or process) a policy
+    that computes is built in a process of its own, which then also loads published weights: nothing
+    of inference or of a swap shares the control loop's interpreter. A virtual clock keeps it here,
+    where the virtual runner's timing is exact."""
+    from robot_rl.app.policies import load_policy
+    from robot_rl.policies.hold import HoldPolicyConfig
+
+    runner = cfg.edge.inference_runner
+    computes = not isinstance(cfg.policy, HoldPolicyConfig)  # holding the arm costs nothing worth a process
+    if runner == "process" or (runner == "auto" and not clock.is_virtual and computes):
+        from robot_rl.edge.process_runner import spawn_policy
+
+        return spawn_policy(functools.partial(load_policy, cfg))
+    return load_policy(cfg)
 
 
 def check_policy_fits(policy: Any, robot: Any) -> None:
@@ -188,11 +207,12 @@ def _start_streamer(client: ClientConfig, policy: Any, node: Any, stack: context
     """Stream saved episodes to the learner (``link``) and swap in the weights it publishes;
     local recording happens regardless. The policy's config hash goes in the hello, so a learner
     that trains another model refuses the robot, and the session says so in one line."""
-    from robot_rl.edge.streaming import EdgeStreamer
+    from robot_rl.edge.streaming import EdgeStreamer, receives_weights
 
-    if hasattr(policy, "config_hash"):
-        client = dataclasses.replace(client, config_hash=policy.config_hash())
-    streamer = EdgeStreamer(client, policy if hasattr(policy, "parameters") else None)
+    config_hash = policy.config_hash() if hasattr(policy, "config_hash") else ""  # "": a policy without weights
+    if config_hash:
+        client = dataclasses.replace(client, config_hash=config_hash)
+    streamer = EdgeStreamer(client, policy if receives_weights(policy) else None)
     streamer.attach(node, stream_steps=False).start()
     if not streamer.link.wait_connected(LINK_CONNECT_S):
         refusal = streamer.link.refusal

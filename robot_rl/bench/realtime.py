@@ -1,0 +1,224 @@
+"""`robot-rl bench realtime`: a wall-clock soak of edge nodes beside a learner that trains.
+
+What a robot feels on a busy machine: ``bench.robots`` edge processes (a kinematic 6-joint arm
+with two 96x96 cameras, 30 fps, the project's FlowVLA computing real chunks) stream every step to
+a ``LearnerService`` that trains behaviour cloning on them and publishes new weights every
+``bench.swap_every_s``, which every edge swaps in while it runs; every process logs at INFO to a
+file. Every tick's lateness (start time minus its scheduled time) is recorded. The soak runs once
+per ``bench.runners`` entry, one after the other on the same machine: where inference and the
+weights loader run ("process": the policy's own process, the default of a session on the wall
+clock; "thread": threads of the control process, as before).
+
+Reported per runner: ``lateness_ms`` {p50, p99, max} over all ticks of all robots,
+``ticks_over_5ms``, ``ticks_over_period`` (33 ms at 30 fps), ticks, swaps seen, learner updates,
+and the store's episodes written and still waiting for the dataset writer at the end (a waiting
+count that grows says the learner cannot keep up; stopping writes them all, which can take minutes).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing as mp
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from robot_rl.bench.configs import RealtimeBenchConfig
+from robot_rl.bench.transport import CAMERAS, IMAGE, BenchArm, ballast_policy
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
+
+log = logging.getLogger(__name__)
+
+FPS = 30
+EPISODE_TICKS = 300  # 10 s: an episode ends, its steps are committed, the next begins
+OVER_MS = 5.0
+
+
+def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, start: Any, stop: Any,
+               out: mp.Queue) -> None:
+    """Edge process: episodes on the wall clock until ``stop`` is set; send the lateness of every
+    tick between ``start`` (every edge is running) and ``stop``."""
+    import torch
+
+    from robot_rl.bridges.zmq.client import ClientConfig
+    from robot_rl.bridges.zmq.segments import ImageEncoding
+    from robot_rl.core.clock import WallClock
+    from robot_rl.core.layout import RecordedLayout
+    from robot_rl.edge.config import EdgeConfig
+    from robot_rl.edge.node import EdgeNode
+    from robot_rl.edge.process_runner import spawn_policy
+    from robot_rl.edge.streaming import EdgeStreamer
+
+    logging.basicConfig(level=logging.INFO, filename=f"{workdir}/edge-{index}-{runner}.log",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(1)
+    factory = functools.partial(ballast_policy, 0.0)
+    policy = spawn_policy(factory) if runner == "process" else factory()
+    robot_id = f"soak-{index}"
+    arm = BenchArm()
+    config = ClientConfig(robot_id=robot_id, router_endpoint=router, pub_endpoint=pub,
+                          spool_dir=f"{workdir}/spool-{index}-{runner}", config_hash=policy.config_hash(),
+                          heartbeat_interval_s=0.5, features=RecordedLayout.of_robot(arm).to_document())
+    streamer = EdgeStreamer(config, policy, image_encoding=ImageEncoding())
+    node = EdgeNode(arm, policy, WallClock(), EdgeConfig(fps=FPS, inference_runner=runner), robot_id=robot_id)
+    streamer.attach(node).start()
+    lateness: list[float] = []
+    forward = node.step_sink
+    assert forward is not None
+    measuring = [False]  # from the first tick after every edge is running, as the parent says
+
+    def sink(step: Any) -> None:  # control thread: one append
+        if measuring[0]:
+            lateness.append(step.lateness_s)
+        forward(step)
+
+    node.step_sink = sink
+    streamer.link.wait_connected(60)
+    out.put(("ready", index, None))
+    threading.Thread(target=lambda: (start.wait(), measuring.__setitem__(0, True)), daemon=True).start()
+    try:
+        episode = 0
+        while not stop.is_set():
+            node.run_episode(EPISODE_TICKS, "pick up the cube", episode_id=episode)
+            episode += 1
+    finally:
+        streamer.stop()
+        node.close()
+    out.put(("done", index, {"lateness_s": np.asarray(lateness, dtype=np.float64).tolist(),
+                             "swaps": node.stats.swaps, "version": node.policy_version}))
+
+
+def soak(runner: str, cfg: RealtimeBenchConfig, workdir: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+    from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig, TrainerConfig
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy = ballast_policy(0.0)
+    config = LearnerConfig(
+        store=StoreConfig(root=str(workdir / "store"), commit_nice=10),
+        trainer=TrainerConfig(device="cpu", log_dir="", checkpoint_dir=str(workdir / "ckpt"), batch_size=16,
+                              publish_every_updates=10**9, publish_every_s=cfg.swap_every_s,
+                              checkpoint_every_updates=10**9, min_steps_to_train=64, thread_nice=10,
+                              demonstration_ratio=0.0, intervention_ratio=0.0, online_ratio=1.0),
+        service=ServiceConfig(router_endpoint="tcp://127.0.0.1:*", pub_endpoint="tcp://127.0.0.1:*",
+                              status_every_s=10.0))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    learner_log = logging.FileHandler(workdir / "learner.log")  # the learner logs beside the robots, as in a run
+    learner_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    project = logging.getLogger("robot_rl")
+    level, propagate = project.level, project.propagate
+    project.addHandler(learner_log)
+    project.setLevel(logging.INFO)
+    project.propagate = False  # to the file only: the console shows the bench's progress
+    try:
+        return _soak_with_learner(runner, cfg, workdir, config, policy, ctx, out, progress)
+    finally:
+        project.removeHandler(learner_log)
+        project.setLevel(level)
+        project.propagate = propagate
+        learner_log.close()
+
+
+def _soak_with_learner(runner: str, cfg: RealtimeBenchConfig, workdir: Path, config: Any, policy: Any, ctx: Any,
+                       out: mp.Queue, progress: Callable[[str], None]) -> dict[str, Any]:
+    from robot_rl.learner.service import LearnerService
+
+    with LearnerService(config, policy, train=True) as learner:
+        learner.start()
+        start, stop = ctx.Event(), ctx.Event()
+        edges = [ctx.Process(target=_soak_edge, args=(i, learner.router_endpoint, learner.pub_endpoint,
+                                                       str(workdir), runner, start, stop, out))
+                 for i in range(cfg.robots)]
+        for edge in edges:
+            edge.start()
+        results: dict[int, dict] = {}
+        try:
+            for _ in edges:
+                _expect(out, "ready", 120.0 + 30.0 * cfg.robots, runner)
+            start.set()
+            progress(f"{runner}: {cfg.robots} edges running; soaking for {cfg.duration_s:.0f} s")
+            updates_before = learner.trainer.step
+            time.sleep(cfg.duration_s)
+            updates = learner.trainer.step - updates_before
+            store = learner.store.stats()
+            stop.set()
+            for _ in edges:
+                index, body = _expect(out, "done", 120.0, runner)
+                results[index] = body
+        finally:
+            stop.set()
+            for edge in edges:
+                edge.join(30)
+                if edge.is_alive():
+                    edge.terminate()
+    lateness_ms = np.concatenate([np.asarray(r["lateness_s"]) for r in results.values()]) * 1000.0
+    period_ms = 1000.0 / FPS
+    return {"runner": runner, "robots": cfg.robots, "ticks": int(lateness_ms.size),
+            "lateness_ms": {"p50": float(np.percentile(lateness_ms, 50)), "p99": float(np.percentile(lateness_ms, 99)),
+                            "max": float(lateness_ms.max())},
+            "ticks_over_5ms": int((lateness_ms > OVER_MS).sum()),
+            "ticks_over_period": int((lateness_ms > period_ms).sum()),
+            "swaps": int(sum(r["swaps"] for r in results.values())), "learner_updates": int(updates),
+            "episodes_stored": store["episodes_stored"], "episodes_to_write": store["episodes_to_write"],
+            "duration_s": cfg.duration_s}
+
+
+def _expect(out: mp.Queue, kind: str, timeout_s: float, runner: str) -> tuple[int, Any]:
+    try:
+        got, index, body = out.get(timeout=timeout_s)
+    except queue.Empty:
+        raise TimeoutError(f"soak ({runner}): no {kind!r} from an edge within {timeout_s:.0f} s") from None
+    if got != kind:
+        raise RuntimeError(f"soak ({runner}): edge {index} sent {got!r}, expected {kind!r}")
+    return index, body
+
+
+def run_realtime_bench(cfg: RealtimeBenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    report: dict[str, Any] = {"by_runner": {},
+                              "config": {"duration_s": cfg.duration_s, "robots": cfg.robots,
+                                         "swap_every_s": cfg.swap_every_s, "runners": list(cfg.runners),
+                                         "fps": FPS, "cameras": f"{len(CAMERAS)} x {IMAGE}x{IMAGE}"}}
+    with tempfile.TemporaryDirectory(prefix="bench-realtime-") as tmp:
+        for runner in cfg.runners:
+            progress(f"soak, inference and loader in a {runner}: {cfg.robots} edges, {cfg.duration_s:.0f} s")
+            report["by_runner"][runner] = soak(runner, cfg, Path(tmp) / runner, progress)
+    first = report["by_runner"][cfg.runners[0]]
+    report.update({key: first[key] for key in ("lateness_ms", "ticks_over_5ms", "ticks_over_period", "runner")})
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Tick lateness over a {report['config']['duration_s']:.0f} s wall-clock soak "
+                        f"({report['config']['robots']} edges, learner training, swaps every "
+                        f"{report['config']['swap_every_s']:.0f} s)")
+    for col in ("runner", "ticks", "p50 ms", "p99 ms", "max ms", ">5ms", ">period", "swaps", "updates",
+                "stored/waiting"):
+        table.add_column(col, justify="right")
+    for runner, row in report["by_runner"].items():
+        late = row["lateness_ms"]
+        table.add_row(runner, str(row["ticks"]), f"{late['p50']:.2f}", f"{late['p99']:.2f}", f"{late['max']:.1f}",
+                      str(row["ticks_over_5ms"]), str(row["ticks_over_period"]), str(row["swaps"]),
+                      str(row["learner_updates"]), f"{row['episodes_stored']} / {row['episodes_to_write']}")
+    Console().print(table)
+
+
+def run_from_cli(cfg: RobotRLConfig) -> dict:
+    logging.getLogger("robot_rl").setLevel(logging.WARNING)
+    started = time.monotonic()
+    report = run_realtime_bench(cfg.bench, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
+                                                                flush=True))
+    report["duration_s"] = time.monotonic() - started
+    print_table(report)
+    return report
