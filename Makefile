@@ -13,7 +13,7 @@ demo: $(VENV_STAMP)
 
 # Lint and types first (seconds), then the suite.
 test: lint
-	.venv/bin/python -m pytest -q tests
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests
 
 lint: $(VENV_STAMP)
 	.venv/bin/ruff check robot_rl hardware policies bridges calibration tests setup.py

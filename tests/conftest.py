@@ -6,3 +6,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow files first (stable otherwise): ``make test`` runs files on two workers (pytest-xdist,
+    ``--dist loadfile``), and a long end-to-end file that starts last would run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -21,6 +21,8 @@ from robot_rl.bench.configs import ARMS, LearningBenchConfig
 from robot_rl.bench.learning import ArmResult, build_report, curve_points, first_reaching
 from robot_rl.config import ConfigError, load_config
 
+pytestmark = pytest.mark.slow  # processes end to end: started first when the suite runs in parallel
+
 
 def records(outcomes: str, seconds_per_episode: float = 10.0) -> list[EpisodeRecord]:
     """'A' autonomous success, 'R' success rescued by the operator, 'F' failure without takeover."""

@@ -10,6 +10,8 @@ from robot_rl.bench.configs import StoreBenchConfig
 from robot_rl.bench.store import run_store_bench
 from robot_rl.config import ConfigError, load_config
 
+pytestmark = pytest.mark.slow  # processes end to end: started first when the suite runs in parallel
+
 
 def test_each_setting_stores_every_queued_episode_and_reports_ratios():
     cfg = StoreBenchConfig(episodes=3, batches=[1, 3], writers=["thread", "process"], episode_steps=20)

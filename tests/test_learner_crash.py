@@ -27,6 +27,8 @@ import pytest
 
 from tests.learner_helpers import IMG, JOINTS, wait_for
 
+pytestmark = pytest.mark.slow  # processes end to end: started first when the suite runs in parallel
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 STEPS_PER_EPISODE = 120  # long episodes: each LeRobot episode commit costs ~1-2 s here

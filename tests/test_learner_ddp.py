@@ -26,6 +26,8 @@ from robot_rl.learner.algorithms.configs import AWRConfig, RLConfig
 from robot_rl.learner.trainer import Trainer
 from tests.learner_helpers import BC, tiny_policy, trainer_config
 
+pytestmark = pytest.mark.slow  # processes end to end: started first when the suite runs in parallel
+
 REPO = Path(__file__).resolve().parents[1]
 UPDATES = 4
 BATCH = 8

@@ -16,6 +16,8 @@ from robot_rl.learner.store_writer import EpisodeWriteError, ProcessEpisodeWrite
 from tests.learner_helpers import CAMERAS, IMG, JOINTS, make_steps, store_config, stored_triples
 from tests.test_learner_store import segments
 
+pytestmark = pytest.mark.slow  # processes end to end: started first when the suite runs in parallel
+
 
 def ingest_episodes(store: ReplayStore, episodes, steps: int = 6) -> None:
     for episode in episodes:
