@@ -197,5 +197,5 @@ def hold_interpreter_lock(seconds: float) -> None:
     sum(range(int(seconds / per_item_s)))
 
 
-def failing_policy() -> TorchEncodingPolicy:
-    raise FileNotFoundError("no checkpoint at /nowhere (a test's policy factory)")
+def failing_policy(error: Exception | None = None) -> TorchEncodingPolicy:
+    raise error or FileNotFoundError("no checkpoint at /nowhere (a test's policy factory)")

@@ -86,8 +86,11 @@ def test_newer_weights_win_over_ones_not_yet_loaded(process_policy):
 
 
 def test_a_factory_that_fails_is_one_clear_error():
-    with pytest.raises(PolicyProcessError, match="could not be built.*no checkpoint at /nowhere"):
+    # A missing checkpoint stays a FileNotFoundError (the CLI reports those in one line), others say where.
+    with pytest.raises(FileNotFoundError, match="no checkpoint at /nowhere"):
         spawn_policy(failing_policy)
+    with pytest.raises(PolicyProcessError, match="could not be built.*RuntimeError: no GPU"):
+        spawn_policy(functools.partial(failing_policy, RuntimeError("no GPU")))
 
 
 def test_a_dead_policy_process_leaves_the_arm_holding(process_policy):

@@ -220,6 +220,39 @@ def test_weights_are_announced_fetched_in_chunks_and_verified(tmp_path):
     assert announce.version == 3 and announce.num_chunks == 13 and payload == data
 
 
+def test_publishing_wakes_a_serving_loop_that_is_waiting_for_requests():
+    """The announcement goes out when the weights are published, not when the serving loop's poll
+    next times out (a minute here; the learner's loop polls every 50 ms, which a swap used to wait)."""
+    server = ZmqServer(ServerConfig(config_hash="", announce_interval_s=0.01))
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(server.pub_endpoint)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            server.serve_once(60_000)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    try:
+        server.publish_weights(WeightsBlob(version=1, data=b"x" * 10, config_hash=""))
+        # Re-announced every 10 ms until the subscriber has joined (PUB drops what it sends before).
+        assert wait_until(lambda: sub.poll(0), tick=lambda: server.serve_once(10)), "no first announcement"
+        thread.start()
+        time.sleep(0.3)  # the loop is in its minute-long poll now
+        while sub.poll(0):
+            sub.recv_multipart()
+        server.publish_weights(WeightsBlob(version=2, data=b"y" * 10, config_hash=""))
+        assert sub.poll(20_000), "the announcement waited for the poll timeout"
+        assert decode_message(sub.recv_multipart()).version == 2
+    finally:
+        stop.set()
+        server.publish_weights(WeightsBlob(version=3, data=b"z", config_hash=""))  # wakes the loop to stop
+        thread.join(10)
+        sub.close(0)
+        server.close()
+
+
 def test_a_corrupted_chunk_is_refused_and_the_weights_never_delivered(tmp_path):
     received: list[bytes] = []
     with serving() as server:

@@ -22,6 +22,7 @@ any of their acks goes out. Other messages are answered as they come.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -146,8 +147,15 @@ class ZmqServer:
         self._pub = self._bind(zmq.PUB, config.pub_endpoint)
         self.router_endpoint: str = cast(bytes, self._router.last_endpoint).decode()
         self.pub_endpoint: str = cast(bytes, self._pub.last_endpoint).decode()
+        # publish_weights (any thread) wakes the serving loop, so an announcement waits for no poll timeout.
+        wake = f"inproc://wake-{id(self)}"
+        self._wake_rx = self._ctx.socket(zmq.PAIR)
+        self._wake_rx.bind(wake)
+        self._wake_tx = self._ctx.socket(zmq.PAIR)  # used under _publish_lock only: one thread at a time
+        self._wake_tx.connect(wake)
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
+        self._poller.register(self._wake_rx, zmq.POLLIN)
         log.info("learner server %s: requests on %s, weights on %s, CURVE %s", config.server_id,
                  self.router_endpoint, self.pub_endpoint, "on" if config.curve else "off")
 
@@ -191,9 +199,11 @@ class ZmqServer:
             self.serve_once(timeout_ms)
 
     def publish_weights(self, blob: WeightsBlob) -> None:
-        """Serve ``blob`` and announce it (thread-safe; sent on the next serve_once)."""
+        """Serve ``blob`` and announce it (thread-safe; the serving loop wakes up and sends it at once)."""
         with self._publish_lock:
             self._to_publish.append(blob)
+            with contextlib.suppress(zmq.Again):
+                self._wake_tx.send(b"", zmq.NOBLOCK)  # one pending wake-up is enough
 
     @property
     def latest_weights(self) -> WeightsBlob | None:
@@ -205,6 +215,8 @@ class ZmqServer:
     def close(self) -> None:
         self._router.close(0)
         self._pub.close(0)
+        self._wake_tx.close(0)
+        self._wake_rx.close(0)
         if self._auth:
             self._auth.stop()
         self._ctx.term()
@@ -356,6 +368,9 @@ class ZmqServer:
         now = time.monotonic()
         with self._publish_lock:
             new, self._to_publish = self._to_publish, []
+            with contextlib.suppress(zmq.Again):
+                while True:
+                    self._wake_rx.recv(zmq.NOBLOCK)
         for blob in new:
             self._blobs[blob.version] = blob
             while len(self._blobs) > self.config.keep_weight_versions:

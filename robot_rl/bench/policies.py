@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from robot_rl.bench.progress import timed_run
+
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
     from robot_rl.policies.trainable import TrainablePolicy
@@ -230,9 +232,6 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def run_from_cli(cfg: RobotRLConfig) -> dict[str, Any]:
-    started = time.monotonic()
-    report = run_policies_bench(cfg, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
-                                                                flush=True))
-    report["duration_s"] = round(time.monotonic() - started, 1)
+    report = timed_run(lambda progress: run_policies_bench(cfg, progress=progress))
     print_table(report)
     return report

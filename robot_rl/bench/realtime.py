@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from robot_rl.bench.configs import RealtimeBenchConfig
+from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import CAMERAS, IMAGE, BenchArm, ballast_policy
 
 if TYPE_CHECKING:
@@ -216,9 +217,6 @@ def print_table(report: dict[str, Any]) -> None:
 
 def run_from_cli(cfg: RobotRLConfig) -> dict:
     logging.getLogger("robot_rl").setLevel(logging.WARNING)
-    started = time.monotonic()
-    report = run_realtime_bench(cfg.bench, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
-                                                                flush=True))
-    report["duration_s"] = time.monotonic() - started
+    report = timed_run(lambda progress: run_realtime_bench(cfg.bench, progress=progress))
     print_table(report)
     return report

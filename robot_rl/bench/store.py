@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robot_rl.bench.configs import StoreBenchConfig
+from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import CAMERAS, IMAGE, JOINTS, SEGMENT_STEPS, synthetic_steps
 
 if TYPE_CHECKING:
@@ -167,9 +168,6 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def run_from_cli(cfg: RobotRLConfig) -> dict:
-    started = time.monotonic()
-    report = run_store_bench(cfg.bench, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
-                                                             flush=True))
-    report["duration_s"] = round(time.monotonic() - started, 1)
+    report = timed_run(lambda progress: run_store_bench(cfg.bench, progress=progress))
     print_table(report)
     return report

@@ -54,6 +54,7 @@ import numpy as np
 
 from robot_rl.bench.configs import SYNTHETIC_EPISODE_STEPS as EPISODE_STEPS
 from robot_rl.bench.configs import TransportBenchConfig
+from robot_rl.bench.progress import timed_run
 from robot_rl.core.robot_io import Observation
 
 if TYPE_CHECKING:
@@ -778,9 +779,6 @@ def print_table(report: dict[str, Any]) -> None:
 
 def run_from_cli(cfg: RobotRLConfig) -> dict:
     logging.getLogger("robot_rl").setLevel(logging.WARNING)
-    started = time.monotonic()
-    report = run_transport_bench(cfg.bench, progress=lambda msg: print(f"[{time.monotonic() - started:5.0f} s] {msg}",
-                                                                 flush=True))
-    report["duration_s"] = time.monotonic() - started
+    report = timed_run(lambda progress: run_transport_bench(cfg.bench, progress=progress))
     print_table(report)
     return report

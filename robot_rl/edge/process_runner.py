@@ -45,6 +45,7 @@ from typing import Any, cast
 import msgpack
 import numpy as np
 
+from robot_rl.core.errors import ConfigError
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRunner, PolicySwap
 from robot_rl.policies.base import ChunkPolicy
 
@@ -251,7 +252,8 @@ def _child_main(factory: PolicyFactory, conn: Any, version: int) -> None:
     try:
         policy = factory()
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it with this text
-        conn.send_bytes(_pack("failed", {"error": f"{type(exc).__name__}: {exc}"}))
+        kind = "config" if isinstance(exc, ConfigError) else "missing" if isinstance(exc, FileNotFoundError) else ""
+        conn.send_bytes(_pack("failed", {"error": f"{type(exc).__name__}: {exc}", "message": str(exc), "kind": kind}))
         return
     action_dim = getattr(policy, "action_dim", None)  # a policy without joints of its own (hold) has none
     info = {"action_dim": None if action_dim is None else int(action_dim), "chunk_size": int(policy.chunk_size),
@@ -442,6 +444,11 @@ def spawn_policy(factory: PolicyFactory, version: int = 0, start_timeout_s: floa
         raise PolicyProcessError(f"the policy process died while starting (exit code {process.exitcode})") from exc
     if kind != "ready":
         process.join(5)
+        # A wrong setting or a missing checkpoint stays what it was, so the CLI reports it in one line.
+        if body.get("kind") == "config":
+            raise ConfigError(body["message"])
+        if body.get("kind") == "missing":
+            raise FileNotFoundError(body["message"])
         raise PolicyProcessError(f"the policy could not be built in its process: {body.get('error', kind)}")
     cls = GuidedProcessPolicy if body["guided"] else ProcessPolicy
     return cls(process, parent, body, version)
