@@ -32,7 +32,7 @@ import numpy as np
 
 from robot_rl.bench.configs import RealtimeBenchConfig
 from robot_rl.bench.progress import timed_run
-from robot_rl.bench.transport import CAMERAS, IMAGE, BenchArm, ballast_policy
+from robot_rl.bench.transport import CAMERAS, IMAGE, BenchArm, ballast_policy, stop_processes
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -156,11 +156,7 @@ def _soak_with_learner(runner: str, cfg: RealtimeBenchConfig, workdir: Path, con
                 index, body = _expect(out, "done", 120.0, runner)
                 results[index] = body
         finally:
-            stop.set()
-            for edge in edges:
-                edge.join(30)
-                if edge.is_alive():
-                    edge.terminate()
+            stop_processes(stop, edges, 30)
     lateness_ms = np.concatenate([np.asarray(r["lateness_s"]) for r in results.values()]) * 1000.0
     period_ms = 1000.0 / FPS
     return {"runner": runner, "robots": cfg.robots, "ticks": int(lateness_ms.size),

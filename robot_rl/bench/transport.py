@@ -44,7 +44,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,12 +216,17 @@ def _measure_with_processes(robots: int, window_s: float, counter: Callable[[], 
         time.sleep(window_s)
         t1, c1 = time.monotonic(), counter()
     finally:
-        stop.set()
-        for p in procs:
-            p.join(40)
-            if p.is_alive():
-                p.terminate()
+        stop_processes(stop, procs, 40)
     return (c1 - c0) / (t1 - t0)
+
+
+def stop_processes(stop: Any, processes: Sequence[BaseProcess], timeout_s: float) -> None:
+    """Tell benchmark processes to stop (``stop``: an event they watch), then end any that do not."""
+    stop.set()
+    for process in processes:
+        process.join(timeout_s)
+        if process.is_alive():
+            process.terminate()
 
 
 # ============================================================== ingest: gRPC baseline (LeRobot HIL-SERL)
@@ -674,11 +679,7 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
             latencies += [reports.wait(f"loaded:{rid}", cfg.swap_timeout_s, version=version) - t0 for rid in ids]
             time.sleep(cfg.swap_gap_s)
     finally:
-        stop.set()
-        for edge in edges:
-            edge.join(10)
-            if edge.is_alive():
-                edge.terminate()
+        stop_processes(stop, edges, 10)
         stop_serving.set()
         serving.join(5)
         server.close()
