@@ -62,7 +62,7 @@ class TransportBenchConfig:
 class RealtimeBenchConfig:
     """``bench realtime``: tick lateness of edge nodes on the wall clock beside a learner that trains."""
 
-    duration_s: float = 600.0  # per runner, once every edge is running
+    duration_s: float = 600.0  # per runner, from the learner's first trained weights
     robots: int = 2  # edge processes
     swap_every_s: float = 10.0  # the learner publishes new weights this often (trainer.publish_every_s)
     # Where each edge runs inference and loads weights; one soak per entry, one after the other.

@@ -4,7 +4,8 @@ What a robot feels on a busy machine: ``bench.robots`` edge processes (a kinemat
 with two 96x96 cameras, 30 fps, the project's FlowVLA computing real chunks) stream every step to
 a ``LearnerService`` that trains behaviour cloning on them and publishes new weights every
 ``bench.swap_every_s``, which every edge swaps in while it runs; every process logs at INFO to a
-file. Every tick's lateness (start time minus its scheduled time) is recorded. The soak runs once
+file. Every tick's lateness (start time minus its scheduled time) is recorded from the moment the
+learner has published its first trained weights (so every measured tick runs under the full load). The soak runs once
 per ``bench.runners`` entry, one after the other on the same machine: where inference and the
 weights loader run ("process": the policy's own process, the default of a session on the wall
 clock; "thread": threads of the control process, as before).
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 FPS = 30
 EPISODE_TICKS = 300  # 10 s: an episode ends, its steps are committed, the next begins
 OVER_MS = 5.0
+FIRST_WEIGHTS_TIMEOUT_S = 300.0  # filling the store to min_steps_to_train takes seconds; a busy CI box, more
 
 
 def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, start: Any, stop: Any,
@@ -145,6 +147,7 @@ def _soak_with_learner(runner: str, cfg: RealtimeBenchConfig, workdir: Path, con
         try:
             for _ in edges:
                 _expect(out, "ready", 120.0 + 30.0 * cfg.robots, runner)
+            _await_first_trained_weights(learner, FIRST_WEIGHTS_TIMEOUT_S, runner)
             start.set()
             progress(f"{runner}: {cfg.robots} edges running; soaking for {cfg.duration_s:.0f} s")
             updates_before = learner.trainer.step
@@ -167,6 +170,18 @@ def _soak_with_learner(runner: str, cfg: RealtimeBenchConfig, workdir: Path, con
             "swaps": int(sum(r["swaps"] for r in results.values())), "learner_updates": int(updates),
             "episodes_stored": store["episodes_stored"], "episodes_to_write": store["episodes_to_write"],
             "duration_s": cfg.duration_s}
+
+
+def _await_first_trained_weights(learner: Any, timeout_s: float, runner: str) -> None:
+    """The measured window starts once the learner has trained on the stream and published: the
+    ticks before it (the store filling up to ``min_steps_to_train``) carry none of the load being
+    measured, and how long they take depends on how busy the machine is."""
+    deadline = time.monotonic() + timeout_s
+    while learner.trainer.version < 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"soak ({runner}): the learner published no trained weights within {timeout_s:.0f} s "
+                               f"(updates so far: {learner.trainer.step}; store: {learner.store.stats()})")
+        time.sleep(0.1)
 
 
 def _expect(out: mp.Queue, kind: str, timeout_s: float, runner: str) -> tuple[int, Any]:
