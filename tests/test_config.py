@@ -229,3 +229,13 @@ def test_a_bad_override_is_one_line_and_exit_2(command, override, needle, capsys
     assert cli.main([command, override]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1 and err.startswith(f"robot-rl {command}: ")
+
+
+def test_a_learner_off_loopback_without_keys_is_one_line_and_exit_2(tmp_path, capsys):
+    from tests.learner_helpers import tiny_policy
+
+    tiny_policy().save_pretrained(tmp_path / "policy")
+    assert cli.main(["learner", f"policy.path={tmp_path / 'policy'}", f"output_dir={tmp_path / 'out'}",
+                     "learner.service.router_endpoint=tcp://0.0.0.0:0", "learner.trainer.device=cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("robot-rl learner: ") and "CURVE keys are required" in err and "Traceback" not in err

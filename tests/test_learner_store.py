@@ -234,3 +234,56 @@ def test_a_sim_episodes_scene_seed_reaches_the_stored_dataset_and_a_real_one_sta
         assert store.flush(60.0)
     stored = load_episode_arrays(tmp_path / "dataset", "local/robot_rl_replay")
     assert [int(np.asarray(e["episode_seed"]).reshape(-1)[0]) for e in stored] == [1234, -1]
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xfe", b"{not json"])
+def test_a_garbled_ledger_line_is_one_clear_error_and_a_garbled_last_line_is_cut(tmp_path, garbage):
+    from robot_rl.core.errors import ConfigError
+    from robot_rl.learner.ledger import CommitRecord
+
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    for i in range(3):
+        ledger.write_commit(CommitRecord("r0", i, 0, i, (0, 1)))
+    ledger.close()
+    lines = path.read_bytes().splitlines()
+    path.write_bytes(b"\n".join([lines[0], lines[1][:5] + garbage, lines[2]]) + b"\n")
+    with pytest.raises(ConfigError, match="line 2 is corrupt"):
+        Ledger(path)
+    path.write_bytes(b"\n".join([lines[0], lines[1], lines[2][:5] + garbage]) + b"\n")  # a torn last write
+    reopened = Ledger(path)
+    assert [r.episode_id for r in reopened.commits] == [0, 1]
+    reopened.close()
+
+
+def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_path, monkeypatch):
+    """Episodes acked and staged before a crash are written after the store is up, not before:
+    start-up must not grow with the backlog (here the writer is held until the store has opened)."""
+    import threading
+
+    from robot_rl.bridges.zmq.protocol import encode_message
+    from robot_rl.bridges.zmq.spool import Spool
+    from robot_rl.learner.store import _staging_key
+    from robot_rl.learner.store_writer import ThreadEpisodeWriter
+
+    with ReplayStore(store_config(tmp_path)) as store:  # writes layout.json, nothing else
+        assert store.stats()["episodes_stored"] == 0
+    with Spool(tmp_path / "staging") as staging:  # three whole episodes, acked but never written
+        for episode in range(3):
+            for seq, segment in enumerate(segments("r0", episode, make_steps(8, episode=episode))):
+                staging.append(_staging_key("r0", episode, seq), encode_message(segment))
+    release = threading.Event()
+    write = ThreadEpisodeWriter.write
+    monkeypatch.setattr(ThreadEpisodeWriter, "write", lambda self, *a: release.wait(60) and write(self, *a))
+    opened: list[ReplayStore] = []
+    opener = threading.Thread(target=lambda: opened.append(ReplayStore(store_config(tmp_path, background_commit=True))))
+    opener.start()
+    opener.join(60)
+    release.set()
+    assert opened, "the store waited for its backlog to be written before it opened"
+    store = opened[0]
+    try:
+        assert store.flush(60) and store.stats()["episodes_stored"] == 3
+    finally:
+        store.close()
+    assert sorted({e for _, e, _ in stored_triples(tmp_path)}) == [0, 1, 2]

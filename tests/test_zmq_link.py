@@ -40,6 +40,8 @@ from robot_rl.bridges.zmq import (
     encode_segment,
     generate_keypair,
 )
+from robot_rl.bridges.zmq.keys import apply_client_curve
+from robot_rl.bridges.zmq.server import who
 from robot_rl.core import Step
 
 pytestmark = pytest.mark.timeout(60)
@@ -175,13 +177,35 @@ def test_segments_spooled_while_the_learner_is_down_arrive_when_it_comes_back(tm
     assert ("so101-a", 1, 2) in ingest.stored
 
 
+def test_a_full_spool_holds_new_segments_back_keeps_the_link_alive_and_loses_none(tmp_path, caplog):
+    """The learner is away and the spool reaches its bound: later segments wait in memory (said once),
+    the link thread lives on, and once the learner is back every segment arrives exactly once."""
+    with serving() as probe:
+        endpoint = probe.router_endpoint  # a free port, then released
+    one = len(b"".join(bytes(f) for f in encode_message(encode_segment("so101-a", 1, 0, make_steps(2)))))
+    config = ClientConfig(robot_id="so101-a", router_endpoint=endpoint, pub_endpoint=None, spool_dir=tmp_path,
+                          spool_max_bytes=int(2.5 * (one + 64)), **FAST)
+    with caplog.at_level(logging.ERROR), StreamingClient(config) as link:
+        for _ in range(6):
+            assert link.submit_steps(1, make_steps(2))
+        assert wait_until(lambda: link.stats().get("pending") == 2, timeout_s=5)
+        time.sleep(0.3)  # several retries of the held segment
+        assert link.stats()["pending"] == 2 and link._thread.is_alive()
+        assert sum("cannot spool segment" in r.message for r in caplog.records) == 1
+        ingest = MemoryIngest()
+        with serving(ServerConfig(router_endpoint=endpoint), ingest):
+            assert link.flush(20), link.stats()
+    assert sorted(ingest.stored) == [("so101-a", 1, seq) for seq in range(6)]
+
+
 def test_config_hash_mismatch_is_refused_with_a_clear_error(tmp_path, caplog):
     with serving(ServerConfig(config_hash="learner-cfg")) as server:
         client = ZmqClient(client_config(server, tmp_path, config_hash="edge-cfg"))
         with caplog.at_level(logging.ERROR):
             assert wait_until(lambda: client.stats.errors_received > 0, timeout_s=5, tick=lambda: client.poll(10))
         assert not client.connected
-        assert "config_mismatch" in caplog.text and "learner-cfg" in caplog.text
+        assert "config_mismatch" in caplog.text and "learner-cfg" in caplog.text  # the learner's own log
+        assert "edge-cfg" in client.refusal and "learner-cfg" not in client.refusal  # nothing told to a client
         client.close()
 
 
@@ -314,6 +338,45 @@ def test_curve_admits_listed_keys_and_refuses_others(tmp_path):
             c.close()
 
 
+def test_a_robot_with_a_valid_key_cannot_write_on_another_robots_session(tmp_path):
+    """Robot b holds a listed key of its own and robot a's routing id (it sets ROUTING_ID itself, and
+    ROUTER_HANDOVER hands it a's session): its segment labelled a must be refused, not stored as a's."""
+    keys = tmp_path / "keys"
+    generate_keypair(keys, "learner")
+    generate_keypair(keys / "robots", "so101-a")
+    generate_keypair(keys / "robots", "so101-b")
+    ingest = MemoryIngest()
+    with serving(ServerConfig(curve=ServerCurve.from_files(keys / "learner.key_secret", keys / "robots")),
+                 ingest) as server:
+        a = ZmqClient(client_config(server, tmp_path / "a", curve=ClientCurve.from_files(
+            keys / "robots" / "so101-a.key_secret", keys / "learner.key")))
+        assert wait_until(lambda: a.connected, timeout_s=5, tick=lambda: a.poll(5))
+        ctx = zmq.Context()
+        attacker = ctx.socket(zmq.DEALER)
+        attacker.linger = 0
+        attacker.setsockopt(zmq.ROUTING_ID, a._routing_id)
+        apply_client_curve(attacker, ClientCurve.from_files(keys / "robots" / "so101-b.key_secret",
+                                                            keys / "learner.key"))
+        attacker.connect(server.router_endpoint)
+        try:
+            forged = encode_segment("so101-a", 7, 0, make_steps(3))
+            attacker.send_multipart(encode_message(forged), copy=False)
+            assert attacker.poll(5000), "the learner did not answer the forged segment"
+            reply = decode_message(attacker.recv_multipart())
+        finally:
+            attacker.close()
+            ctx.term()
+        assert isinstance(reply, Error) and reply.code == "identity_mismatch"
+        assert ("so101-a", 7, 0) not in ingest.stored and ingest.received == 0
+        assert server.counters["impersonations_refused"] == 1
+        a.close()
+
+
+def test_logs_name_a_connection_by_its_robot_id_and_never_print_its_random_part():
+    assert who(b"so101-a/0123456789abcdef0123456789abcdef") == "'so101-a'"
+    assert who(b"\x00\x8bE\x12\x07") == "<a 5-byte id>"  # libzmq's own ids: nothing to name
+
+
 def test_curve_keys_are_bound_to_the_robot_id_their_file_names(tmp_path):
     generate_keypair(tmp_path, "so101-a")
     generate_keypair(tmp_path, "so101-b")
@@ -393,3 +456,20 @@ def test_after_fuzzing_the_server_still_serves_valid_requests(live_server):
     finally:
         server.config.limits = type(server.config.limits)()
     assert isinstance(reply, Error) and reply.code in ("too_large", "bad_message")
+
+
+def test_an_array_shape_numpy_cannot_build_is_refused_and_the_server_keeps_serving(live_server):
+    """[0, 2**63] passes a byte count (0 bytes) but no numpy array has it: a clear error reply,
+    not an exception in the serving thread."""
+    import msgpack
+
+    server, sock = live_server
+    frames = [bytes(f) for f in encode_message(WeightsChunk(version=1, chunk=0, sha256="",
+                                                            data=np.zeros(0, np.uint8)))]
+    envelope = msgpack.unpackb(frames[0], raw=False)
+    envelope["arrays"][0]["shape"] = [0, 2**63]
+    frames[0] = msgpack.packb(envelope, use_bin_type=True)
+    reply = _request(sock, frames)
+    assert isinstance(reply, Error) and "shape" in reply.message
+    hello = Hello(robot_id="after-the-shape", config_hash="", policy_version=-1)
+    assert _request(sock, [bytes(f) for f in encode_message(hello)]).TYPE == "hello_ok"

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from robot_rl.bridges.zmq import Spool, SpoolError
+from robot_rl.bridges.zmq.spool import SpoolFullError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,7 +53,7 @@ def test_torn_last_record_is_dropped_and_earlier_records_survive(tmp_path, cut):
     os.truncate(tmp_path / "spool.log", size)
     with Spool(tmp_path) as spool:
         assert list(spool.pending()) == [(f"1:{i}", _frames(i)) for i in range(3)]
-        assert (tmp_path / f"torn-{before_last}.bin").stat().st_size == size - before_last
+        assert (tmp_path / f"corrupt-{before_last}.bin").stat().st_size == size - before_last
         spool.append("1:3", _frames(3))  # appends after recovery start from a clean tail
     with Spool(tmp_path) as spool:
         assert spool.keys() == ["1:0", "1:1", "1:2", "1:3"]
@@ -135,3 +136,111 @@ def test_one_process_per_spool_and_unique_keys(tmp_path):
         spool.append("1:0", [b"a"])
         with pytest.raises(SpoolError, match="already pending"):
             spool.append("1:0", [b"b"])
+
+
+# ---------------------------------------------------------------- bad records, full disks
+
+
+def _record_ends(spool: Spool, n: int) -> list[tuple[int, int]]:
+    """Append n records; the (start, end) byte range of each."""
+    ranges = []
+    for i in range(n):
+        start = spool.size_bytes
+        spool.append(f"1:{i}", _frames(i))
+        ranges.append((start, spool.size_bytes))
+    return ranges
+
+
+def test_a_garbled_record_in_the_middle_costs_that_record_and_no_later_one(tmp_path):
+    with Spool(tmp_path) as spool:
+        ranges = _record_ends(spool, 9)
+    start, end = ranges[1]
+    with open(tmp_path / "spool.log", "r+b") as f:  # 4 garbled bytes inside record 1
+        f.seek(start + 30)
+        f.write(b"\xde\xad\xbe\xef")
+    with Spool(tmp_path) as spool:
+        assert spool.keys() == [f"1:{i}" for i in range(9) if i != 1]
+        assert all(frames == _frames(int(key[2:])) for key, frames in spool.pending())
+        assert (tmp_path / f"corrupt-{start}.bin").stat().st_size == end - start
+        spool.append("2:0", [b"after"])
+    with Spool(tmp_path) as spool:  # the rewritten log is clean: nothing more is skipped
+        assert spool.keys()[-1] == "2:0" and len(spool) == 9 and spool.corrupt_regions == []
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(2, 8), hits=st.lists(st.tuples(st.floats(0, 1), st.binary(min_size=1, max_size=6)),
+                                          min_size=1, max_size=3))
+def test_every_record_no_garbled_byte_touched_survives(tmp_path_factory, n, hits):
+    directory = tmp_path_factory.mktemp("spool")
+    with Spool(directory) as spool:
+        ranges = _record_ends(spool, n)
+        total = spool.size_bytes
+    touched: set[int] = set()
+    with open(directory / "spool.log", "r+b") as f:
+        for where, garbage in hits:
+            offset = min(int(where * total), total - len(garbage))
+            f.seek(offset)
+            original = f.read(len(garbage))
+            if original == garbage:
+                continue
+            f.seek(offset)
+            f.write(garbage)
+            touched |= {i for i, (s, e) in enumerate(ranges) if s < offset + len(garbage) and offset < e}
+    with Spool(directory) as spool:
+        assert spool.keys() == [f"1:{i}" for i in range(n) if i not in touched]
+
+
+def test_a_write_that_fails_half_way_is_undone_and_the_next_appends_read_back_exactly(tmp_path, monkeypatch):
+    """A full disk: os.write writes part of a record, then fails. The log is cut back, the caller is
+    told, and the records after it land where the index expects them."""
+    import errno
+
+    import robot_rl.bridges.zmq.spool as spool_module
+
+    real_write = os.write
+    failures = [1]
+
+    def full_disk(fd, data):
+        if failures and len(data) > 40:
+            failures.pop()
+            real_write(fd, bytes(data[:17]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    with Spool(tmp_path) as spool:
+        _fill(spool, 2)
+        monkeypatch.setattr(spool_module.os, "write", full_disk)
+        with pytest.raises(OSError, match="No space"):
+            spool.append("1:2", _frames(2))
+        assert spool.write_errors == 1 and "1:2" not in spool
+        spool.append("1:2", _frames(2))  # the retry, once there is room again
+        spool.append("1:3", _frames(3))
+        assert [spool.get(f"1:{i}") for i in range(4)] == [_frames(i) for i in range(4)]
+    monkeypatch.undo()
+    with Spool(tmp_path) as spool:
+        assert list(spool.pending()) == [(f"1:{i}", _frames(i)) for i in range(4)]
+        assert spool.corrupt_regions == []
+
+
+def test_a_full_spool_refuses_new_records_keeps_the_oldest_and_takes_more_once_acked(tmp_path):
+    with Spool(tmp_path, max_bytes=400) as spool:
+        appended = 0
+        with pytest.raises(SpoolFullError, match="not acked"):
+            while True:
+                spool.append(f"1:{appended}", _frames(appended))
+                appended += 1
+        assert appended > 1 and spool.keys() == [f"1:{i}" for i in range(appended)]
+        spool.ack("1:0")
+        spool.append(f"1:{appended}", _frames(appended))
+        assert spool.keys()[0] == "1:1" and spool.keys()[-1] == f"1:{appended}"
+
+
+def test_a_spool_that_fails_to_open_releases_its_lock(tmp_path, monkeypatch):
+    with Spool(tmp_path) as spool:
+        _fill(spool, 1)
+    monkeypatch.setattr(Spool, "_recover", lambda self: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError, match="disk gone"):
+        Spool(tmp_path)
+    monkeypatch.undo()
+    with Spool(tmp_path) as spool:  # no "in use by another process": the failed open closed its descriptor
+        assert spool.keys() == ["1:0"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +44,7 @@ from robot_rl.bridges.zmq.protocol import (
     decode_message,
     encode_message,
 )
-from robot_rl.bridges.zmq.spool import Spool
+from robot_rl.bridges.zmq.spool import DEFAULT_SPOOL_MAX_BYTES, Spool
 from robot_rl.bridges.zmq.weights import BufferAllocator, ChunkAssembler, WeightsError
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class ClientConfig:
     router_endpoint: str  # learner's ROUTER, e.g. "tcp://learner.lab:5555"
     pub_endpoint: str | None  # learner's PUB for weight announcements; None: announcements only after hello
     spool_dir: str | Path
+    spool_max_bytes: int | None = DEFAULT_SPOOL_MAX_BYTES  # None: bounded by the disk only
     config_hash: str = ""
     features: dict[str, Any] = field(default_factory=dict)  # what this robot records (Hello.features)
     policy_version: int = -1  # weights version in use at start
@@ -127,9 +128,10 @@ class ZmqClient:
         self.server: HelloOk | None = None  # set while the handshake holds
         self.refusal: str | None = None  # why the learner refused us last (config, key), until it accepts us
         self.latest_announce: WeightsAnnounce | None = None
-        self._spool = spool if spool is not None else Spool(config.spool_dir)
+        self._spool = spool if spool is not None else Spool(config.spool_dir, max_bytes=config.spool_max_bytes)
         self._own_spool = spool is None
-        self._routing_id = f"{config.robot_id}/{uuid.uuid4().hex[:8]}".encode()
+        # 128 random bits: without CURVE, knowing this id is what it takes to speak on this robot's session.
+        self._routing_id = f"{config.robot_id}/{secrets.token_hex(16)}".encode()
         self._in_flight: dict[str, float] = {}  # spool key -> time sent
         self._fetch: _WeightsFetch | None = None
         self._delivered_version = -1

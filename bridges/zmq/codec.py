@@ -174,10 +174,13 @@ def _check_descriptor(desc: Any, index: int, limits: Limits) -> tuple[str, np.dt
     if (
         not isinstance(shape, list)
         or len(shape) > limits.max_ndim
-        or not all(type(d) is int and d >= 0 for d in shape)
+        # No dimension may be longer than a whole message could hold (a zero elsewhere would let
+        # [0, 2**63] through the byte count, and numpy cannot build it).
+        or not all(type(d) is int and 0 <= d <= limits.max_message_bytes for d in shape)
     ):
         raise ProtocolError(
-            f"array {name!r}: shape {shape!r} must be a list of at most {limits.max_ndim} non-negative ints"
+            f"array {name!r}: shape {shape!r:.80} must be a list of at most {limits.max_ndim} ints in "
+            f"0..{limits.max_message_bytes}"
         )
     if type(frame) is not int:
         raise ProtocolError(f"array {name!r}: 'frame' must be an int, got {type(frame).__name__}")

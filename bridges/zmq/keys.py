@@ -23,11 +23,13 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from robot_rl.core.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
-class InsecureEndpointError(ValueError):
-    """A non-loopback endpoint was configured without CURVE keys."""
+class InsecureEndpointError(ConfigError):
+    """A non-loopback endpoint was configured without CURVE keys (the CLI reports it in one line)."""
 
 
 @dataclass(frozen=True)

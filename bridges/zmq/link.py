@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from robot_rl.bridges.zmq.spool import DEFAULT_SPOOL_MAX_BYTES
+
 if TYPE_CHECKING:
     from robot_rl.bridges.zmq.client import ClientConfig
 
@@ -22,6 +24,7 @@ class LinkConfig:
     weights: str | None = None  # its weights endpoint (PUB); null = the same host, port + 1
     robot_id: str | None = None  # the id this robot streams as; null = the robot's name
     spool_dir: str | None = None  # unacked segments on disk; null = ${output_dir}/edge/ROBOT_ID/spool
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES  # bytes of unacked segments kept (spool.py says why)
     # CURVE keys (robot-rl keys), required whenever the learner is not on loopback:
     secret_key: str | None = None  # this robot's keys/robots/ROBOT_ID.key_secret
     learner_key: str | None = None  # the learner's public keys/learner.key
@@ -68,4 +71,5 @@ class LinkConfig:
                 f"link.secret_key=keys/robots/{robot_id}.key_secret link.learner_key=keys/learner.key")
         return ClientConfig(robot_id=robot_id, router_endpoint=self.learner, pub_endpoint=self.weights_endpoint(),
                             spool_dir=self.spool_dir or Path(output_dir) / "edge" / robot_id / "spool",
-                            config_hash=config_hash, policy_version=0, curve=curve)
+                            spool_max_bytes=self.spool_max_bytes, config_hash=config_hash, policy_version=0,
+                            curve=curve)

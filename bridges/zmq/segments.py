@@ -15,6 +15,7 @@ background thread, never on the control thread (it costs milliseconds per image)
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,17 @@ SCALAR_COLUMNS: dict[str, type] = {
     "stall": bool,
     "lateness_s": float,
     "scene_seed": int,
+}
+# Each integer column's admitted range. A tick or version past 2**31 - 1 is two years of ticks at
+# 30 Hz (or as many weight versions): only a broken or hostile sender writes one, and the dataset's
+# int columns must hold every stored value. -1 is "none" where a step may have none.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "tick": (0, 2**31 - 1),
+    "policy_version": (-1, 2**31 - 1),
+    "chunk_id": (-1, 2**31 - 1),
+    "chunk_index": (-1, 2**31 - 1),
+    "delay_ticks": (0, 2**31 - 1),
+    "scene_seed": (-1, 2**63 - 1),
 }
 REQUIRED_ARRAYS = ("state", "action")
 OPTIONAL_ARRAYS = ("policy_action", "rolled_state")  # each with a "has_<name>" mask column
@@ -228,6 +240,30 @@ def _check_columns(msg: Segment) -> None:
             raise ProtocolError(f"segment column {name!r} must hold {kind.__name__} values")
 
 
+def _check_values(msg: Segment, arrays: dict[str, np.ndarray | None]) -> None:
+    """Every float finite (one NaN reward poisons a value estimate for good; a NaN lateness, the
+    timing report) and every integer in its range, before anything is staged or acknowledged."""
+    for name, kind in SCALAR_COLUMNS.items():
+        col = msg.columns[name]
+        if kind is float:
+            bad = next((i for i, v in enumerate(col) if not math.isfinite(v)), None)
+            if bad is not None:
+                raise ProtocolError(f"segment column {name!r}: step {bad} is {col[bad]!r}; every value must be finite")
+        elif name in INT_RANGES:
+            low, high = INT_RANGES[name]
+            bad = next((i for i, v in enumerate(col) if not low <= v <= high), None)
+            if bad is not None:
+                raise ProtocolError(f"segment column {name!r}: step {bad} is {col[bad]}, outside [{low}, {high}]")
+    for name, arr in arrays.items():
+        if arr is None:
+            continue
+        rows = np.isfinite(arr.reshape(arr.shape[0], -1)).all(axis=1)
+        if name in _MASKS:
+            rows |= ~np.asarray(msg.columns[_MASKS[name]], dtype=bool)  # absent rows are placeholders
+        if not rows.all():
+            raise ProtocolError(f"segment array {name!r}: step {int(np.argmin(rows))} holds NaN/inf")
+
+
 @overload
 def _check_array(msg: Segment, name: str, required: Literal[True]) -> np.ndarray: ...
 
@@ -292,6 +328,7 @@ def decode_segment(msg: Segment) -> list[Step]:
     for name, arr in optional.items():
         if arr is None and any(msg.columns[_MASKS[name]]):
             raise ProtocolError(f"segment says some steps have {name} but sends no {name!r} array")
+    _check_values(msg, {"state": state, "action": action, **optional})
     images = _decode_images(msg)
     steps = []
     for i in range(msg.num_steps):

@@ -83,6 +83,7 @@ class Peer:
     connected_s: float
     last_seen_s: float
     stats: dict[str, Any] = field(default_factory=dict)
+    key: str | None = None  # the CURVE public key its hello was authenticated with (None without CURVE)
 
 
 class ServerHandlers:
@@ -237,31 +238,38 @@ class ZmqServer:
             msg = decode_message(frames, self.config.limits)
         except ProtocolError as exc:
             self.counters["bad_messages"] += 1
-            log.warning("refused a message from %r: %s", identity, exc)
+            log.warning("refused a message from %s: %s", who(identity), exc)
             self._reply(identity, error_for(exc))
             return
-        if segments is not None and isinstance(msg, Segment):
-            peer = self._peers.get(identity)
-            if peer is not None and msg.robot_id == peer.robot_id:
-                peer.last_seen_s = time.monotonic()
-                self.counters["segments"] += 1
-                segments.append((identity, peer, msg))
-                return
+        except Exception as exc:  # noqa: BLE001 - a decoder bug must not end the serving loop
+            self.counters["bad_messages"] += 1
+            log.warning("refused a message from %s that the decoder failed on: %s: %s", who(identity),
+                        type(exc).__name__, exc)
+            self._reply(identity, Error(code="bad_message", message="the learner cannot decode this message"))
+            return
+        peer = self._peers.get(identity)
+        if peer is not None and not isinstance(msg, Hello) and self._impersonates(peer, frames, msg):
+            return
+        if segments is not None and isinstance(msg, Segment) and peer is not None and msg.robot_id == peer.robot_id:
+            peer.last_seen_s = time.monotonic()
+            self.counters["segments"] += 1
+            segments.append((identity, peer, msg))
+            return
         try:
             if isinstance(msg, Hello) and self.config.curve is not None:
                 refusal = self.config.curve.robot_id_refusal(_authenticated_key(frames), msg.robot_id)
                 if refusal is not None:
-                    log.error("refused hello from %r: %s", identity, refusal)
+                    log.error("refused hello from %s: %s", who(identity), refusal)
                     self._reply(identity, Error(code="identity_mismatch", message=refusal, in_reply_to=msg.TYPE))
                     return
-            reply = self._dispatch(identity, msg)
+            reply = self._dispatch(identity, msg, frames)
         except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
             self.counters["bad_messages"] += 1
-            log.warning("refused %s from %r: %s", msg.TYPE, identity, exc)
+            log.warning("refused %s from %s: %s", msg.TYPE, who(identity), exc)
             reply = error_for(exc, msg.TYPE)
         except Exception as exc:  # a handler bug must not take the learner down
             self.counters["handler_errors"] += 1
-            log.exception("handler failed on %s from %r", msg.TYPE, identity)
+            log.exception("handler failed on %s from %s", msg.TYPE, who(identity))
             reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(exc).__name__}: {exc}",
                           in_reply_to=msg.TYPE)
         if reply is not None:
@@ -279,19 +287,34 @@ class ZmqServer:
         for (identity, _, msg), reply in zip(batch, replies, strict=True):
             if isinstance(reply, ProtocolError):
                 self.counters["bad_messages"] += 1
-                log.warning("refused %s from %r: %s", msg.TYPE, identity, reply)
+                log.warning("refused %s from %s: %s", msg.TYPE, who(identity), reply)
                 reply = error_for(reply, msg.TYPE)
             elif isinstance(reply, Exception):
                 self.counters["handler_errors"] += 1
-                log.error("handler failed on %s from %r", msg.TYPE, identity, exc_info=reply)
+                log.error("handler failed on %s from %s", msg.TYPE, who(identity), exc_info=reply)
                 reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(reply).__name__}: {reply}",
                               in_reply_to=msg.TYPE)
             if reply is not None:
                 self._reply(identity, reply)
 
-    def _dispatch(self, identity: bytes, msg: Message) -> Message | None:
+    def _impersonates(self, peer: Peer, frames: list[zmq.Frame], msg: Message) -> bool:
+        """True (and refused) when a message on a robot's connection was not sent with the key its hello was.
+
+        The routing id alone proves nothing: any client can set it, and ROUTER_HANDOVER gives the newest
+        connection with that id the session. With CURVE, every message carries the key ZAP authenticated
+        its connection with, so a robot holding its own valid key still cannot write as another robot.
+        """
+        if self.config.curve is None or _authenticated_key(frames) == peer.key:
+            return False
+        self.counters["impersonations_refused"] += 1
+        log.error("refused %s on robot %s's session: sent with another key than its hello", msg.TYPE, peer.robot_id)
+        self._reply(peer.identity, Error(code="identity_mismatch", in_reply_to=msg.TYPE,
+                                         message="this message was not sent with the key this session said hello with"))
+        return True
+
+    def _dispatch(self, identity: bytes, msg: Message, frames: list[zmq.Frame]) -> Message | None:
         if isinstance(msg, Hello):
-            return self._on_hello(identity, msg)
+            return self._on_hello(identity, msg, _authenticated_key(frames) if self.config.curve else None)
         peer = self._peers.get(identity)
         if peer is None:
             return Error(code="hello_required", message="send hello first (or again: the learner restarted "
@@ -317,16 +340,16 @@ class ZmqServer:
         return Error(code="unexpected", message=f"the learner does not accept {msg.TYPE!r} messages",
                      in_reply_to=msg.TYPE)
 
-    def _on_hello(self, identity: bytes, msg: Hello) -> Message | None:
+    def _on_hello(self, identity: bytes, msg: Hello, key: str | None) -> Message | None:
         cfg = self.config
         if cfg.config_hash and msg.config_hash != cfg.config_hash:
             log.error("robot %s refused: config hash %s, learner has %s", msg.robot_id, msg.config_hash,
                       cfg.config_hash)
             return Error(code="config_mismatch", in_reply_to=msg.TYPE, message=(
-                f"config hash {msg.config_hash!r} differs from the learner's {cfg.config_hash!r}: "
-                "run the edge with the same policy/robot config as the learner"))
+                f"config hash {msg.config_hash!r} differs from the learner's: run the edge with the same "
+                "policy/robot config as the learner (the learner's log names its hash; a client is not told it)"))
         now = time.monotonic()
-        peer = Peer(identity, msg.robot_id, msg.config_hash, msg.policy_version, now, now)
+        peer = Peer(identity, msg.robot_id, msg.config_hash, msg.policy_version, now, now, key=key)
         refusal = self.handlers.on_hello(peer, msg)
         if refusal is not None:
             return refusal
@@ -360,7 +383,7 @@ class ZmqServer:
         try:
             self._router.send_multipart([identity, *encode_message(msg)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # peer gone or its queue full: it will retry
-            log.debug("reply %s to %r dropped: %s", msg.TYPE, identity, exc)
+            log.debug("reply %s to %s dropped: %s", msg.TYPE, who(identity), exc)
 
     # ------------------------------------------------------------ housekeeping
 
@@ -385,6 +408,15 @@ class ZmqServer:
                 log.warning("robot %s silent for %.0f s; forgetting its session", peer.robot_id, now - peer.last_seen_s)
                 del self._peers[identity]
                 self.handlers.on_peer_lost(peer)
+
+
+def who(identity: bytes) -> str:
+    """A connection's name for logs: the robot id its routing id starts with, never the random part.
+
+    A client's routing id ends in 128 random bits (``ZmqClient``); without CURVE they are the only
+    thing that keeps another client from taking over its session, so they are never printed."""
+    name, slash, _ = identity.partition(b"/")
+    return repr(name.decode(errors="replace")[:64]) if slash else f"<a {len(identity)}-byte id>"
 
 
 def _authenticated_key(frames: list[zmq.Frame]) -> str | None:

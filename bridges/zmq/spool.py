@@ -9,10 +9,18 @@ Format: one append-only log file, ``spool.log``, of records::
 
     magic "RRSP" | kind u8 (1 append, 2 ack) | key_len u16 | body_len u64 | crc32 u32 | key | body
 
-The crc covers everything but itself. On open the log is scanned; the first record
-that is incomplete or fails its crc (a write torn by a crash) ends the valid log:
-its bytes are moved aside to ``torn-<offset>.bin`` and the file is truncated there,
-so earlier records are never touched and later appends start clean.
+The crc covers everything but itself. On open the log is scanned; a record that is
+incomplete or fails its crc (a write torn by a crash, a garbled sector) does not end
+the log: the scan resynchronises at the next offset where a whole record with a valid
+crc starts (the magic is searched, the crc decides), so one bad record costs that
+record and no other. The bad bytes are moved aside to ``corrupt-<offset>.bin``; a bad
+tail is cut off, a bad region in the middle is removed by rewriting the log.
+
+A failed write (a full disk, an I/O error) is undone: the file is cut back to its last
+whole record, so the next append lands where the index expects it, and the error is
+raised to the caller (which keeps the segment and retries). ``max_bytes`` bounds the
+log: an append that would pass it raises ``SpoolFullError`` and the oldest records
+stay (they are what the learner has waited for longest).
 
 Appends are fsynced; ``append(..., sync=False)`` + ``sync()`` groups several appends
 under one fsync (group commit: none of them counts as durable before ``sync`` returns).
@@ -40,10 +48,18 @@ _APPEND, _ACK = 1, 2
 _FRAME_LEN = struct.Struct("<Q")
 _COUNT = struct.Struct("<I")
 LOG_NAME = "spool.log"
+# The edge's bound on unacked segments: ~7 h of a learner outage at the ~160 kB/s one robot with two
+# cameras streams. Past it new segments wait in memory, then are refused (the operator is told, the
+# local recording goes on); the oldest, which the learner has waited for longest, stay.
+DEFAULT_SPOOL_MAX_BYTES = 4 << 30
 
 
 class SpoolError(RuntimeError):
     """The spool cannot be used (locked by another process, bad key...)."""
+
+
+class SpoolFullError(SpoolError):
+    """The spool holds ``max_bytes`` of unacknowledged records; nothing more until the learner acks some."""
 
 
 def _pack_frames(frames: Sequence[bytes | memoryview]) -> bytes:
@@ -81,18 +97,26 @@ class Spool:
     >>> spool.ack("ep12:0")
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True, compact_min_bytes: int = 64 << 20):
+    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True, compact_min_bytes: int = 64 << 20,
+                 max_bytes: int | None = None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / LOG_NAME
         self._fsync = fsync
         self._compact_min_bytes = compact_min_bytes
+        self.max_bytes = max_bytes
+        self.write_errors = 0  # writes that failed and were undone (full disk, I/O errors)
+        self.corrupt_regions: list[tuple[int, int]] = []  # (offset, length) skipped by the last scan
         self._pending: dict[str, tuple[int, int]] = {}  # key -> (body offset, body length), in append order
         self._size = 0
         self._live_bytes = 0  # bytes of records still pending
         self._unsynced = False  # appends written but not yet fsynced (group commit)
         self._fd = self._open_locked()
-        self._recover()
+        try:
+            self._recover()
+        except BaseException:
+            self.close()  # a spool that cannot open holds no lock and no descriptor
+            raise
 
     # ------------------------------------------------------------ public API
 
@@ -107,6 +131,9 @@ class Spool:
         raw_key = self._key_bytes(key)
         body = _pack_frames(frames)
         record = _record(_APPEND, raw_key, body)
+        if self.max_bytes is not None and self._live_bytes + len(record) > self.max_bytes:
+            raise SpoolFullError(f"spool {self.path} holds {self._live_bytes} bytes the learner has not acked; "
+                                 f"another {len(record)} would pass its limit of {self.max_bytes}")
         self._unsynced = self._unsynced or not sync
         self._write(record, sync=sync and self._fsync)
         if sync:
@@ -126,8 +153,12 @@ class Spool:
         if entry is None:
             return False
         self._live_bytes -= _HEADER.size + len(self._key_bytes(key)) + entry[1]
-        self._write(_record(_ACK, self._key_bytes(key), b""), sync=False)
-        self._maybe_compact()
+        try:
+            self._write(_record(_ACK, self._key_bytes(key), b""), sync=False)
+            self._maybe_compact()
+        except OSError as exc:  # a lost ack record costs one duplicate re-send after a restart, nothing more
+            log.warning("spool %s: cannot record the ack of %s (%s); it may be re-sent once after a restart",
+                        self.path, key, exc)
         return True
 
     def pending(self) -> Iterator[tuple[str, list[bytes]]]:
@@ -164,11 +195,15 @@ class Spool:
             self._size = self._live_bytes = 0
             return
         tmp = self.directory / (LOG_NAME + ".tmp")
-        with open(tmp, "wb") as f:
-            for key, (offset, length) in self._pending.items():
-                f.write(_record(_APPEND, self._key_bytes(key), os.pread(self._fd, length, offset)))
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                for key, (offset, length) in self._pending.items():
+                    f.write(_record(_APPEND, self._key_bytes(key), os.pread(self._fd, length, offset)))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            tmp.unlink(missing_ok=True)  # the log itself is untouched
+            raise
         os.replace(tmp, self.path)
         self._sync_dir()
         os.close(self._fd)
@@ -209,9 +244,15 @@ class Spool:
         return fd
 
     def _write(self, data: bytes, *, sync: bool) -> None:
-        written = os.write(self._fd, data)
-        while written < len(data):  # short writes are legal for os.write
-            written += os.write(self._fd, data[written:])
+        try:
+            written = os.write(self._fd, data)
+            while written < len(data):  # short writes are legal for os.write
+                written += os.write(self._fd, data[written:])
+        except OSError:
+            self.write_errors += 1
+            # Cut back to the last whole record: the next append must start where the index expects it.
+            os.ftruncate(self._fd, self._size)
+            raise
         self._size += len(data)
         if sync:
             self._sync()
@@ -229,16 +270,17 @@ class Spool:
                 os.close(dfd)
 
     def _recover(self) -> None:
-        """Rebuild the pending index from the log, one record at a time; cut off a torn tail."""
+        """Rebuild the pending index from the log, one record at a time, past any bad record."""
         self._pending.clear()
         size = os.fstat(self._fd).st_size
         pos, live = 0, {}
+        self.corrupt_regions = []
         while pos < size:
             parsed = self._parse_record(pos, size)
             if parsed is None:
-                self._cut_torn_tail(pos, size)
-                size = pos
-                break
+                start, pos = pos, self._next_record(pos + 1, size)
+                self.corrupt_regions.append((start, pos - start))
+                continue
             kind, key, body_off, body_len, end = parsed
             if kind == _APPEND:
                 self._pending[key] = (body_off, body_len)
@@ -249,8 +291,24 @@ class Spool:
             pos = end
         self._size = size
         self._live_bytes = sum(live.values())
+        if self.corrupt_regions:
+            self._set_corrupt_regions_aside()
         if self._pending:
             log.info("spool %s: %d unacked segment(s) to re-send", self.path, len(self._pending))
+
+    def _next_record(self, start: int, size: int) -> int:
+        """The first offset >= ``start`` where a whole, crc-valid record begins; ``size`` if none."""
+        window = 1 << 20
+        pos = start
+        while pos < size:
+            chunk = os.pread(self._fd, window + len(_MAGIC) - 1, pos)
+            hit = chunk.find(_MAGIC)
+            while hit != -1:
+                if self._parse_record(pos + hit, size) is not None:
+                    return pos + hit
+                hit = chunk.find(_MAGIC, hit + 1)
+            pos += window
+        return size
 
     def _parse_record(self, pos: int, size: int) -> tuple[int, str, int, int, int] | None:
         """(kind, key, body offset, body length, end offset), or None if torn/corrupt."""
@@ -270,16 +328,23 @@ class Spool:
             return None
         return kind, key, pos + _HEADER.size + key_len, body_len, end
 
-    def _cut_torn_tail(self, pos: int, size: int) -> None:
-        aside = self.directory / f"torn-{pos}.bin"
-        aside.write_bytes(os.pread(self._fd, size - pos, pos))
-        log.warning(
-            "spool %s: record at byte %d is incomplete or corrupt (a write torn by a crash?); "
-            "kept the %d bytes before it, moved the %d bytes from it on to %s",
-            self.path, pos, pos, size - pos, aside,
-        )
-        os.ftruncate(self._fd, pos)
-        self._sync()
+    def _set_corrupt_regions_aside(self) -> None:
+        """Save every bad region's bytes beside the log, then drop them from it: a bad tail (a write
+        torn by a crash) is cut off; a bad region between good records means rewriting the log."""
+        for offset, length in self.corrupt_regions:
+            aside = self.directory / f"corrupt-{offset}.bin"
+            aside.write_bytes(os.pread(self._fd, length, offset))
+            log.warning("spool %s: %d bytes at byte %d are no whole record (a torn write or a garbled sector); "
+                        "the records around them are kept, the bytes moved to %s", self.path, length, offset, aside)
+        offset, length = self.corrupt_regions[-1]
+        if len(self.corrupt_regions) == 1 and offset + length == self._size:
+            os.ftruncate(self._fd, offset)
+            self._size = offset
+            self._sync()
+        else:
+            regions = self.corrupt_regions
+            self.compact()  # rewrites the pending records only, then scans the clean log again
+            self.corrupt_regions = regions
 
     def _maybe_compact(self) -> None:
         if not self._pending:

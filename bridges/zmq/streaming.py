@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from robot_rl.bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
 from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
-from robot_rl.bridges.zmq.spool import Spool
+from robot_rl.bridges.zmq.spool import Spool, SpoolFullError
 from robot_rl.bridges.zmq.weights import BufferAllocator
 from robot_rl.core import Step
 
@@ -87,6 +87,7 @@ class StreamingClient:
         self._refusal: str | None = None
         self._thread: threading.Thread | None = None
         self._held: _Job | None = None  # a job the spool could not take yet (disk error)
+        self._spool_blocked = False  # the spool refused the held job (logged once until it takes one again)
 
     # ------------------------------------------------------------ control-thread API (non-blocking)
 
@@ -177,7 +178,7 @@ class StreamingClient:
 
     def _run(self) -> None:
         try:
-            spool = Spool(self.config.spool_dir)
+            spool = Spool(self.config.spool_dir, max_bytes=self.config.spool_max_bytes)
             client = ZmqClient(self.config, self._on_weights, spool, self._allocate_weights)
         except BaseException as exc:  # noqa: BLE001 - re-raised by start() in its caller's thread
             self._startup_error = exc
@@ -192,8 +193,8 @@ class StreamingClient:
                 self._publish_state(client)
             self._spool_queued(client, budget=None)  # accepted means spooled, even when stopping
             if self._held is not None or not self._queue.empty():
-                log.error("robot %s: stopping with %d segment(s) not spooled (disk error)", self.config.robot_id,
-                          self._queue.qsize() + (self._held is not None))
+                log.error("robot %s: stopping with %d segment(s) not spooled (disk error or a full spool)",
+                          self.config.robot_id, self._queue.qsize() + (self._held is not None))
         except Exception:
             log.exception("robot %s: streaming thread crashed; unacked segments stay in %s",
                           self.config.robot_id, self.config.spool_dir)
@@ -224,13 +225,19 @@ class StreamingClient:
                 continue
             try:
                 client.send_segment(segment)
-            except OSError as exc:
-                # Disk trouble: keep the job, stop taking new ones; the queue fills and
+            except (OSError, SpoolFullError) as exc:
+                # Disk trouble or a full spool: keep the job, stop taking new ones; the queue fills and
                 # submit_steps starts refusing loudly, which is the backpressure we want.
                 self._held = job
-                log.error("robot %s: cannot spool segment %d:%d (%s); will retry", self.config.robot_id,
-                          job.episode_id, job.seq, exc)
+                if not self._spool_blocked:  # said once, not at every retry
+                    log.error("robot %s: cannot spool segment %d:%d (%s); it waits in memory and is retried, "
+                              "later segments queue behind it", self.config.robot_id, job.episode_id, job.seq, exc)
+                self._spool_blocked = True
                 return
+            if self._spool_blocked:
+                log.warning("robot %s: spooling again (%d segment(s) waiting for acks)", self.config.robot_id,
+                            client.pending)
+                self._spool_blocked = False
 
     def _publish_state(self, client: ZmqClient) -> None:
         self._snapshot = client.stats.as_map()

@@ -46,6 +46,7 @@ import msgpack
 import numpy as np
 
 from robot_rl.core.errors import ConfigError
+from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRunner, PolicySwap
 from robot_rl.policies.base import ChunkPolicy
 
@@ -247,6 +248,7 @@ class _PolicyServer:
 
 
 def _child_main(factory: PolicyFactory, conn: Any, version: int) -> None:
+    exit_when_parent_dies("the policy process")  # an edge killed with SIGKILL leaves no model (nor GPU memory)
     with contextlib.suppress(OSError):
         os.nice(INFERENCE_NICE)
     try:

@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from robot_rl.core.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -82,20 +84,20 @@ class Ledger:
         if not self.path.exists():
             return
         intents: dict[tuple[str, int, int], CommitRecord] = {}
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = self.path.read_bytes().splitlines()
         for number, line in enumerate(lines, 1):
             try:
-                data = json.loads(line)
+                data = json.loads(line.decode("utf-8"))
                 record = CommitRecord.from_json(data)
             except (ValueError, KeyError, TypeError) as exc:
                 if number == len(lines):
                     log.warning("ledger %s: ignoring a torn last line (%s)", self.path, exc)
                     # Cut it off so the next append starts on a clean line.
-                    good = "".join(f"{ln}\n" for ln in lines[:-1])
-                    self.path.write_text(good, encoding="utf-8")
+                    self.path.write_bytes(b"".join(ln + b"\n" for ln in lines[:-1]))
                     break
-                raise ValueError(f"ledger {self.path} line {number} is corrupt ({exc}); "
-                                 "restore it from a backup or move the store aside") from exc
+                raise ConfigError(f"ledger {self.path} line {number} is corrupt ({exc}); it says which dataset "
+                                  "episodes are committed, so the store cannot open without it: restore it from a "
+                                  "backup or move the store aside") from exc
             key = (record.robot_id, record.episode_id, record.fragment)
             if data["op"] == "intent":
                 intents[key] = record

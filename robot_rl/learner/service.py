@@ -28,6 +28,11 @@ from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
+# Robots that said hello and went away are remembered (for the status line) up to this many; beyond
+# it the longest gone are forgotten. Without CURVE any client may say hello under any id, and a
+# learner that remembers them all grows its memory and every status line with each one.
+REMEMBERED_GONE_ROBOTS = 64
+
 
 @dataclass
 class RobotStatus:
@@ -165,11 +170,16 @@ class LearnerService(ServerHandlers):
         if now - self._last_status_s < self.config.service.status_every_s:
             return
         self._last_status_s = now
-        robots = ", ".join(f"{r.robot_id}:v{r.policy_version}{'' if r.connected else '(gone)'}"
-                           for r in self.robots.values()) or "none"
+        connected = [r for r in self.robots.values() if r.connected]
+        robots = ", ".join(f"{r.robot_id}:v{r.policy_version}" for r in connected[:32]) or "none"
+        others = len(connected) - 32 if len(connected) > 32 else 0
+        gone = len(self.robots) - len(connected)
         stats = self.store.stats()
-        log.info("robots [%s] | store %s | update %d, weights v%d", robots, stats,
-                 self.trainer.step, self.trainer.version)
+        log.info("robots [%s]%s%s | store %s | update %d, weights v%d", robots, f" +{others} more" if others else "",
+                 f", {gone} gone" if gone else "", stats, self.trainer.step, self.trainer.version)
+        if self.trainer.failure is not None:
+            log.error("TRAINING STOPPED (%s): robots are still recorded, but no new weights are published; "
+                      "fix the cause and restart the learner with --resume", self.trainer.failure)
         waiting = stats["episodes_to_write"]
         # More than two batches waiting and more than at the last status: ingest outpaces the writer.
         if waiting > max(self._writer_behind, 2 * self.config.store.commit_batch):
@@ -243,3 +253,6 @@ class LearnerService(ServerHandlers):
         status = self.robots.get(peer.robot_id)
         if status is not None:
             status.connected = False
+        gone = sorted((r for r in self.robots.values() if not r.connected), key=lambda r: r.last_seen_s)
+        for status in gone[:max(0, len(gone) - REMEMBERED_GONE_ROBOTS)]:
+            del self.robots[status.robot_id]

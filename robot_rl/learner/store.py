@@ -48,7 +48,7 @@ from typing import Any, Final, Literal
 import numpy as np
 
 from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_message
-from robot_rl.bridges.zmq.segments import decode_segment
+from robot_rl.bridges.zmq.segments import OPTIONAL_ARRAYS, decode_segment
 from robot_rl.bridges.zmq.spool import Spool
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Step
@@ -115,7 +115,7 @@ class ReplayStore:
         """``train_cameras``: the cameras the policy reads (what the sampling index keeps) when
         ``config.cameras`` does not say which are recorded."""
         self.config = config
-        root = Path(config.root)
+        root = self.root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         self.dataset_root = root / "dataset"
         self.layout = self._known_layout(root)
@@ -143,13 +143,9 @@ class ReplayStore:
         self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | None] | None] | None = None
         self._indexer: threading.Thread | None = None
         self._load_demonstrations()
-        if self.layout is not None:
-            self._open_store(self.layout)  # synchronous, index included
-        elif len(self._staging):
-            raise ValueError(f"{root} holds staged segments but no {root / 'layout.json'}: the store is damaged")
-        else:
-            log.info("replay store %s is new: it records the layout of the first robot that says hello", root)
         if config.background_commit:
+            # Started before the store is restored: the episodes staged before a restart are written
+            # behind the learner's back, so it serves robots within seconds however long the backlog.
             self._committer = threading.Thread(target=self._commit_loop, name="store-commit", daemon=True)
             self._committer.start()
             # Index appends (stacking and copying every frame into the growing episode arrays) leave
@@ -157,6 +153,17 @@ class ReplayStore:
             self._index_jobs = queue.Queue(maxsize=INDEX_QUEUE)  # full: ingest waits (bounded memory)
             self._indexer = threading.Thread(target=self._index_loop, name="store-index", daemon=True)
             self._indexer.start()
+        try:
+            if self.layout is not None:
+                with self._lock:
+                    self._open_store(self.layout)
+            elif len(self._staging):
+                raise ValueError(f"{root} holds staged segments but no {root / 'layout.json'}: the store is damaged")
+            else:
+                log.info("replay store %s is new: it records the layout of the first robot that says hello", root)
+        except BaseException:
+            self.close()  # its threads, the writer and the staging lock go with it
+            raise
 
     # ------------------------------------------------------------ layout
 
@@ -285,9 +292,8 @@ class ReplayStore:
 
     def _decode(self, segment: Segment) -> list[Step] | Exception:
         try:
-            steps = decode_segment(segment)
-            self._check_layout(steps, segment)
-            return steps
+            self._check_layout(segment)  # first: images are decoded only at the sizes this learner stores
+            return decode_segment(segment)
         except Exception as exc:  # noqa: BLE001 - reported per segment
             return exc
 
@@ -444,28 +450,27 @@ class ReplayStore:
             self._idle.clear()
             self._jobs.put(episode)
 
-    def _check_layout(self, steps: Sequence[Step], segment: Segment) -> None:
-        """Whole-segment checks on the stacked arrays (no per-step Python loop)."""
+    def _check_layout(self, segment: Segment) -> None:
+        """The segment's declared shapes against what this learner stores, before anything is decoded
+        (decode_segment then checks every value and that the images decode to these shapes)."""
         where = f"segment {segment.robot_id}/{segment.episode_id}/{segment.seq}"
         layout = self.layout
         if layout is None:
             raise ProtocolError(f"{where}: no robot has said what it records yet (hello with features)",
                                 code="rejected")
-        dim = len(layout.joint_names)
-        if not steps:
+        if segment.num_steps == 0:
             return
-        for name in ("state", "action"):
+        dim = len(layout.joint_names)
+        for name in ("state", "action", *OPTIONAL_ARRAYS):
             value = segment.arrays.get(name)
-            if value is None or value.shape[1:] != (dim,):  # decode_segment checked dtype and rows
+            if name in OPTIONAL_ARRAYS and value is None:
+                continue
+            if value is None or value.shape[1:] != (dim,):
                 got = None if value is None else tuple(value.shape[1:])
                 raise ProtocolError(f"{where}: {name} has shape {got}, this learner stores ({dim},) "
                                     f"joints {list(layout.joint_names)}", code="rejected")
-            finite = np.isfinite(value).all(axis=1)
-            if not finite.all():
-                tick = steps[int(np.argmin(finite))].tick
-                raise ProtocolError(f"{where}: tick {tick} {name} holds NaN/inf; not stored", code="rejected")
-        # decode_segment decoded every image to its camera's declared shape, so checking the declaration is enough.
-        declared = {cam: tuple(info["shape"]) for cam, info in segment.images.items()}
+        declared = {cam: tuple(info["shape"]) if isinstance(info, dict) and isinstance(info.get("shape"), list)
+                    else info for cam, info in segment.images.items()}
         expected = {cam: (h, w, 3) for cam, (h, w) in layout.camera_shapes.items()}
         if declared != expected:
             raise ProtocolError(f"{where}: images {declared}, this learner stores cameras {expected}", code="rejected")
@@ -649,6 +654,19 @@ class ReplayStore:
                               episode["instruction"])
         log.info("preloaded %d demonstration episodes from %s", len(episodes), self.config.demonstrations)
 
+    def _quarantine(self, key: str, frames: list[bytes], exc: ProtocolError) -> None:
+        """A staged segment that no longer passes the checks (staged by a learner whose checks were
+        looser, or its bytes changed on disk) moves from staging to the ``quarantine`` spool beside
+        it, so start-up goes on and does not fail on it again at every restart; it stays there to be
+        looked at (``Spool(root / "quarantine").pending()``)."""
+        with Spool(self.root / "quarantine") as quarantine:
+            if key not in quarantine:
+                quarantine.append(key, frames)
+        self._staging.ack(key)
+        self.counters["quarantined_segments"] += 1
+        log.error("staged segment %s does not pass the checks (%s); moved to %s, not stored", key, exc,
+                  self.root / "quarantine")
+
     def _load_staging(self) -> None:
         """Re-open the episodes whose segments were staged but not committed before the restart."""
         pending_intents = {(r.robot_id, r.episode_id, r.fragment) for r in self._ledger.pending_intents}
@@ -657,9 +675,14 @@ class ReplayStore:
             if seq in self._committed.get((robot_id, episode_id), ()):
                 self._staging.ack(key)  # committed, but released too late before the crash
                 continue
-            segment = decode_message(frames)
-            assert isinstance(segment, Segment)
-            steps = decode_segment(segment)
+            try:
+                segment = decode_message(frames)
+                if not isinstance(segment, Segment):
+                    raise ProtocolError(f"a staged {segment.TYPE!r} message is no segment")
+                steps = decode_segment(segment)
+            except ProtocolError as exc:
+                self._quarantine(key, frames, exc)
+                continue
             episode = self._track(robot_id, episode_id, seq, len(steps), segment.episode_done)
             self._add_to_index(episode, steps)
         for open_key, episode in list(self._open.items()):

@@ -34,6 +34,7 @@ import numpy as np
 
 from robot_rl.bridges.zmq.protocol import Segment, decode_message
 from robot_rl.bridges.zmq.segments import decode_segment
+from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder
@@ -235,6 +236,7 @@ def make_writer(kind: str, spec: RecorderSpec, nice: int = 0) -> ThreadEpisodeWr
 def _serve(conn, spec: RecorderSpec, nice: int) -> None:
     """The child: one request at a time, each answered with ``ok`` and the dataset's episode count."""
     logging.basicConfig(level=logging.WARNING, format="store-writer %(levelname)s %(name)s: %(message)s")
+    exit_when_parent_dies("the dataset writer")  # mid-write too: a restarted learner rolls the torn write back
     lower_own_priority(nice)
     try:
         recorder = spec.open()
