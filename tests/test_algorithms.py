@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from robot_rl.learner.algorithms.awr import AWR, advantage_weights, value_targets
+from robot_rl.learner.algorithms.base import NonFiniteUpdateError
 from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RejectionConfig, RLConfig, RWRConfig
 from robot_rl.learner.algorithms.rl import ChunkQLearning, best_of_n, chunked_td_target, gather_chunks
 from robot_rl.learner.algorithms.rwr import RWR, effective_sample_size, exponential_weights, rwr_weights
@@ -386,3 +387,18 @@ def test_rl_candidates_use_their_own_integration_steps():
     policy.sample = lambda ctx, noise, steps=None: seen.append(steps) or sample(ctx, noise, steps)
     coarse_rl.update(make_batch())
     assert seen and set(seen) == {1}  # every candidate, for the target and for best-of-N, at 1 step
+
+
+@pytest.mark.parametrize("name, field", [("rwr", "actions"), ("awr", "return"), ("awr", "actions"),
+                                         ("rl", "chunk_reward"), ("rl", "actions")])
+def test_a_non_finite_batch_raises_and_leaves_every_weight_finite_and_the_policy_as_it_was(name, field):
+    policy, algorithm = make_algorithm(name)
+    batch = make_batch()
+    batch[field] = torch.as_tensor(batch[field], dtype=torch.float32).clone()
+    batch[field].view(-1)[0] = float("nan")
+    before = snapshot(policy)
+    with pytest.raises(NonFiniteUpdateError):
+        algorithm.update(batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(policy), strict=True))
+    assert all(torch.isfinite(p).all() for p in snapshot(*algorithm.extra_modules().values()))
+    assert np.isfinite(algorithm.update(make_batch(seed=1))["loss"])  # the next clean batch trains as usual

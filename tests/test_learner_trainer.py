@@ -234,3 +234,101 @@ def test_set_threads_is_applied_by_the_training_thread_itself(tmp_path, monkeypa
     assert calls == [(3, "trainer")]
     with pytest.raises(ValueError, match="threads"):
         trainer.set_threads(0)
+
+
+def poison_every_batch(trainer: Trainer, monkeypatch) -> None:
+    """Every batch the trainer samples carries one NaN action (a corrupt demonstration file, say)."""
+    sample = trainer.index.sample
+
+    def poisoned(*args, **kwargs):
+        batch = sample(*args, **kwargs)
+        batch["actions"] = torch.as_tensor(batch["actions"]).clone()
+        batch["actions"].view(-1)[0] = float("nan")
+        return batch
+
+    monkeypatch.setattr(trainer.index, "sample", poisoned)
+
+
+def test_a_batch_with_a_non_finite_loss_is_skipped_without_touching_the_weights(tmp_path, monkeypatch):
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path), BC)
+    trainer.update_once()
+    before = params(trainer.policy)
+    with monkeypatch.context() as patch:
+        poison_every_batch(trainer, patch)
+        assert trainer.update_once() == {"skipped_nonfinite": 1.0}
+    after = params(trainer.policy)
+    assert all(torch.equal(before[k], after[k]) for k in before) and trainer.step == 1
+    assert trainer.nonfinite_batches == 1
+    metrics = trainer.update_once()  # clean data again: training goes on from the same weights
+    assert np.isfinite(metrics["loss"]) and trainer.step == 2
+    assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
+
+
+def test_batches_that_stay_non_finite_stop_training_loudly_instead_of_silently(tmp_path, monkeypatch):
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path, max_nonfinite_batches=3), BC)
+    poison_every_batch(trainer, monkeypatch)
+    trainer.start()
+    assert trainer.wait(60), "the training thread kept skipping forever"
+    assert trainer.step == 0 and trainer.nonfinite_batches == 3
+    assert trainer.failure is not None and "3 batches in a row" in trainer.failure
+
+
+def nan_bytes_into(path, offset: int = 4096, length: int = 4096) -> None:
+    """4 KB of float32 NaNs over the middle of a file, as a bad disk or a bad copy would leave it."""
+    with open(path, "r+b") as f:
+        f.seek(min(offset, max(0, path.stat().st_size - length)))
+        f.write(np.full(length // 4, np.nan, np.float32).tobytes())
+
+
+@pytest.mark.parametrize("damage", ["nan_bytes", "truncated"])
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_the_ones_to_resume_from(tmp_path, damage):
+    from robot_rl.core.errors import ConfigError
+
+    config = trainer_config(tmp_path / "ckpt")
+    trainer = Trainer(tiny_policy(), filled_index(), config, BC)
+    trainer.update_once()
+    trainer.checkpoint()
+    trainer.update_once()
+    path = trainer.checkpoint()
+    weights = path / "model.safetensors"
+    if damage == "nan_bytes":
+        nan_bytes_into(weights)
+    else:
+        os.truncate(weights, weights.stat().st_size // 2)
+    with pytest.raises(ConfigError, match=r"model\.safetensors does not have the sha256.*step-00000001"):
+        Trainer(tiny_policy(), filled_index(), config, BC).resume()
+
+
+def test_a_checkpoint_without_checksums_still_has_its_weights_checked_for_nan(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from robot_rl.core.errors import ConfigError
+
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt"), BC)
+    trainer.update_once()
+    path = trainer.checkpoint()
+    (path / ckpt.CHECKSUMS).unlink()
+    weights = load_file(str(path / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, str(path / "model.safetensors"))
+    with pytest.raises(ConfigError, match=f"weight '{name}' holds NaN"):
+        Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt"), BC).resume()
+
+
+def test_nan_weights_are_never_published_and_training_stops_saying_why(tmp_path):
+    from robot_rl.learner.publisher import NonFiniteWeightsError, snapshot
+
+    blobs = []
+    trainer = Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path, publish_every_updates=1), BC,
+                      publish=blobs.append)
+    with torch.no_grad():
+        next(trainer.policy.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteWeightsError):
+        snapshot(trainer.policy, 1, trainer.policy.config_hash())
+    with pytest.raises(NonFiniteWeightsError, match="not published"):
+        trainer._publish_locked()  # what the schedule calls after an update
+    assert blobs == [] and trainer.version == 0
+    trainer.start()  # NaN weights give NaN losses: every batch is skipped, then training stops, saying so
+    assert trainer.wait(60)
+    assert blobs == [] and trainer.step == 0 and "non-finite loss" in trainer.failure

@@ -5,6 +5,10 @@ Layout: ``<dir>/step-00001234/`` holding the policy (``save_pretrained``: model.
 ``trainer.json`` (step, version, optimiser hyper-parameters and scalars, numpy RNG state,
 index manifest). Everything is safetensors or JSON: loading a checkpoint never unpickles.
 
+Integrity: ``checksums.json`` holds the sha256 of every other file; ``read_checkpoint``
+checks them all and refuses a checkpoint whose bytes changed (a garbled or truncated file)
+or whose weights hold NaN/inf, naming the file and the checkpoints to resume from instead.
+
 Atomicity: the directory is written under a temporary name, every file fsynced, then
 renamed into place and the parent fsynced; ``latest`` (the name of the newest complete
 checkpoint) is replaced the same way. A crash leaves either the old or the new
@@ -13,6 +17,7 @@ checkpoint, never a half-written one that ``--resume`` would pick up.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,13 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from robot_rl.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
 STATE_TENSORS = "trainer.safetensors"
 STATE_JSON = "trainer.json"
+CHECKSUMS = "checksums.json"
 FORMAT_VERSION = 1
 
 
@@ -115,6 +124,7 @@ def write_checkpoint(root: str | Path, policy: Any, state: TrainerState, keep: i
             "extra_modules": sorted(state.extra_modules), "index_manifest": state.index_manifest,
             "config_hash": state.config_hash}
     (tmp / STATE_JSON).write_text(json.dumps(meta))
+    _write_checksums(tmp)
     _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -157,16 +167,67 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return path
 
 
-def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainerState]:
-    """(policy state dict, trainer state) of the checkpoint in ``path``."""
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_checksums(directory: Path) -> None:
+    sums = {p.name: _sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != CHECKSUMS}
+    (directory / CHECKSUMS).write_text(json.dumps(sums, indent=1))
+
+
+def _corrupt(path: Path, what: str) -> ConfigError:
+    others = sorted(p.name for p in path.parent.glob("step-*") if p != path)
+    return ConfigError(f"checkpoint {path} is corrupt: {what}. Resume from an earlier one "
+                       f"(learner resume path, or point {path.parent / LATEST} at one of {others or 'none'})")
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Every file ``checksums.json`` names has its recorded sha256 (``ConfigError`` naming the first
+    that does not). A checkpoint written before checksums existed has none to check."""
     path = Path(path)
-    meta = json.loads((path / STATE_JSON).read_text())
+    if not (path / CHECKSUMS).is_file():
+        log.warning("checkpoint %s has no %s; its files cannot be verified", path, CHECKSUMS)
+        return
+    try:
+        sums = json.loads((path / CHECKSUMS).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _corrupt(path, f"{CHECKSUMS} is unreadable ({exc})") from exc
+    for name, digest in sums.items():
+        file = path / name
+        if not file.is_file():
+            raise _corrupt(path, f"{name} is missing")
+        if _sha256(file) != digest:
+            raise _corrupt(path, f"{name} does not have the sha256 it was written with")
+
+
+def non_finite_tensor(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding NaN/inf, or None."""
+    return next((name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainerState]:
+    """(policy state dict, trainer state) of the checkpoint in ``path``, verified (``verify_checkpoint``)
+    and with finite weights; ``ConfigError`` otherwise."""
+    path = Path(path)
+    verify_checkpoint(path)
+    try:
+        meta = json.loads((path / STATE_JSON).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _corrupt(path, f"{STATE_JSON} is unreadable ({exc})") from exc
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: trainer checkpoint format {meta.get('format_version')}, expected {FORMAT_VERSION}")
     # A LoRA-trained LeRobot policy's checkpoint holds only its adapters (policies/lerobot_lora.py).
     adapters = path / "adapter_model.safetensors"
-    weights = load_file(str(adapters if adapters.is_file() else path / "model.safetensors"))
-    tensors = load_file(str(path / STATE_TENSORS))
+    try:
+        weights = load_file(str(adapters if adapters.is_file() else path / "model.safetensors"))
+        tensors = load_file(str(path / STATE_TENSORS))
+    except (SafetensorError, OSError) as exc:
+        raise _corrupt(path, f"its weights cannot be read ({exc})") from exc
+    bad = non_finite_tensor(weights)
+    if bad is not None:
+        raise _corrupt(path, f"weight {bad!r} holds NaN/inf")
     extra = {m: {k[len(f"module.{m}."):]: v for k, v in tensors.items() if k.startswith(f"module.{m}.")}
              for m in meta["extra_modules"]}
     state = TrainerState(

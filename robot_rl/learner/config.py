@@ -138,6 +138,9 @@ class TrainerConfig:
     lr: float = 1e-4
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
+    # A batch whose loss or gradient is NaN/inf is skipped (nothing changes); this many in a row stop
+    # training with an error: the stored data or the learning rate is broken, and going on changes nothing.
+    max_nonfinite_batches: int = 20
     # Publish and checkpoint an exponential moving average of the weights with this decay
     # (robot_rl.learner.averaging); None: the training weights themselves.
     ema_decay: float | None = None

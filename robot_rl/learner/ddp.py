@@ -355,9 +355,11 @@ class DistributedTrainer(Trainer):
                     self.version = version
                     self.algorithm.set_policy_version(version)
                 self._before_update()
-                self.last_metrics = self.algorithm.update(batch)
+                metrics = self.update_or_skip(batch)  # every rank sees the same all-reduced gradient: same skips
                 self._sync_extra_modules()
-                self.step += 1
+                if metrics is not None:
+                    self.last_metrics = metrics
+                    self.step += 1
 
 
 def follow_rank(config: LearnerConfig, policy: TrainablePolicy, ctx: DistContext, *, resume: bool = False) -> int:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 import torch
 
 from robot_rl.bridges.zmq.weights import TRANSFER_DTYPES, WeightsBlob, snapshot_buffer
+from robot_rl.core.errors import ConfigError
+from robot_rl.learner.checkpoint import non_finite_tensor
 from robot_rl.policies.trainable import published_state
 
 log = logging.getLogger(__name__)
@@ -20,11 +22,19 @@ log = logging.getLogger(__name__)
 PublishFn = Callable[[WeightsBlob], None]
 
 
+class NonFiniteWeightsError(ConfigError):
+    """Weights holding NaN/inf: a robot would refuse every chunk they compute and hold its arm."""
+
+
 def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_dtype: str = "auto") -> WeightsBlob:
     """A wire snapshot of what ``policy`` publishes (``published_state``: a frozen part stays home),
     written once into the buffer every robot is served from; floats cast to ``transfer_dtype``
-    ("auto": the policy's own float type, so a bf16 policy travels in bf16 and a float32 one loses nothing)."""
+    ("auto": the policy's own float type, so a bf16 policy travels in bf16 and a float32 one loses
+    nothing). NaN/inf weights raise ``NonFiniteWeightsError``: a robot would refuse every chunk."""
     tensors = published_state(policy)
+    bad = non_finite_tensor(tensors)
+    if bad is not None:
+        raise NonFiniteWeightsError(f"weight {bad!r} holds NaN/inf; weights v{version} are not published")
     dtype = wire_dtype(tensors.values()) if transfer_dtype == "auto" else transfer_dtype
     metadata = {"version": str(version), "config_hash": config_hash}
     data = snapshot_buffer(tensors, transfer_dtype=dtype, metadata=metadata)

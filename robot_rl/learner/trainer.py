@@ -24,7 +24,7 @@ import torch
 
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.learner import checkpoint as ckpt
-from robot_rl.learner.algorithms.base import Algorithm
+from robot_rl.learner.algorithms.base import Algorithm, NonFiniteUpdateError
 from robot_rl.learner.algorithms.configs import ALGORITHMS
 from robot_rl.learner.averaging import WeightAverage
 from robot_rl.learner.config import TrainerConfig
@@ -73,6 +73,9 @@ class Trainer:
         self.version = 0  # the initial weights are version 0
         self.algorithm.set_policy_version(self.version)
         self.last_metrics: dict[str, float] = {}
+        self.nonfinite_batches = 0  # skipped, over the run
+        self._nonfinite_in_a_row = 0
+        self.failure: str | None = None  # why the training thread stopped before it was told to
         self._publish = publish
         self._on_checkpoint = on_checkpoint  # e.g. the Hub pusher; must return at once
         self.logger = logger  # learning curves (TensorBoard); None: not logged
@@ -123,8 +126,11 @@ class Trainer:
         return self.index.sample(self.config.batch_size, self.config.stream_ratios, self._spec, self.rng)
 
     def _apply_locked(self, batch: dict) -> dict[str, float]:
-        """One update on ``batch``, then publish / checkpoint on schedule (the data-parallel trainer reuses it)."""
-        metrics = self.algorithm.update(batch)
+        """One update on ``batch``, then publish / checkpoint on schedule (the data-parallel trainer reuses it).
+        A skipped batch (non-finite loss) returns ``{"skipped_nonfinite": 1.0}`` and counts no update."""
+        metrics = self.update_or_skip(batch)
+        if metrics is None:
+            return {"skipped_nonfinite": 1.0}
         if self.average is not None:
             self.average.update(self.policy)
         self.step += 1
@@ -137,20 +143,40 @@ class Trainer:
             self._checkpoint_locked()
         return metrics
 
+    def update_or_skip(self, batch: dict) -> dict[str, float] | None:
+        """The algorithm's update, or None when the batch's loss or gradient was not finite (the
+        weights are untouched). ``config.max_nonfinite_batches`` such batches in a row raise: a
+        learner that only skips would look alive while it never trains again."""
+        try:
+            metrics = self.algorithm.update(batch)
+        except NonFiniteUpdateError as exc:
+            self.nonfinite_batches += 1
+            self._nonfinite_in_a_row += 1
+            if self._nonfinite_in_a_row >= self.config.max_nonfinite_batches:
+                raise RuntimeError(f"{self._nonfinite_in_a_row} batches in a row had a non-finite loss or gradient "
+                                   f"(last: {exc}); training stopped at update {self.step}") from exc
+            log.warning("update %d: skipped a batch with a non-finite loss or gradient (%s); %d skipped so far",
+                        self.step, exc, self.nonfinite_batches)
+            return None
+        self._nonfinite_in_a_row = 0
+        return metrics
+
     def publish_now(self) -> None:
         """Publish the current weights under the current version (e.g. at service start)."""
         with self._lock:
             if self._publish is not None:
                 self._publish(snapshot(self.deployed, self.version, self.policy.config_hash(),
-                                       self.config.transfer_dtype))
+                                       self.config.transfer_dtype))  # NaN initial weights: the service fails
                 self._schedule.published()
 
     def _publish_locked(self) -> None:
         self._schedule.published()
         if self._publish is None:
             return
+        # NaN/inf weights raise NonFiniteWeightsError: nothing is published, and training stops (they never heal).
+        blob = snapshot(self.deployed, self.version + 1, self.policy.config_hash(), self.config.transfer_dtype)
         self.version += 1
-        self._publish(snapshot(self.deployed, self.version, self.policy.config_hash(), self.config.transfer_dtype))
+        self._publish(blob)
         self.algorithm.set_policy_version(self.version)  # staleness is measured against the newest weights
         log.info("published weights v%d at update %d", self.version, self.step)
 
@@ -195,8 +221,10 @@ class Trainer:
                     self._stop.wait(0.1)  # not enough data yet: look again soon, never block ingest
                     continue
                 self._log_progress()
-        except Exception:
-            log.exception("trainer crashed at update %d; the learner keeps ingesting", self.step)
+        except Exception as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.exception("TRAINING STOPPED at update %d; the learner keeps storing what robots send, but "
+                          "publishes no new weights until it is restarted", self.step)
 
     def _log_progress(self) -> None:
         now = time.monotonic()

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from robot_rl.learner.algorithms.base import guarded_step
 from robot_rl.learner.algorithms.configs import AWRConfig
 from robot_rl.learner.algorithms.critic import ValueNetwork, frozen_copy, observation_encoder, polyak_update, seeded
 from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, rejection_factors, require_fields
@@ -109,10 +110,7 @@ class AWR(WeightedFlowAlgorithm[AWRConfig]):
 
     def _critic_step(self, value: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
         loss = (mask * (value - targets).pow(2)).sum() / mask.sum().clamp_min(1.0)
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.critic_parameters, self.config.grad_clip)
-        self.critic_optimizer.step()
+        guarded_step(self.critic_optimizer, loss, self.critic_parameters, self.config.grad_clip)
         polyak_update(self.value_target, self.value, self.params.tau)
         self.value.num_updates += 1
         return {"value_loss": float(loss.item()), "target_fraction": float((mask > 0).float().mean())}

@@ -18,6 +18,27 @@ from robot_rl.learner.config import TrainerConfig
 from robot_rl.policies.trainable import TrainablePolicy
 
 
+class NonFiniteUpdateError(ArithmeticError):
+    """A batch's loss or gradient is NaN/inf. Stepping on it would write NaN into every weight the
+    optimiser touches (and into Adam's moments, so every later step too); nothing was changed."""
+
+
+def guarded_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, parameters: list[torch.nn.Parameter],
+                 grad_clip: float) -> torch.Tensor:
+    """Backward, clip and step, unless the loss or the gradient norm is not finite: then the gradients
+    are dropped and ``NonFiniteUpdateError`` raised. Checked after backward, so that under data-parallel
+    training every rank sees the same all-reduced norm and every rank skips the same batch."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(parameters, grad_clip)
+    if not (torch.isfinite(loss.detach()).all() and torch.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        value = float(loss.detach().float().mean())
+        raise NonFiniteUpdateError(f"loss {value:.4g}, gradient norm {float(grad_norm):.4g}")
+    optimizer.step()
+    return grad_norm
+
+
 class Algorithm[ParamsT](ABC):
     """One gradient update of the policy from a sampled batch.
 

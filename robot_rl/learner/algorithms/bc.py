@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from robot_rl.learner.algorithms.base import Algorithm
+from robot_rl.learner.algorithms.base import Algorithm, guarded_step
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.policies.trainable import TrainablePolicy
 
@@ -34,10 +34,7 @@ class WeightedBC[ParamsT](Algorithm[ParamsT]):
         weights = batch.get("weight")
         loss, per_sample = self.policy.compute_loss(
             batch, None if weights is None else weights.to(self.device), **randomness)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.config.grad_clip)
-        self.optimizer.step()
+        grad_norm = guarded_step(self.optimizer, loss, self.trainable, self.config.grad_clip)
         return {"loss": float(loss.item()), "grad_norm": float(grad_norm.item()),
                 "loss_max": float(per_sample.max().item())}
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from robot_rl.learner.algorithms.base import guarded_step
 from robot_rl.learner.algorithms.configs import RLConfig
 from robot_rl.learner.algorithms.critic import (
     ChunkQEnsemble,
@@ -124,10 +125,7 @@ class ChunkQLearning(WeightedFlowAlgorithm[RLConfig]):
         mask = field_("transition_valid", torch.bool).float()
         q = self.critic(features, data_chunks)
         loss = (mask * (q - targets).pow(2)).sum() / mask.sum().clamp_min(1.0)
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.config.grad_clip)
-        self.critic_optimizer.step()
+        guarded_step(self.critic_optimizer, loss, list(self.critic.parameters()), self.config.grad_clip)
         polyak_update(self.critic_target, self.critic, self.params.tau)
         self.critic.num_updates += 1
         return {"critic_loss": float(loss.item()), "q_mean": float(q.detach().mean()),
