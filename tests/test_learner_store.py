@@ -287,3 +287,22 @@ def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_pa
     finally:
         store.close()
     assert sorted({e for _, e, _ in stored_triples(tmp_path)}) == [0, 1, 2]
+
+
+def test_a_committed_episode_a_damaged_dataset_file_rolls_back_is_reported_as_lost(tmp_path, caplog):
+    """After a finalize the episode is acked and released from staging: if its parquet is truncated
+    later (a bad disk), opening the dataset rolls it back, and the store must say so loudly."""
+    import logging
+
+    with ReplayStore(store_config(tmp_path)) as store:
+        for segment in segments("r0", 1, make_steps(8, episode=1)):
+            store.ingest(segment)
+        assert store.flush()
+        for segment in segments("r0", 2, make_steps(8, episode=2)):
+            store.ingest(segment)
+        assert store.flush()
+    newest = max((tmp_path / "dataset" / "data").glob("chunk-*/file-*.parquet"), key=lambda p: p.stat().st_mtime)
+    os.truncate(newest, newest.stat().st_size // 2)
+    with caplog.at_level(logging.ERROR), ReplayStore(store_config(tmp_path)) as store:
+        assert store.stats()["episodes_stored"] == 1 and store.stats()["episodes_lost_to_damage"] == 1
+    assert "DATA LOST" in caplog.text and "r0/2 (dataset episode 1)" in caplog.text

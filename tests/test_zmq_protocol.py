@@ -153,7 +153,7 @@ def test_big_endian_arrays_are_sent_little_endian():
         (
             [_envelope("weights_chunk", {"version": 1, "chunk": 0, "sha256": ""},
                        [{"name": "data", "dtype": "|u1", "shape": [-4], "frame": 1}]), b"1234"],
-            "non-negative ints",
+            "must be a list of at most",
         ),
         (
             [_envelope("weights_chunk", {"version": 1, "chunk": 0, "sha256": ""},

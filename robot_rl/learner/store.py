@@ -376,6 +376,7 @@ class ReplayStore:
                 "segments_staged": len(self._staging),
                 "segments_ingested": self.counters["segments"],
                 "duplicate_segments": self.counters["duplicate_segments"],
+                "episodes_lost_to_damage": self.counters["episodes_lost_to_damage"],  # see _report_lost_commits
                 "steps_ingested": self.counters["steps"],
                 **{f"{stream}_steps": n for stream, n in counts.items()},
                 "held_steps": self.index.held_steps(),  # robot ticks no stream samples (see index)
@@ -603,10 +604,25 @@ class ReplayStore:
         for record in self._ledger.commits:
             self._remember_commit(record)
         self._resolve_intents()
+        self._report_lost_commits()
         self._load_dataset_into_index()
         self._load_staging()
         log.info("replay store %s: %d episodes stored, %d open, streams %s", self.config.root,
                  self.writer.num_episodes, len(self._open), self.index.counts())
+
+    def _report_lost_commits(self) -> None:
+        """Committed (acked, released from staging) episodes the dataset no longer holds: its files
+        were damaged after a finalize (a truncated or garbled parquet) and opening it rolled them
+        back. Nothing here can bring them back; it is said loudly, never only as a repair warning."""
+        lost = [r for r in self._ledger.commits if r.index >= self.writer.num_episodes]
+        if not lost:
+            return
+        self.counters["episodes_lost_to_damage"] = len(lost)
+        names = ", ".join(f"{r.robot_id}/{r.episode_id} (dataset episode {r.index})" for r in lost[:10])
+        log.error("DATA LOST: the dataset at %s holds %d episodes, but %d committed episodes were acked after "
+                  "it: %s%s. Its files were damaged after they were written (see the repair warning above and "
+                  "%s.interrupted); restore them from a backup to get the episodes back", self.dataset_root,
+                  self.writer.num_episodes, len(lost), names, " ..." if len(lost) > 10 else "", self.dataset_root)
 
     def _remember_commit(self, record: CommitRecord) -> None:
         key = (record.robot_id, record.episode_id)
