@@ -76,6 +76,25 @@ class RealtimeBenchConfig:
 
 
 @dataclass
+class FaultsBenchConfig:
+    """``bench faults``: the fault suite (robot_rl/bench/faults.py says what each part does)."""
+
+    robots: int = 2  # edges streaming through the fuzzing and the kills
+    fuzz_messages: int = 12000  # malformed messages on the learner's ROUTER
+    impersonation_tries: int = 50  # rounds of three attempts to speak as robot-0
+    kills: int = 5  # SIGKILLs of the learner mid-stream, each followed by a restart
+    seconds_between_kills: float = 8.0  # the robots stream (and the trainer trains) between two kills
+    episode_steps: int = 60  # 2 s episodes at 30 fps, 10-step segments
+    flush_timeout_s: float = 300.0  # for the robots' last acks after the last restart
+    max_restart_s: float = 10.0  # a restart slower than this fails the suite
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.robots < 1 or self.fuzz_messages < 0 or self.kills < 0 or self.episode_steps < 10:
+            raise ValueError("bench faults: robots >= 1, fuzz_messages and kills >= 0, episode_steps >= 10")
+
+
+@dataclass
 class StoreBenchConfig:
     """``bench store``: the learner's dataset writer, seconds per episode and the trainer it leaves."""
 
@@ -183,6 +202,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "async": AsyncBenchConfig,
     "transport": TransportBenchConfig,
     "realtime": RealtimeBenchConfig,
+    "faults": FaultsBenchConfig,
     "store": StoreBenchConfig,
     "replan": ReplanBenchConfig,
     "learning": LearningBenchConfig,

@@ -21,6 +21,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                                "ZeroMQ vs LeRobot gRPC (lerobot.transport)"),
     "realtime": ("realtime", "tick lateness p50/p99/max over a wall-clock soak of edge nodes beside a training "
                              "learner with swaps: inference in its own process vs in a thread"),
+    "faults": ("faults", "the fault suite: wire fuzzing and impersonation, kill -9 of the learner with restarts, "
+                         "damaged checkpoints and spools, a full disk: lost, duplicated, poisoned, admitted"),
     "store": ("store", "the learner's dataset writer: seconds per stored episode and the GIL it leaves, "
                        "store.commit_batch 1 vs 8, in-process vs own process"),
     "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N"),

@@ -1,0 +1,33 @@
+"""`robot-rl bench faults`, shortened: fuzzing, impersonation, a kill -9 with a restart and the damaged
+files, on a real learner process. Each count that must be zero is checked one by one, so a failure
+says which promise broke; the full run's numbers are the benchmark's (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from robot_rl.bench.configs import FaultsBenchConfig
+from robot_rl.bench.faults import run_faults_bench
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_a_short_fault_suite_loses_duplicates_poisons_and_admits_nothing():
+    cfg = FaultsBenchConfig(robots=1, fuzz_messages=600, impersonation_tries=3, kills=1, seconds_between_kills=2.0,
+                            max_restart_s=120.0)  # restart speed is the benchmark's to report, not this test's
+    report = run_faults_bench(cfg, progress=lambda _msg: None)
+    assert report["steps_submitted"] >= 60 and report["steps_stored"] == report["steps_submitted"]
+    assert report["lost_steps"] == 0 and report["duplicated_steps"] == 0
+    assert report["poisoned_rows"] == 0
+    assert report["impersonations_admitted"] == 0 and report["impersonation_attempts"] == 9
+    fuzz = report["fuzz"]
+    assert fuzz["messages"] == 600 and fuzz["classes"] == 21 and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
+    assert fuzz["refusals_logged"] >= 300  # the messages reached the learner's checks, not only its socket
+    assert report["files"] == {"checkpoint_with_nan_bytes": True, "truncated_checkpoint": True,
+                               "garbled_spool_record": True, "full_disk_mid_write": True}
+    assert len(report["restart_s"]) == 1 and report["learner_exit_code"] == 0 and report["passed"]
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="episode_steps >= 10"):
+        FaultsBenchConfig(episode_steps=5)
