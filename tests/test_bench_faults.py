@@ -25,6 +25,7 @@ def test_a_short_fault_suite_loses_duplicates_poisons_and_admits_nothing():
     assert fuzz["refusals_logged"] >= 300  # the messages reached the learner's checks, not only its socket
     assert report["files"] == {"checkpoint_with_nan_bytes": True, "truncated_checkpoint": True,
                                "garbled_spool_record": True, "full_disk_mid_write": True}
+    assert report["segments_left_staged"] == 0  # the learner's own dataset writer wrote everything
     assert len(report["restart_s"]) == 1 and report["learner_exit_code"] == 0 and report["passed"]
 
 

@@ -59,6 +59,9 @@ READY_TIMEOUT_S = 180.0  # a cold learner imports torch and LeRobot and reads it
 
 def _learner_main(root: str, router: str, pub: str, ready: str) -> None:
     """Serve until SIGTERM (then stop cleanly); write ``ready`` once serving."""
+    from robot_rl.core.parent_watch import exit_when_parent_dies
+
+    exit_when_parent_dies("the bench's learner")
     logging.basicConfig(level=logging.INFO, filename=f"{root}/learner.log",
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
     import torch
@@ -97,7 +100,9 @@ class LearnerProcess:
     def start(self) -> float:
         ready = self.root / f"ready-{len(self.restart_s)}"
         started = time.monotonic()
-        self.process = self._ctx.Process(target=_learner_main, name="bench-learner", daemon=True,
+        # Not a daemon: the learner starts a dataset-writer process of its own (and ends with the bench:
+        # parent_watch, and run_suite kills it on the way out).
+        self.process = self._ctx.Process(target=_learner_main, name="bench-learner",
                                          args=(str(self.root), self.router, self.pub, str(ready)))
         self.process.start()
         while not ready.exists():
@@ -196,18 +201,22 @@ class Edge:
 # ============================================================== the suite
 
 
-def stored_rows(store_root: Path) -> tuple[list[tuple[int, int, int]], int]:
-    """(robot, episode, tick) of every stored step (dataset and staged), and the non-finite rows."""
+def stored_rows(store_root: Path) -> tuple[list[tuple[int, int, int]], int, int]:
+    """(robot, episode, tick) of every stored step (dataset and staged), the non-finite rows, and the
+    segments a cleanly stopped learner left staged (its dataset writer failed: they are written now)."""
+    from robot_rl.bridges.zmq.spool import Spool
     from robot_rl.learner.config import StoreConfig
     from robot_rl.learner.store import ReplayStore
 
+    with Spool(store_root / "staging") as staging:
+        left_staged = len(staging)
     with ReplayStore(StoreConfig(root=str(store_root), background_commit=False), train_cameras=CAMERAS) as store:
         if not store.index.num_entries:
-            return [], 0
+            return [], 0, left_staged
         states, actions = store.index.states_and_actions()
     finite = np.isfinite(states).all(axis=1) & np.isfinite(actions.reshape(len(actions), -1)).all(axis=1)
     rows = [tuple(int(v) for v in row[:3]) for row in np.nan_to_num(states)]
-    return rows, int((~finite).sum())
+    return rows, int((~finite).sum()), left_staged
 
 
 def _free_endpoint() -> str:
@@ -218,46 +227,45 @@ def _free_endpoint() -> str:
         return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+def _attack(ctx: Any, root: Path, router: str, config_hash: str, cfg: FaultsBenchConfig,
+            alive: Callable[[], bool], progress: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The intruder's part: malformed messages, then attempts to speak as robot-0."""
+    from robot_rl.bench.fault_fuzz import RouterFuzzer, fuzz_router, impersonation_attempts
+    from robot_rl.bridges.zmq.keys import ClientCurve, apply_client_curve
+
+    curve = ClientCurve.from_files(root / "keys" / "robots" / "intruder.key_secret", root / "keys" / "learner.key")
+    fuzzer = RouterFuzzer(ctx, router, lambda s: apply_client_curve(s, curve), "intruder", config_hash)
+    progress(f"fuzz: {cfg.fuzz_messages} malformed messages while {cfg.robots} robots stream")
+    try:
+        fuzz = fuzz_router(fuzzer, cfg.fuzz_messages, IMAGE, CAMERAS, cfg.seed, alive)
+    finally:
+        fuzzer.close()
+    progress(f"impersonation: {cfg.impersonation_tries} rounds of speaking as robot-0")
+    impersonation = impersonation_attempts(ctx, router, lambda s: apply_client_curve(s, curve), "intruder",
+                                           "robot-0", IMAGE, CAMERAS, cfg.impersonation_tries, config_hash)
+    return fuzz, impersonation
+
+
+def _stream_attack_and_kill(cfg: FaultsBenchConfig, root: Path, learner: LearnerProcess,
+                            progress: Callable[[str], None]) -> dict[str, Any]:
+    """Robots stream while the intruder attacks and the learner is killed and restarted; then they
+    flush and the learner stops cleanly."""
     import zmq
 
-    from robot_rl.bench.fault_files import file_faults
-    from robot_rl.bench.fault_fuzz import (
-        INTRUDER_ROBOT,
-        POISON_ROBOT,
-        RouterFuzzer,
-        fuzz_router,
-        impersonation_attempts,
-    )
-    from robot_rl.bridges.zmq.keys import ClientCurve, apply_client_curve, generate_keypair
-
-    generate_keypair(root / "keys", "learner")
-    names = [f"robot-{i}" for i in range(cfg.robots)] + ["intruder"]
-    for name in names:
-        generate_keypair(root / "keys" / "robots", name)
-    router, pub = _free_endpoint(), _free_endpoint()  # fixed: a restarted learner serves where robots look
-    learner = LearnerProcess(root, router, pub)
-    progress(f"learner starting (CURVE on loopback, {cfg.robots} robots, intruder key listed)")
-    learner.start()
     from robot_rl.bench.transport import ballast_policy
 
+    progress(f"learner starting (CURVE on loopback, {cfg.robots} robots, intruder key listed)")
+    learner.start()
     config_hash = ballast_policy(0.0).config_hash()  # the learner's: a robot with another one is refused
-    edges = [Edge(i, root, router, pub, cfg.episode_steps, config_hash) for i in range(cfg.robots)]
+    edges = [Edge(i, root, learner.router, learner.pub, cfg.episode_steps, config_hash) for i in range(cfg.robots)]
     deadline = time.monotonic() + 60
     while not all(edge.link.connected for edge in edges):  # the first hello gives the store its layout
         if time.monotonic() > deadline:
             raise TimeoutError("bench faults: the robots did not connect within 60 s")
         time.sleep(0.05)
-    curve = ClientCurve.from_files(root / "keys" / "robots" / "intruder.key_secret", root / "keys" / "learner.key")
     ctx = zmq.Context()
     try:
-        fuzzer = RouterFuzzer(ctx, router, lambda s: apply_client_curve(s, curve), "intruder", config_hash)
-        progress(f"fuzz: {cfg.fuzz_messages} malformed messages while {cfg.robots} robots stream")
-        fuzz = fuzz_router(fuzzer, cfg.fuzz_messages, IMAGE, CAMERAS, cfg.seed, learner.alive)
-        fuzzer.close()
-        progress(f"impersonation: {cfg.impersonation_tries} rounds of speaking as robot-0")
-        impersonation = impersonation_attempts(ctx, router, lambda s: apply_client_curve(s, curve), "intruder",
-                                               "robot-0", IMAGE, CAMERAS, cfg.impersonation_tries, config_hash)
+        fuzz, impersonation = _attack(ctx, root, learner.router, config_hash, cfg, learner.alive, progress)
     finally:
         ctx.term()
     for kill in range(cfg.kills):
@@ -271,11 +279,30 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
     exit_code = learner.stop()
     # What the learner said it refused: the fuzzing reached its decoder and checks, not only its socket.
     fuzz["refusals_logged"] = sum(line.count(" refused ") for line in (root / "learner.log").read_text().splitlines())
+    return {"fuzz": fuzz, "impersonation": impersonation, "flushed": flushed, "exit_code": exit_code,
+            "submitted": set().union(*(edge.submitted for edge in edges))}
+
+
+def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+    from robot_rl.bench.fault_files import file_faults
+    from robot_rl.bench.fault_fuzz import INTRUDER_ROBOT, POISON_ROBOT
+    from robot_rl.bridges.zmq.keys import generate_keypair
+
+    generate_keypair(root / "keys", "learner")
+    for name in [f"robot-{i}" for i in range(cfg.robots)] + ["intruder"]:
+        generate_keypair(root / "keys" / "robots", name)
+    # Fixed ports: a restarted learner serves where the robots look.
+    learner = LearnerProcess(root, _free_endpoint(), _free_endpoint())
+    try:
+        run = _stream_attack_and_kill(cfg, root, learner, progress)
+    finally:
+        if learner.alive():
+            learner.process.kill()
     files = file_faults(root / "files")
-    rows, non_finite = stored_rows(root / "store")
-    submitted = set().union(*(edge.submitted for edge in edges))
-    stored = set(rows)
+    rows, non_finite, left_staged = stored_rows(root / "store")
+    submitted, stored = run["submitted"], set(rows)
     marked = {r for r in stored if r[0] in (int(POISON_ROBOT), int(INTRUDER_ROBOT))}
+    fuzz, impersonation = run["fuzz"], run["impersonation"]
     report = {
         "kills": cfg.kills, "robots": cfg.robots, "steps_submitted": len(submitted), "steps_stored": len(rows),
         "lost_steps": len(submitted - stored), "duplicated_steps": len(rows) - len(stored),
@@ -285,13 +312,15 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
         "impersonation_attempts": impersonation["attempts"],
         "restart_s": [round(s, 2) for s in learner.restart_s[1:]], "first_start_s": round(learner.restart_s[0], 2),
         "restart_s_max": round(max(learner.restart_s[1:], default=0.0), 2), "peak_rss_mb": round(learner.peak_rss_mb),
-        "fuzz": fuzz, "files": files, "edges_flushed": flushed, "learner_exit_code": exit_code,
+        "fuzz": fuzz, "files": files, "edges_flushed": run["flushed"], "learner_exit_code": run["exit_code"],
+        "segments_left_staged": left_staged,
     }
     report["passed"] = bool(
         report["kills"] >= cfg.kills and report["lost_steps"] == 0 and report["duplicated_steps"] == 0
         and report["poisoned_rows"] == 0 and report["impersonations_admitted"] == 0
         and report["restart_s_max"] <= cfg.max_restart_s and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
-        and fuzz["messages"] >= cfg.fuzz_messages and flushed and exit_code == 0 and all(files.values()))
+        and fuzz["messages"] >= cfg.fuzz_messages and run["flushed"] and run["exit_code"] == 0
+        and left_staged == 0 and all(files.values()))
     return report
 
 
@@ -319,6 +348,7 @@ def print_table(report: dict[str, Any]) -> None:
              "0"),
             ("restart s (max)", report["restart_s_max"], f"<= {report['config']['max_restart_s']}"),
             ("learner peak RSS MB", report["peak_rss_mb"], ""),
+            ("segments left staged at a clean stop", report["segments_left_staged"], "0"),
             ("fuzz messages / classes", f"{fuzz['messages']} / {fuzz['classes']}",
              f">= {report['config']['fuzz_messages']}"),
             ("fuzz crashes / hangs", f"{fuzz['crashes']} / {fuzz['hangs']}", "0 / 0"),
