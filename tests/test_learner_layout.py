@@ -83,3 +83,28 @@ def test_a_robot_with_another_number_of_joints_than_the_policy_is_refused(tmp_pa
         client.stop()
     finally:
         learner.stop(checkpoint=False)
+
+
+def test_the_learner_forgets_robots_gone_for_good_beyond_the_last_64(tmp_path, caplog):
+    """Without CURVE any client may say hello under any id: a learner that remembered them all grew
+    its memory and its status line with each one (4.9 MB lines after five minutes of it)."""
+    import logging
+
+    from robot_rl.bridges.zmq.server import Peer
+    from robot_rl.learner.service import REMEMBERED_GONE_ROBOTS, RobotStatus
+
+    learner = LearnerService(learner_config(tmp_path), tiny_policy(), train=False)
+    try:
+        for i in range(200):
+            learner.robots[f"drive-by-{i}"] = RobotStatus(f"drive-by-{i}", -1, last_seen_s=float(i))
+            learner.on_peer_lost(Peer(b"x", f"drive-by-{i}", "", -1, 0.0, 0.0))
+        learner.robots["so101-a"] = RobotStatus("so101-a", 3)
+        assert len(learner.robots) == REMEMBERED_GONE_ROBOTS + 1 and "drive-by-199" in learner.robots
+        assert "drive-by-0" not in learner.robots  # the longest gone went first
+        learner._last_status_s = -1e9
+        with caplog.at_level(logging.INFO, logger="robot_rl.learner.service"):
+            learner._log_status()
+        line = next(r.message for r in caplog.records if r.message.startswith("robots ["))
+        assert line.startswith("robots [so101-a:v3], 64 gone") and "drive-by" not in line
+    finally:
+        learner.stop(checkpoint=False)

@@ -473,3 +473,42 @@ def test_an_array_shape_numpy_cannot_build_is_refused_and_the_server_keeps_servi
     assert isinstance(reply, Error) and "shape" in reply.message
     hello = Hello(robot_id="after-the-shape", config_hash="", policy_version=-1)
     assert _request(sock, [bytes(f) for f in encode_message(hello)]).TYPE == "hello_ok"
+
+
+BIG_SUBSCRIBER = """
+import sys, zmq, zmq.utils.monitor
+ctx = zmq.Context()
+sub = ctx.socket(zmq.SUB)
+monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+sub.setsockopt(zmq.SUBSCRIBE, b"x" * (1 << 20))
+sub.connect(sys.argv[1])
+if monitor.poll(10_000) and zmq.utils.monitor.recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
+    print("disconnected", flush=True)
+import os
+os._exit(0)  # libzmq 4.3.5 crashes this side (the subscriber's) when it closes after such a disconnect
+"""
+
+
+def test_a_subscription_longer_than_any_robot_sends_is_disconnected_and_announcements_go_on():
+    """Robots subscribe to b"": a 1 MiB subscription is only memory in the PUB's topic tree (~88 MB
+    of it), so libzmq disconnects the peer that sends one; the other subscribers get every announcement."""
+    import subprocess
+    import sys
+
+    with serving() as server:
+        ctx = zmq.Context()
+        normal = ctx.socket(zmq.SUB)
+        normal.linger = 0
+        normal.setsockopt(zmq.SUBSCRIBE, b"")
+        normal.connect(server.pub_endpoint)
+        try:
+            big = subprocess.run([sys.executable, "-c", BIG_SUBSCRIBER, server.pub_endpoint], capture_output=True,
+                                 text=True, timeout=60)
+            assert "disconnected" in big.stdout, big.stdout + big.stderr
+            server.publish_weights(WeightsBlob(version=5, data=b"z" * 10, config_hash=""))
+            assert normal.poll(5000)
+            announce = decode_message(normal.recv_multipart())
+            assert isinstance(announce, WeightsAnnounce) and announce.version == 5
+        finally:
+            normal.close()
+            ctx.term()

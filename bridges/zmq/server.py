@@ -53,6 +53,9 @@ from robot_rl.bridges.zmq.weights import WeightsBlob
 log = logging.getLogger(__name__)
 
 
+MAX_SUBSCRIPTION_BYTES = 256
+
+
 @dataclass
 class ServerConfig:
     """Where to listen and how strict to be. Port ``*`` binds a free port (see ``ZmqServer.router_endpoint``)."""
@@ -163,7 +166,11 @@ class ZmqServer:
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.linger = 0
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)  # per frame, enforced by libzmq
+        # Inbound bytes per message, enforced by libzmq (a peer past it is disconnected). A PUB receives
+        # only subscriptions, and robots subscribe to everything (b""): a long one is only memory in its
+        # topic tree (a 1 MiB subscription cost the learner ~88 MB).
+        inbound = MAX_SUBSCRIPTION_BYTES if kind == zmq.PUB else self.config.limits.max_message_bytes
+        sock.setsockopt(zmq.MAXMSGSIZE, inbound)
         if self.config.curve:
             apply_server_curve(sock, self.config.curve)
         sock.bind(endpoint)
