@@ -32,7 +32,7 @@ def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_d
     ("auto": the policy's own float type, so a bf16 policy travels in bf16 and a float32 one loses
     nothing). NaN/inf weights raise ``NonFiniteWeightsError``: a robot would refuse every chunk."""
     tensors = published_state(policy)
-    bad = non_finite_tensor(tensors)
+    bad = non_finite_tensor(tensors)  # one read of what is published, less than writing it below
     if bad is not None:
         raise NonFiniteWeightsError(f"weight {bad!r} holds NaN/inf; weights v{version} are not published")
     dtype = wire_dtype(tensors.values()) if transfer_dtype == "auto" else transfer_dtype
