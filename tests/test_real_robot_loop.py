@@ -26,7 +26,7 @@ import pytest
 from tests.learner_helpers import tiny_policy
 from tests.lerobot_mocks import JOINTS, write_calibration
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow(order=0), pytest.mark.timeout(600)]  # the suite's longest: started first
 
 REPO = Path(__file__).resolve().parent.parent
 DOMAIN_ID = os.getpid() % 100 + 1
