@@ -215,7 +215,7 @@ def stored_rows(store_root: Path) -> tuple[list[tuple[int, int, int]], int, int]
             return [], 0, left_staged
         states, actions = store.index.states_and_actions()
     finite = np.isfinite(states).all(axis=1) & np.isfinite(actions.reshape(len(actions), -1)).all(axis=1)
-    rows = [tuple(int(v) for v in row[:3]) for row in np.nan_to_num(states)]
+    rows = [(int(row[0]), int(row[1]), int(row[2])) for row in np.nan_to_num(states)]
     return rows, int((~finite).sum()), left_staged
 
 
