@@ -244,6 +244,23 @@ def test_weights_are_announced_fetched_in_chunks_and_verified(tmp_path):
     assert announce.version == 3 and announce.num_chunks == 13 and payload == data
 
 
+def test_a_curve_robot_gets_announcements_on_the_weights_socket(tmp_path):
+    """With CURVE the handshake itself is inbound on the PUB: a size limit meant for subscriptions
+    must leave it through (announcements published after the hello travel only on the PUB)."""
+    keys = tmp_path / "keys"
+    generate_keypair(keys, "learner")
+    generate_keypair(keys / "robots", "so101-a")
+    received: list[int] = []
+    curve = ClientCurve.from_files(keys / "robots" / "so101-a.key_secret", keys / "learner.key")
+    with (serving(ServerConfig(curve=ServerCurve.from_files(keys / "learner.key_secret", keys / "robots"))) as server,
+          StreamingClient(client_config(server, tmp_path / "a", curve=curve),
+                          on_weights=lambda a, b: received.append(a.version)) as link):
+        assert link.wait_connected(5)
+        time.sleep(0.5)  # subscribed
+        server.publish_weights(WeightsBlob(version=4, data=b"w" * 100, config_hash=""))
+        assert wait_until(lambda: received == [4], timeout_s=10)
+
+
 def test_publishing_wakes_a_serving_loop_that_is_waiting_for_requests():
     """The announcement goes out when the weights are published, not when the serving loop's poll
     next times out (a minute here; the learner's loop polls every 50 ms, which a swap used to wait)."""
@@ -491,7 +508,8 @@ os._exit(0)  # libzmq 4.3.5 crashes this side (the subscriber's) when it closes 
 
 def test_a_subscription_longer_than_any_robot_sends_is_disconnected_and_announcements_go_on():
     """Robots subscribe to b"": a 1 MiB subscription is only memory in the PUB's topic tree (~88 MB
-    of it), so libzmq disconnects the peer that sends one; the other subscribers get every announcement."""
+    of it), so libzmq disconnects the peer that sends one (MAX_SUBSCRIPTION_BYTES); the other
+    subscribers get every announcement."""
     import subprocess
     import sys
 

@@ -53,7 +53,9 @@ from robot_rl.bridges.zmq.weights import WeightsBlob
 log = logging.getLogger(__name__)
 
 
-MAX_SUBSCRIPTION_BYTES = 256
+# The largest inbound message a PUB takes. It receives only subscriptions (robots send b"") and the
+# handshake's commands, which count too: CURVE's INITIATE (vouch and metadata) is over 256 bytes.
+MAX_SUBSCRIPTION_BYTES = 4096
 
 
 @dataclass
@@ -166,9 +168,8 @@ class ZmqServer:
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.linger = 0
-        # Inbound bytes per message, enforced by libzmq (a peer past it is disconnected). A PUB receives
-        # only subscriptions, and robots subscribe to everything (b""): a long one is only memory in its
-        # topic tree (a 1 MiB subscription cost the learner ~88 MB).
+        # Inbound bytes per message, enforced by libzmq (a peer past it is disconnected). On the PUB a
+        # long subscription is only memory in its topic tree (a 1 MiB one cost the learner ~88 MB).
         inbound = MAX_SUBSCRIPTION_BYTES if kind == zmq.PUB else self.config.limits.max_message_bytes
         sock.setsockopt(zmq.MAXMSGSIZE, inbound)
         if self.config.curve:
