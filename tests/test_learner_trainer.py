@@ -15,7 +15,7 @@ from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import DEMO_ROBOT, SampleSpec, SamplingIndex, steps_to_columns
 from robot_rl.learner.publisher import PublishSchedule
-from robot_rl.learner.trainer import Trainer
+from robot_rl.learner.trainer import Trainer, training_device
 from tests.learner_helpers import BC, CAMERAS, make_steps, tiny_policy, trainer_config, wait_for
 
 
@@ -332,3 +332,19 @@ def test_nan_weights_are_never_published_and_training_stops_saying_why(tmp_path)
     trainer.start()  # NaN weights give NaN losses: every batch is skipped, then training stops, saying so
     assert trainer.wait(60)
     assert blobs == [] and trainer.step == 0 and "non-finite loss" in trainer.failure
+
+
+def test_the_training_device_sets_tf32_matmuls_on_cuda_only():
+    """TF32 products are a CUDA speed-up (a VLA update is mostly matmuls); the CPU keeps full
+    float32 so CPU runs reproduce exactly. The device object needs no GPU to be named."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert training_device(TrainerConfig(device="cpu", matmul_precision="high")).type == "cpu"
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert training_device(TrainerConfig(device="cuda", matmul_precision="high")).type == "cuda"
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    with pytest.raises(ValueError, match="matmul_precision"):
+        TrainerConfig(matmul_precision="tf32")

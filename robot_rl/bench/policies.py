@@ -175,10 +175,10 @@ def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
 
     from robot_rl.learner.algorithms.bc import WeightedBC
     from robot_rl.learner.publisher import snapshot
-    from robot_rl.learner.trainer import resolve_device
+    from robot_rl.learner.trainer import training_device
 
     bench, trainer = cfg.bench, cfg.learner.trainer
-    device = resolve_device(trainer.device)
+    device = training_device(trainer)
     if policy.needs_statistics():
         episodes = synthetic_episodes()
         policy.fit_statistics(np.concatenate([e["state"] for e in episodes]),

@@ -127,6 +127,9 @@ class StoreConfig:
             raise ValueError("StoreConfig: joint_names must name at least one joint")
 
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
 @dataclass
 class TrainerConfig:
     """The update loop: batch mixing, optimiser, publishing and checkpoint cadence.
@@ -163,6 +166,10 @@ class TrainerConfig:
     keep_checkpoints: int = 3  # older checkpoints are deleted
     seed: int = 0  # the algorithm's and the sampler's random generators
     device: str = "auto"  # "auto": CUDA when present, else CPU
+    # Float32 matrix products on CUDA (torch.set_float32_matmul_precision): "high" runs them on
+    # TF32 tensor cores (10-bit mantissa inputs, float32 sums), which a VLA's update is dominated
+    # by; "highest" keeps full float32 products. The CPU is always full float32.
+    matmul_precision: str = "high"
     # Discount, success/failure reward, shaping and takeover penalty the batches are scored with.
     rewards: RewardConfig = field(default_factory=RewardConfig)
     # TensorBoard event files. None: "<parent of checkpoint_dir>/tensorboard"; "" turns file logging off.
@@ -174,6 +181,9 @@ class TrainerConfig:
     thread_nice: int = 0
 
     def __post_init__(self) -> None:
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"TrainerConfig: matmul_precision must be one of {MATMUL_PRECISIONS}, "
+                             f"got {self.matmul_precision!r}")
         if not 0 <= self.thread_nice <= 19:
             raise ValueError(f"TrainerConfig: thread_nice must be in 0..19, got {self.thread_nice}")
         if self.log_every_updates < 1:

@@ -39,8 +39,14 @@ log = logging.getLogger(__name__)
 TRAINING_WEIGHTS = "training_policy"  # checkpoint state entry of the training weights when the model is their average
 
 
-def resolve_device(name: str) -> torch.device:
-    return auto_device() if name == "auto" else torch.device(name)
+def training_device(config: TrainerConfig) -> torch.device:
+    """The device the learner trains on. On CUDA this also sets the process's float32 matmul
+    precision (``config.matmul_precision``): a process-wide switch, set here because the learner
+    owns its process; the CPU keeps full float32, so CPU runs stay exactly reproducible."""
+    device = auto_device() if config.device == "auto" else torch.device(config.device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision(config.matmul_precision)
+    return device
 
 
 class Trainer:
@@ -63,7 +69,7 @@ class Trainer:
     ) -> None:
         self.config = config
         self.index = index
-        self.device = resolve_device(config.device)
+        self.device = training_device(config)
         self.policy = policy.to(self.device).train()
         self.algorithm_config = algorithm_config
         self.algorithm: Algorithm[object] = ALGORITHMS.build(algorithm_config, self.policy, config, self.device)
