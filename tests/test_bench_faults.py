@@ -1,6 +1,7 @@
-"""`robot-rl bench faults`, shortened: fuzzing, impersonation, a kill -9 with a restart and the damaged
-files, on a real learner process. Each count that must be zero is checked one by one, so a failure
-says which promise broke; the full run's numbers are the benchmark's (BENCHMARKS.md)."""
+"""`robot-rl bench faults`, shortened: fuzzing, impersonation, a kill -9 of the learner and of a robot
+with restarts, a network cut and the damaged files, on real learner and robot processes. Each count
+that must be zero is checked one by one, so a failure says which promise broke; the full run's
+numbers are the benchmark's (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def test_a_short_fault_suite_loses_duplicates_poisons_and_admits_nothing():
     cfg = FaultsBenchConfig(robots=1, fuzz_messages=600, impersonation_tries=3, kills=1, seconds_between_kills=2.0,
+                            edge_kills=1, network_cut_s=3.0,
                             max_restart_s=120.0)  # restart speed is the benchmark's to report, not this test's
     report = run_faults_bench(cfg, progress=lambda _msg: None)
-    assert report["steps_submitted"] >= 60 and report["steps_stored"] == report["steps_submitted"]
+    # Every step a robot made durable is stored, across a learner kill, a robot kill and a network cut;
+    # only what the killed robot had not yet spooled may be missing.
+    assert report["steps_durable"] >= 60 and report["edge_kills"] == 1
+    assert report["steps_stored"] >= report["steps_durable"]
+    assert report["steps_submitted"] - report["steps_stored"] <= report["steps_unspooled_at_edge_kills"]
     assert report["lost_steps"] == 0 and report["duplicated_steps"] == 0
+    assert report["network_cut"]["steps_recorded_during_cut"] >= 45  # 3 s at 30 fps, half the rate at least
     assert report["poisoned_rows"] == 0
     assert report["impersonations_admitted"] == 0 and report["impersonation_attempts"] == 9
     fuzz = report["fuzz"]

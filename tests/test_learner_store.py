@@ -78,6 +78,22 @@ def test_robot_starting_a_new_episode_truncates_the_open_one_and_late_seqs_form_
     assert len(stored_triples(tmp_path)) == 12
 
 
+def test_the_rest_of_an_episode_after_a_silence_is_stored_when_its_last_segment_arrives(tmp_path):
+    """A network cut longer than episode_timeout_s: the first part is stored as truncated; the rest,
+    re-sent from the robot's spool, is a fragment complete at its done segment, not left staged."""
+    with ReplayStore(store_config(tmp_path)) as store:
+        parts = segments("r0", 1, make_steps(16, robot=0, episode=1))  # seqs 0..3, done in 3
+        store.ingest(parts[0])
+        store.ingest(parts[1])
+        assert store.close_stale(now_s=1e12) == 1  # silent: seqs 0 and 1 stored as truncated
+        store.ingest(parts[2])
+        assert store.stats()["episodes_stored"] == 1  # seq 2 alone: the robot is still sending
+        store.ingest(parts[3])
+        assert store.stats()["episodes_stored"] == 2 and store.close_stale(now_s=1e12) == 0
+        assert store.flush() and store.stats()["segments_staged"] == 0
+    assert sorted(stored_triples(tmp_path)) == [(0, 1, t) for t in range(16)]
+
+
 def test_layout_mismatch_is_refused_with_a_clear_error(tmp_path):
     from robot_rl.bridges.zmq.protocol import ProtocolError
 

@@ -84,6 +84,8 @@ class FaultsBenchConfig:
     impersonation_tries: int = 50  # rounds of three attempts to speak as robot-0
     kills: int = 5  # SIGKILLs of the learner mid-stream, each followed by a restart
     seconds_between_kills: float = 8.0  # the robots stream (and the trainer trains) between two kills
+    edge_kills: int = 2  # SIGKILLs of a robot mid-episode, each followed by a restart on its spool
+    network_cut_s: float = 30.0  # every robot's network down this long (0: no cut)
     episode_steps: int = 60  # 2 s episodes at 30 fps, 10-step segments
     flush_timeout_s: float = 300.0  # for the robots' last acks after the last restart
     max_restart_s: float = 10.0  # a restart slower than this fails the suite
@@ -92,6 +94,10 @@ class FaultsBenchConfig:
     def __post_init__(self) -> None:
         if self.robots < 1 or self.fuzz_messages < 0 or self.kills < 0 or self.episode_steps < 10:
             raise ValueError("bench faults: robots >= 1, fuzz_messages and kills >= 0, episode_steps >= 10")
+        if self.edge_kills < 0 or self.network_cut_s < 0:
+            raise ValueError("bench faults: edge_kills and network_cut_s must be >= 0")
+        if self.edge_kills and self.episode_steps < 40:
+            raise ValueError("bench faults: killing a robot mid-episode needs episode_steps >= 40")
 
 
 @dataclass

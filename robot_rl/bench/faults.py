@@ -12,16 +12,22 @@ store on disk) with ``bench.robots`` edges streaming synthetic episodes whose st
 2. **kills**: ``bench.kills`` times, the learner is killed with SIGKILL mid-stream and restarted on
    the same disk; each restart is timed from process start to serving (``restart_s``), and the
    learner's peak memory is read before each kill (VmHWM).
-3. **files**: a checkpoint with 4 KB of NaN bytes and a truncated one must be refused on resume;
+5. **files**: a checkpoint with 4 KB of NaN bytes and a truncated one must be refused on resume;
    a spool with a garbled record must keep every other record; a spool whose write fails half way
    (a full disk) must keep every record written before and after it.
 
+3. **robot kills**: ``bench.edge_kills`` times a robot's process is killed with SIGKILL in the
+   middle of an episode and started again on its spool (the learner stores the cut episode as
+   truncated when the robot starts its next one).
+4. **network cut**: for ``bench.network_cut_s`` every robot's connection is torn down and refused
+   (``fault_network.py``); the robots keep recording into their spools and re-send afterwards.
+
 Then every edge flushes, the learner stops cleanly, and the store is read back: ``lost_steps``
-(submitted, never stored), ``duplicated_steps``, ``poisoned_rows`` (fuzz-marked or non-finite rows
+(made durable by a robot, never stored), ``duplicated_steps``, ``poisoned_rows`` (fuzz-marked or non-finite rows
 stored), ``impersonations_admitted`` (attempts answered with an ack or hello_ok, plus stored rows
 marked as the intruder's). ``passed`` is true when all of them are zero where they should be.
-Not run here: an edge killed mid-episode and a network cut (``tests/test_learner_crash.py`` and
-``tests/test_stream_edge.py`` cover them).
+The robots are processes of their own (``fault_edge.py``), each logging what it submitted and
+what its link made durable.
 """
 
 from __future__ import annotations
@@ -40,17 +46,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from robot_rl.bench.configs import FaultsBenchConfig
+from robot_rl.bench.fault_edge import FPS
 from robot_rl.bench.progress import timed_run
-from robot_rl.bench.transport import CAMERAS, IMAGE, synthetic_frames
+from robot_rl.bench.transport import CAMERAS, IMAGE
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
 
 log = logging.getLogger(__name__)
 
-JOINTS = tuple(f"joint{i}" for i in range(6))
-FPS = 30
-SEGMENT_STEPS = 10
 READY_TIMEOUT_S = 180.0  # a cold learner imports torch and LeRobot and reads its store
 
 
@@ -139,65 +143,6 @@ class LearnerProcess:
         self.peak_rss_mb = max(self.peak_rss_mb, int(peak) / 1024)
 
 
-# ============================================================== edges: synthetic episodes, (robot, episode, tick)
-
-
-class Edge:
-    """A robot streaming episodes of ``episode_steps`` at 30 fps from a thread; remembers every step submitted."""
-
-    def __init__(self, index: int, root: Path, router: str, pub: str, episode_steps: int, config_hash: str) -> None:
-        from robot_rl.bridges.zmq.client import ClientConfig
-        from robot_rl.bridges.zmq.keys import ClientCurve
-        from robot_rl.bridges.zmq.segments import ImageEncoding
-        from robot_rl.bridges.zmq.streaming import StreamingClient
-
-        self.index = index
-        self.robot_id = f"robot-{index}"
-        features = {"fps": FPS, "joint_names": list(JOINTS), "cameras": {c: [IMAGE, IMAGE] for c in CAMERAS}}
-        curve = ClientCurve.from_files(root / "keys" / "robots" / f"{self.robot_id}.key_secret",
-                                       root / "keys" / "learner.key")
-        config = ClientConfig(robot_id=self.robot_id, router_endpoint=router, pub_endpoint=pub, curve=curve,
-                              spool_dir=root / "spool" / self.robot_id, features=features, heartbeat_interval_s=0.5,
-                              config_hash=config_hash,
-                              ack_timeout_s=2.0, server_timeout_s=3.0, hello_retry_s=0.2)
-        self.link = StreamingClient(config, image_encoding=ImageEncoding("jpeg")).start()
-        self.episode_steps = episode_steps
-        self.submitted: set[tuple[int, int, int]] = set()
-        self._frames = synthetic_frames(30, index)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"bench-edge-{index}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from robot_rl.core.types import Step
-
-        episode = 0
-        while not self._stop.is_set():
-            episode += 1
-            for start in range(0, self.episode_steps, SEGMENT_STEPS):
-                ticks = range(start, min(start + SEGMENT_STEPS, self.episode_steps))
-                steps = [Step(tick=t, time_s=t / FPS, state=np.array([self.index, episode, t, 0, 0, 0], np.float32),
-                              action=np.zeros(6, np.float32), images=self._frames[t % len(self._frames)],
-                              done=t == self.episode_steps - 1, reward=float(t == self.episode_steps - 1))
-                         for t in ticks]
-                while not self.link.submit_steps(episode, steps, episode_done=steps[-1].done):
-                    time.sleep(0.05)  # the queue is full (learner away a long time): the steps wait here
-                self.submitted |= {(self.index, episode, t) for t in ticks}
-                self._stop.wait(len(steps) / FPS)
-                if self._stop.is_set() and start + SEGMENT_STEPS >= self.episode_steps:
-                    return
-            if self._stop.is_set():
-                return
-
-    def finish(self, timeout_s: float) -> bool:
-        """Stop after the current episode, wait until every step is acked."""
-        self._stop.set()
-        self._thread.join(60)
-        flushed = self.link.flush(timeout_s)
-        self.link.stop()
-        return flushed
-
-
 # ============================================================== the suite
 
 
@@ -248,39 +193,98 @@ def _attack(ctx: Any, root: Path, router: str, config_hash: str, cfg: FaultsBenc
 
 def _stream_attack_and_kill(cfg: FaultsBenchConfig, root: Path, learner: LearnerProcess,
                             progress: Callable[[str], None]) -> dict[str, Any]:
-    """Robots stream while the intruder attacks and the learner is killed and restarted; then they
-    flush and the learner stops cleanly."""
+    """Robots stream (through relays that can cut their network) while the intruder attacks, the
+    learner is killed and restarted, a robot is killed mid-episode and restarted, and the network
+    is cut; then they flush and the learner stops cleanly."""
     import zmq
 
+    from robot_rl.bench.fault_edge import EdgeProcess, EdgeSpec
+    from robot_rl.bench.fault_network import CuttableRelay
     from robot_rl.bench.transport import ballast_policy
 
     progress(f"learner starting (CURVE on loopback, {cfg.robots} robots, intruder key listed)")
     learner.start()
     config_hash = ballast_policy(0.0).config_hash()  # the learner's: a robot with another one is refused
-    edges = [Edge(i, root, learner.router, learner.pub, cfg.episode_steps, config_hash) for i in range(cfg.robots)]
-    deadline = time.monotonic() + 60
-    while not all(edge.link.connected for edge in edges):  # the first hello gives the store its layout
-        if time.monotonic() > deadline:
-            raise TimeoutError("bench faults: the robots did not connect within 60 s")
-        time.sleep(0.05)
-    ctx = zmq.Context()
+    relays = [CuttableRelay(learner.router), CuttableRelay(learner.pub)]
+    edges = [EdgeProcess(EdgeSpec(i, str(root), relays[0].endpoint, relays[1].endpoint, config_hash,
+                                  cfg.episode_steps, first_episode=1)).start() for i in range(cfg.robots)]
     try:
-        fuzz, impersonation = _attack(ctx, root, learner.router, config_hash, cfg, learner.alive, progress)
+        _wait_connected(edges, 120.0)  # the first hello gives the store its layout
+        ctx = zmq.Context()
+        try:
+            fuzz, impersonation = _attack(ctx, root, learner.router, config_hash, cfg, learner.alive, progress)
+        finally:
+            ctx.term()
+        for kill in range(cfg.kills):
+            time.sleep(cfg.seconds_between_kills)
+            progress(f"kill -9 {kill + 1}/{cfg.kills} of the learner mid-stream, then restart")
+            learner.kill()
+            time.sleep(0.5)
+            learner.start()
+        unspooled = _kill_edges(cfg, edges, progress)
+        cut = _cut_network(cfg, relays, edges, progress)
+        progress("every robot finishes its episode and waits for its acks")
+        flushed = all([edge.finish(cfg.flush_timeout_s) for edge in edges])
     finally:
-        ctx.term()
-    for kill in range(cfg.kills):
-        time.sleep(cfg.seconds_between_kills)
-        progress(f"kill -9 {kill + 1}/{cfg.kills} of the learner mid-stream, then restart")
-        learner.kill()
-        time.sleep(0.5)
-        learner.start()
-    progress("every robot finishes its episode and waits for its acks")
-    flushed = all(edge.finish(cfg.flush_timeout_s) for edge in edges)
+        for edge in edges:
+            if edge.process.is_alive():
+                edge.process.kill()
+        for relay in relays:
+            relay.close()
     exit_code = learner.stop()
     # What the learner said it refused: the fuzzing reached its decoder and checks, not only its socket.
     fuzz["refusals_logged"] = sum(line.count(" refused ") for line in (root / "learner.log").read_text().splitlines())
+    records = [edge.progress() for edge in edges]
     return {"fuzz": fuzz, "impersonation": impersonation, "flushed": flushed, "exit_code": exit_code,
-            "submitted": set().union(*(edge.submitted for edge in edges))}
+            "submitted": set().union(*(r.submitted for r in records)),
+            "durable": set().union(*(r.durable for r in records)),
+            "edge_kills": sum(edge.kills for edge in edges), "steps_unspooled_at_edge_kills": unspooled,
+            "network_cut": cut}
+
+
+def _wait_connected(edges: list[Any], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(edge.current_progress().connected for edge in edges):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench faults: the robots did not connect within {timeout_s:.0f} s")
+        if not all(edge.process.is_alive() for edge in edges):
+            raise RuntimeError("bench faults: a robot's process exited before it connected")
+        time.sleep(0.05)
+
+
+def _kill_edges(cfg: FaultsBenchConfig, edges: list[Any], progress: Callable[[str], None]) -> int:
+    """SIGKILL robots mid-episode and start them again on their spools; the steps that were
+    submitted but not yet durable when each died (they lived only in its memory)."""
+    from robot_rl.bench.fault_edge import wait_mid_episode
+
+    unspooled = 0
+    for kill in range(cfg.edge_kills):
+        edge = edges[kill % len(edges)]
+        if not wait_mid_episode(edge, 60.0):
+            raise TimeoutError(f"bench faults: {edge.spec.robot_id} made no progress within 60 s")
+        progress(f"kill -9 {kill + 1}/{cfg.edge_kills} of {edge.spec.robot_id} mid-episode, then restart on its spool")
+        died = edge.kill()
+        unspooled += len(died.submitted - died.durable)
+        edge.start(first_episode=1000 * edge.kills + 1)
+        _wait_connected([edge], 120.0)
+    return unspooled
+
+
+def _cut_network(cfg: FaultsBenchConfig, relays: list[Any], edges: list[Any],
+                 progress: Callable[[str], None]) -> dict[str, Any]:
+    """Cut every robot's network for ``bench.network_cut_s``; what they made durable meanwhile."""
+    if cfg.network_cut_s <= 0:
+        return {"seconds": 0.0, "steps_recorded_during_cut": 0, "connections_refused": 0}
+    progress(f"network cut for {cfg.network_cut_s:.0f} s: the robots keep recording into their spools")
+    before = sum(len(edge.progress().durable) for edge in edges)
+    for relay in relays:
+        relay.cut()
+    time.sleep(cfg.network_cut_s)
+    recorded = sum(len(edge.progress().durable) for edge in edges) - before
+    for relay in relays:
+        relay.restore()
+    return {"seconds": cfg.network_cut_s, "steps_recorded_during_cut": recorded,
+            "connections_refused": sum(relay.refused_while_cut for relay in relays)}
 
 
 def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -300,27 +304,33 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
             learner.process.kill()
     files = file_faults(root / "files")
     rows, non_finite, left_staged = stored_rows(root / "store")
-    submitted, stored = run["submitted"], set(rows)
+    submitted, durable, stored = run["submitted"], run["durable"], set(rows)
     marked = {r for r in stored if r[0] in (int(POISON_ROBOT), int(INTRUDER_ROBOT))}
-    fuzz, impersonation = run["fuzz"], run["impersonation"]
+    fuzz, impersonation, cut = run["fuzz"], run["impersonation"], run["network_cut"]
     report = {
-        "kills": cfg.kills, "robots": cfg.robots, "steps_submitted": len(submitted), "steps_stored": len(rows),
-        "lost_steps": len(submitted - stored), "duplicated_steps": len(rows) - len(stored),
+        "kills": cfg.kills, "edge_kills": run["edge_kills"], "robots": cfg.robots,
+        "steps_submitted": len(submitted), "steps_durable": len(durable), "steps_stored": len(rows),
+        # Durable (spooled) steps are the promise; steps still in a killed robot's memory are counted apart.
+        "lost_steps": len(durable - stored), "duplicated_steps": len(rows) - len(stored),
+        "steps_unspooled_at_edge_kills": run["steps_unspooled_at_edge_kills"],
         "poisoned_rows": non_finite + sum(r[0] == int(POISON_ROBOT) for r in marked)
         + len(stored - submitted - marked),
         "impersonations_admitted": impersonation["admitted"] + sum(r[0] == int(INTRUDER_ROBOT) for r in marked),
         "impersonation_attempts": impersonation["attempts"],
         "restart_s": [round(s, 2) for s in learner.restart_s[1:]], "first_start_s": round(learner.restart_s[0], 2),
         "restart_s_max": round(max(learner.restart_s[1:], default=0.0), 2), "peak_rss_mb": round(learner.peak_rss_mb),
-        "fuzz": fuzz, "files": files, "edges_flushed": run["flushed"], "learner_exit_code": run["exit_code"],
-        "segments_left_staged": left_staged,
+        "fuzz": fuzz, "files": files, "network_cut": cut, "edges_flushed": run["flushed"],
+        "learner_exit_code": run["exit_code"], "segments_left_staged": left_staged,
     }
+    # Through a cut the robots keep recording at (at least half) their rate: the link never holds them up.
+    kept_recording = cut["steps_recorded_during_cut"] >= 0.5 * FPS * cut["seconds"] * cfg.robots
     report["passed"] = bool(
-        report["kills"] >= cfg.kills and report["lost_steps"] == 0 and report["duplicated_steps"] == 0
+        report["kills"] >= cfg.kills and report["edge_kills"] >= cfg.edge_kills and report["lost_steps"] == 0
+        and report["duplicated_steps"] == 0
         and report["poisoned_rows"] == 0 and report["impersonations_admitted"] == 0
         and report["restart_s_max"] <= cfg.max_restart_s and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
         and fuzz["messages"] >= cfg.fuzz_messages and run["flushed"] and run["exit_code"] == 0
-        and left_staged == 0 and all(files.values()))
+        and left_staged == 0 and all(files.values()) and kept_recording)
     return report
 
 
@@ -341,7 +351,12 @@ def print_table(report: dict[str, Any]) -> None:
     table.add_column("must be", justify="right")
     fuzz = report["fuzz"]
     rows = [("learner kills (SIGKILL)", report["kills"], f">= {report['config']['kills']}"),
-            ("steps submitted / stored", f"{report['steps_submitted']} / {report['steps_stored']}", "equal"),
+            ("robot kills (SIGKILL mid-episode)", report["edge_kills"], f">= {report['config']['edge_kills']}"),
+            ("steps submitted / durable / stored",
+             f"{report['steps_submitted']} / {report['steps_durable']} / {report['steps_stored']}", "durable stored"),
+            ("steps only in a killed robot's memory", report["steps_unspooled_at_edge_kills"], ""),
+            (f"steps recorded during a {report['network_cut']['seconds']:.0f} s network cut",
+             report["network_cut"]["steps_recorded_during_cut"], ">= half the rate"),
             ("lost steps", report["lost_steps"], "0"), ("duplicated steps", report["duplicated_steps"], "0"),
             ("poisoned rows", report["poisoned_rows"], "0"),
             ("impersonations admitted", f"{report['impersonations_admitted']} of {report['impersonation_attempts']}",

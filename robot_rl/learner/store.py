@@ -97,10 +97,13 @@ class _OpenEpisode:
     seqs: dict[int, int] = field(default_factory=dict)  # seq -> number of steps
     done_seq: int | None = None
     last_seen_s: float = field(default_factory=time.monotonic)
+    # The first seq this fragment must hold: 0, or past the pieces already stored as truncated (the
+    # robot went silent longer than episode_timeout_s, a network cut, and then sent the rest).
+    first_seq: int = 0
 
     @property
     def complete(self) -> bool:
-        return self.done_seq is not None and all(s in self.seqs for s in range(self.done_seq + 1))
+        return self.done_seq is not None and all(s in self.seqs for s in range(self.first_seq, self.done_seq + 1))
 
 
 def _staging_key(robot_id: str, episode_id: int, seq: int) -> str:
@@ -394,7 +397,9 @@ class ReplayStore:
         key = (robot_id, episode_id)
         episode = self._open.get(key)
         if episode is None:
-            episode = _OpenEpisode(robot_id, episode_id, self._fragments[key])
+            stored = self._committed.get(key)
+            episode = _OpenEpisode(robot_id, episode_id, self._fragments[key],
+                                   first_seq=max(stored) + 1 if stored else 0)
             self._open[key] = episode
             if key not in self._committed:  # a late fragment of an old episode is not "the current one"
                 self._open_of_robot[robot_id] = key
