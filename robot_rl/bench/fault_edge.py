@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,7 @@ class EdgeProcess:
 
     def start(self, first_episode: int | None = None) -> EdgeProcess:
         if first_episode is not None:
-            self.spec = EdgeSpec(**{**self.spec.__dict__, "first_episode": first_episode})
+            self.spec = replace(self.spec, first_episode=first_episode)
         log = Path(self.spec.root) / f"edge-{self.spec.robot_id}-{len(self.logs)}.jsonl"
         self.logs.append(log)
         self._stop = self._ctx.Event()
