@@ -168,6 +168,13 @@ def test_two_real_robot_sessions_stream_to_a_restarted_learner_and_swap_its_weig
             time.sleep(0.2)
         learner.send_signal(signal.SIGKILL)
         learner.wait(30)
+        # Down until each session has ended an episode into its spool and said so (a restart faster
+        # than an episode plus its ack timeout would leave no outage to see).
+        outage_deadline = time.monotonic() + 120
+        while not all("waits in the spool" in p.read_text() for p in logs):
+            assert time.monotonic() < outage_deadline, "no session said its episode waits in the spool"
+            assert so101.poll() is None and ros2.poll() is None, "a session ended before the learner came back"
+            time.sleep(0.2)
         learner = start(learner_args(root, router, pub, resume=True), root / "learner2.log", root)
         procs.append(learner)
         for proc, name in ((so101, "so101"), (ros2, "ros2")):

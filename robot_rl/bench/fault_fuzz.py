@@ -139,12 +139,19 @@ class RouterFuzzer:
         self.socket.connect(endpoint)
 
     def request(self, frames: list[bytes], timeout_s: float = PROBE_TIMEOUT_S) -> Any | None:
-        """Send; the first reply within ``timeout_s`` (decoded), or None."""
+        """Send; its reply within ``timeout_s`` (decoded), or None. The learner answers a connection
+        in order, so errors still coming back for messages sent before it are skipped: taken for the
+        answer, they would end the fuzzing while its last messages sat unsent in the socket's queue
+        (and closing it with linger 0 drops them)."""
+        sent = decode_message(frames).TYPE
         self.drain()
         self.socket.send_multipart(frames)
-        if not self.socket.poll(int(timeout_s * 1000)):
-            return None
-        return decode_message(self.socket.recv_multipart())
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0 and self.socket.poll(max(1, int(left * 1000))):
+            reply = decode_message(self.socket.recv_multipart())
+            if reply.TYPE != "error" or reply.in_reply_to == sent:
+                return reply
+        return None
 
     def drain(self) -> None:
         while self.socket.poll(0):

@@ -125,8 +125,8 @@ def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = 
         store.close()
     if stored != cfg.episodes:
         raise RuntimeError(f"bench store: {stored} of {cfg.episodes} episodes stored")
-    return {"writer": writer, "commit_batch": batch, "episodes": cfg.episodes, "ingest_s": round(ingested, 2),
-            "total_s": round(total, 2), "s_per_episode": round(total / cfg.episodes, 3),
+    return {"writer": writer, "commit_batch": batch, "episodes": cfg.episodes, "ingest_s": round(ingested, 6),
+            "total_s": round(total, 6), "s_per_episode": round(total / cfg.episodes, 3),
             "trainer_speed": round(beside / alone, 3)}
 
 
