@@ -20,6 +20,7 @@ import numpy as np
 import zmq
 
 from robot_rl.bridges.zmq.protocol import (
+    Error,
     Heartbeat,
     Hello,
     HelloOk,
@@ -149,7 +150,7 @@ class RouterFuzzer:
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0 and self.socket.poll(max(1, int(left * 1000))):
             reply = decode_message(self.socket.recv_multipart())
-            if reply.TYPE != "error" or reply.in_reply_to == sent:
+            if not isinstance(reply, Error) or reply.in_reply_to == sent:
                 return reply
         return None
 
