@@ -57,6 +57,7 @@ CHOICE_MODULES = (
     "robot_rl.policies.hold",
     "robot_rl.learner.algorithms.configs",
     "robot_rl.bench.configs",
+    "robot_rl.edge.viewer_config",
 )
 
 
@@ -73,6 +74,7 @@ class RobotRLConfig:
     policy: Any = MISSING  # what drives it: flow_vla | lerobot | hold
     teleop: Any = MISSING  # how an operator takes over: keyboard | leader | gamepad | scripted | none
     learner: LearnerConfig = MISSING  # store, trainer and algorithm: hgdagger | bc | rwr | awr | rl
+    viewer: Any = MISSING  # a live view of every robot: none | rerun
     edge: EdgeConfig = field(default_factory=EdgeConfig)  # the edge runtime's timing contract
     link: LinkConfig = field(default_factory=LinkConfig)  # where an edge finds its learner
     session: SessionConfig = field(default_factory=SessionConfig)  # robot-rl session

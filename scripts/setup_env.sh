@@ -5,11 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: EGL/Mesa for headless MuJoCo rendering, ffmpeg for LeRobot video.
+# System packages: EGL/Mesa for headless MuJoCo rendering, ffmpeg for LeRobot video, headless
+# Chromium and its driver for the fleet console's browser test.
 need_apt=()
 ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1' || need_apt+=(libegl1 libgl1 libgl1-mesa-dri libglx-mesa0)
 ldconfig -p 2>/dev/null | grep -q 'libEGL_mesa' || need_apt+=(libegl-mesa0 libgl1-mesa-dri)
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "[setup] installing system packages: ${need_apt[*]}"

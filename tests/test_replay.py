@@ -15,6 +15,7 @@ import pytest
 from robot_rl.app.demos import expert_episode
 from robot_rl.config import ConfigError
 from robot_rl.data import EpisodeRecorder
+from robot_rl.edge.viewer_config import RerunMode, RerunViewerConfig
 from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.replay import (
     JointMapping,
@@ -27,6 +28,7 @@ from robot_rl.replay import (
 )
 from robot_rl.replay.dataset import logged_episode
 from robot_rl.replay.video import count_frames
+from tests.rerun_helpers import component, read_rrd
 
 IMAGE = 32
 # (seed, family) of the recorded episodes; the dataset does not store seeds, so the
@@ -89,7 +91,8 @@ def test_replay_reproduces_own_recording_and_writes_video(robot, recorded, tmp_p
 
     # No seeds given: the recording carries each episode's sim seed, so the scene is re-created.
     config = ReplayConfig(out_dir=str(tmp_path / "same"))
-    run = replay_dataset(robot, dataset, config, progress=False)
+    viewer = RerunViewerConfig(mode=RerunMode.save, dir=str(tmp_path / "rerun"))
+    run = replay_dataset(robot, dataset, config, progress=False, viewer=viewer)
 
     for result, episode in zip(run.episodes, episodes, strict=True):
         np.testing.assert_allclose(result.tracking.logged, np.stack([s.state for s in episode.steps]))
@@ -100,6 +103,14 @@ def test_replay_reproduces_own_recording_and_writes_video(robot, recorded, tmp_p
     summary = json.loads(run.summary_path.read_text())
     assert [e["episode"] for e in summary["episodes"]] == [0, 1]
     assert summary["mapping_is_identity"] is True
+    # The Rerun log holds both sides of every step: cameras and joints, logged and simulated.
+    rows = read_rrd(tmp_path / "rerun" / "replay.rrd")
+    for k, (result, episode) in enumerate(zip(run.episodes, episodes, strict=True)):
+        for source, states in (("logged", result.tracking.logged), ("sim", result.tracking.simulated)):
+            logged_states = [component(r, "Scalars:scalars") for r in rows[f"episode_{k}/{source}/observation.state"]]
+            np.testing.assert_allclose(np.asarray(logged_states), states, atol=1e-4)
+            for camera in ("front", "wrist"):
+                assert len(rows[f"episode_{k}/{source}/observation.images.{camera}"]) == episode.num_steps
 
 
 def test_replay_without_seed_starts_from_first_state_but_misses_the_cube(robot, tmp_path):

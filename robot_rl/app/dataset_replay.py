@@ -33,7 +33,7 @@ def run_replay(cfg: RobotRLConfig, progress: bool = True) -> ReplayRun:
         cfg = dataclasses.replace(cfg, robot=dataclasses.replace(cfg.robot, fps=dataset.fps))
     robot = make_sim(cfg)
     try:  # joints or cameras that do not map raise JointMappingError, a ConfigError: one line
-        return replay_dataset(robot, dataset, config, policy=policy, progress=progress)
+        return replay_dataset(robot, dataset, config, policy=policy, progress=progress, viewer=cfg.viewer)
     finally:
         robot.disconnect()
 

@@ -24,9 +24,11 @@ from robot_rl.app.config import RobotPlacement, Seeds
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import WallClock
+from robot_rl.core.registry import VIEWERS
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
 from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.edge.viewer_config import NoViewerConfig
 from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
 from robot_rl.learner.metrics import VersionStats
@@ -69,6 +71,7 @@ class LocalRunConfig:
     min_updates: int | None = None
     segment_steps: int = 15  # steps per streamed segment: half a second at 30 Hz
     image_format: str = "jpeg"  # how camera frames travel to the learner
+    viewer: Any = field(default_factory=NoViewerConfig)  # what every robot logs a live view to (viewer=)
 
     def __post_init__(self) -> None:
         self.robots = RobotPlacement(self.robots)
@@ -329,6 +332,9 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
     if operator is not None:
         operator.bind(node)
     streamer.attach(node).start()
+    view = VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names))
+    if view is not None:
+        view.attach(node)
     episodes = steps = successes = 0
     try:
         if not streamer.link.wait_connected(10.0):
@@ -357,4 +363,6 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
             versions[robot_id] = node.policy_version
         streamer.stop()
         node.close()
+        if view is not None:
+            view.close()
     return episodes, steps, successes

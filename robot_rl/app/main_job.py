@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -177,21 +177,24 @@ def learner_label(config: LearnerConfig) -> str:
             f"{t.online_ratio:g} / {t.intervention_ratio:g} / {t.demonstration_ratio:g}")
 
 
-def local_run_config(cfg: RobotRLConfig, run_dir: Path) -> LocalRunConfig:
-    """What ``run_local`` needs of the run's settings, its spool under ``run_dir``."""
+def local_run_config(cfg: RobotRLConfig, run_dir: Path, viewer: Any = None) -> LocalRunConfig:
+    """What ``run_local`` needs of the run's settings, its spool under ``run_dir``; ``viewer``: what the
+    robots log a live view to (``rerun_view.start_viewer``; None: ``cfg.viewer``)."""
     from robot_rl.app.local_run import LocalRunConfig
 
     budget = cfg.run.time_budget_min
     return LocalRunConfig(num_robots=cfg.run.num_robots, episodes_per_robot=cfg.run.episodes,
                           max_steps=cfg.run.max_episode_steps, spool_dir=str(run_dir / "spool"), edge=cfg.edge,
                           time_budget_s=budget * 60.0 if budget else None, robots=cfg.run.robots,
-                          min_updates=cfg.run.min_updates or None)
+                          min_updates=cfg.run.min_updates or None,
+                          viewer=cfg.viewer if viewer is None else viewer)
 
 
 def run_main_job(cfg: RobotRLConfig) -> dict:
     from robot_rl.app.local_run import make_sim_robot_factory, run_local
     from robot_rl.app.sim import sim_config, task_families
     from robot_rl.core.errors import ConfigError
+    from robot_rl.edge.rerun_view import start_viewer
     from robot_rl.policies.trainable import load_trainable
 
     if getattr(cfg.policy, "lora_rank", 0) > 0:
@@ -204,7 +207,8 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
     share_cpu_with_robots(cfg)
     policy = load_trainable(checkpoint)
     learner_config = local_learner_config(cfg, checkpoint, run_dir)
-    run = local_run_config(cfg, run_dir)
+    viewer, viewer_hub = start_viewer(cfg.viewer, run_dir.name)
+    run = local_run_config(cfg, run_dir, viewer)
     curve = LearningCurve()
     progress = Progress(curve, run.num_robots * run.episodes_per_robot)
     print(
@@ -222,6 +226,8 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
         )
     finally:
         progress.close()
+        if viewer_hub is not None:
+            viewer_hub.disconnect()
     summary = summarize(curve, result, run_dir, cfg.run.curve_window, ALGORITHMS.name_of(learner_config.algorithm),
                         heldout=start_vs_final(cfg, checkpoint, result.checkpoint),
                         learner=learner_label(learner_config))

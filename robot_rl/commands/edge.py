@@ -17,7 +17,7 @@ examples:
 """
 
 # The root config groups this command reads.
-GROUPS: tuple[str, ...] = ("robot", "policy", "edge", "link", "session")
+GROUPS: tuple[str, ...] = ("robot", "viewer", "policy", "edge", "link", "session")
 
 
 def main(argv: list[str]) -> int:

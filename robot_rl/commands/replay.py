@@ -13,7 +13,7 @@ of another arm is mapped onto the sim's joints with replay.mapping (preset repla
 
   robot-rl replay replay.dataset=outputs/session replay.episode_indices=[0,2]
   robot-rl replay replay=radians_6dof replay.dataset=OWNER/NAME replay.counterfactual=true policy.path=DIR"""
-GROUPS = ("robot", "policy", "replay")
+GROUPS = ("robot", "viewer", "policy", "replay")
 
 
 def main(argv: list[str]) -> int:

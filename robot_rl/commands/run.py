@@ -11,7 +11,7 @@ start and the final weights are scored on unseen scenes.
 
   robot-rl run
   robot-rl run learner=rwr run.episodes=50 run.num_robots=4 output_dir=/tmp/run"""
-GROUPS = ("robot", "policy", "learner", "edge", "run", "demos", "bc", "seeds", "task_families")
+GROUPS = ("robot", "viewer", "policy", "learner", "edge", "run", "demos", "bc", "seeds", "task_families")
 
 
 def main(argv: list[str]) -> int:

@@ -20,15 +20,18 @@ chunks (the status line shows the version). With the learner away, episodes wait
 and are sent when it is back. A real robot runs only the checkpoint named by policy.path (or
 policy=hold, a dry run that keeps the arm still); every joint target is bounded by
 robot.max_joint_velocity. A driver that falls silent stops the session (exit code 4), the
-episode saved as aborted.
+episode saved as aborted. viewer=rerun shows the cameras, the measured and commanded joints, the
+plan being executed and the next one, takeovers and weight versions live in Rerun
+(viewer.mode=spawn|connect|serve|save; save writes OUTPUT_DIR/rerun/ROBOT.rrd).
 
 examples:
   robot-rl session robot=so101 teleop=leader policy.path=outputs/bc_policy session.episodes=20
   robot-rl session robot=sim_so101 teleop=keyboard link.learner=tcp://127.0.0.1:5555
+  robot-rl session robot=sim_so101 viewer=rerun
 """
 
 # The root config groups this command reads.
-GROUPS: tuple[str, ...] = ("robot", "policy", "teleop", "edge", "link", "session")
+GROUPS: tuple[str, ...] = ("robot", "viewer", "policy", "teleop", "edge", "link", "session")
 
 
 def run_reporting_faults(command: str, cfg: RobotRLConfig) -> int:

@@ -77,3 +77,4 @@ class Registry[T]:
 ROBOTS: Registry[Any] = Registry("robot", group="robot")
 TELEOPS: Registry[Any] = Registry("teleop device", group="teleop")
 POLICIES: Registry[Any] = Registry("policy", group="policy")
+VIEWERS: Registry[Any] = Registry("viewer", group="viewer")

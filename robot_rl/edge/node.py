@@ -42,7 +42,7 @@ import numpy as np
 
 from robot_rl.core.clock import Clock
 from robot_rl.core.motion_limits import JointDeltaClamp, step_limit_per_tick
-from robot_rl.core.types import Episode, Step
+from robot_rl.core.types import ActionChunk, Episode, Step
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.delay import DelayEstimator
@@ -64,6 +64,7 @@ class EpisodeTask(Protocol):
 
 Intervention = Callable[[Observation], "np.ndarray | None"]  # human action, or None = policy drives
 StepSink = Callable[[Step], None]  # must not block: enqueue and return
+PlanSink = Callable[["PlanUpdate"], None]  # must not block either (a live view's queue)
 TickHook = Callable[["EdgeNode", int], None]  # runs at the start of each tick, before the observation
 DonePredicate = Callable[[Step], bool]
 
@@ -76,6 +77,22 @@ def at_tick(tick: int, action: Callable[[EdgeNode], Any]) -> TickHook:
             action(node)
 
     return hook
+
+
+@dataclass(frozen=True)
+class PlanUpdate:
+    """A chunk spliced into the queue at ``tick``: what the queue was executing from that tick on, and
+    the new chunk, whose action 0 is meant for ``tick + start_offset`` (negative: its first actions
+    were stale and dropped; positive: the old plan runs that many ticks more)."""
+
+    tick_index: int  # the node's control ticks before this one, across episodes
+    tick: int  # the tick in the episode
+    chunk_id: int
+    policy_version: int
+    executing: np.ndarray  # [m, joints]: the old plan from this tick on (empty when nothing was queued)
+    chunk: np.ndarray  # [H, joints]: the new chunk as predicted
+    start_offset: int
+    rolled_state: np.ndarray | None  # the rolled-forward state the policy was given (None: measured)
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,7 @@ class EdgeNode:
         self.task = task
         self.intervention = intervention
         self.step_sink = step_sink
+        self.plan_sink: PlanSink | None = None  # a live view of the plans (robot_rl.edge.rerun_view)
         self.on_tick = on_tick
         self.done = done
         self.robot_id: str = robot_id or str(getattr(robot, "name", "robot"))
@@ -519,6 +537,8 @@ class EdgeNode:
                 "chunk %d arrived %d ticks late with only %d usable actions; all stale, discarded",
                 chunk.chunk_id, stale, usable)
             return
+        if self.plan_sink is not None:
+            self._emit_plan(n, chunk, offset, request.rolled_state)
         queued = self.queue.splice(
             chunk, stale=stale, keep=keep, limit=limit, blend_ticks=self.config.blend_ticks, hold=self._hold
         )
@@ -529,6 +549,19 @@ class EdgeNode:
         self.stats.stale_actions_dropped += stale
         if record is not None:
             record.stale_dropped, record.old_kept, record.queued = stale, self.queue.remaining - queued, queued
+
+    def _emit_plan(self, n: int, chunk: ActionChunk, offset: int, rolled_state: np.ndarray | None) -> None:
+        assert self.plan_sink is not None
+        pending = self.queue.pending()
+        executing = (np.stack([entry.action for entry in pending]) if pending
+                     else np.empty((0, chunk.actions.shape[1]), np.float32))
+        update = PlanUpdate(self.stats.ticks, n, chunk.chunk_id, chunk.policy_version, executing, chunk.actions,
+                            offset, rolled_state)
+        try:
+            self.plan_sink(update)
+        except Exception:  # a view's trouble must not stop the arm
+            self.stats.sink_errors += 1
+            log.exception("plan_sink failed at tick %d; the robot keeps running", n)
 
     def _record_for(self, chunk_id: int) -> ChunkRecord | None:
         # Answers usually come in request order: search from the newest record.

@@ -18,7 +18,6 @@ class ReplayConfig:
     counterfactual: bool = False  # also ask policy.path what it would have done at every logged step
     video: bool = True  # one MP4 per episode: logged cameras | sim render, a timeline strip below
     plots: bool = True
-    rerun: bool = False  # also write replay.rrd (needs rerun-sdk)
     out_dir: str = "${output_dir}/replay"
     # Sim seeds of the chosen episodes, in order, to re-create their scenes when the dataset does not
     # carry them (an ``episode_seed`` column); null = start from the first logged state in a scene

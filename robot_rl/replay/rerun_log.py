@@ -1,53 +1,52 @@
-"""Optional Rerun recording of a replay (logged vs sim images and joints on one timeline).
-
-Rerun is not a dependency: without ``rerun-sdk`` installed, ``open_rerun`` says so once
-and returns None, and the replay goes on with its MP4 and plots.
-"""
+"""The Rerun view of a replay (``robot-rl replay viewer=rerun``): logged and simulated cameras and
+joints of every episode on one ``step`` timeline, with the edge's entity names
+(``robot_rl.edge.rerun_view``) under ``episode_K/logged`` and ``episode_K/sim``, so a replay and
+a live robot read alike. A replay runs no control loop, so it logs on its own thread."""
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from robot_rl.edge.viewer_config import RerunViewerConfig
 
 
-class RerunLogger:
-    """Writes a ``.rrd`` file: per step, sim and logged images and both joint vectors."""
+class ReplayView:
+    """Per replayed step: both camera sets and both joint vectors."""
 
-    def __init__(self, rr, path: Path) -> None:
+    def __init__(self, config: RerunViewerConfig, joint_names: tuple[str, ...]) -> None:
+        import rerun as rr
+
+        from robot_rl.edge.rerun_view import open_recording
+
         self._rr = rr
-        self.path = path
+        self._recording = open_recording(config, "replay")
+        self._joint_names = list(joint_names)
+        self._compress = config.compress_images
+        self._episodes: set[int] = set()
 
     def step(self, episode: int, t: int, logged: dict[str, np.ndarray], sim: dict[str, np.ndarray],
-             logged_state: np.ndarray, sim_state: np.ndarray, joint_names: tuple[str, ...]) -> None:
-        rr = self._rr
-        if hasattr(rr, "set_time"):  # rerun >= 0.23
-            rr.set_time("step", sequence=t)
-        else:
-            rr.set_time_sequence("step", t)
-        for cam, image in logged.items():
-            rr.log(f"episode_{episode}/logged/{cam}", rr.Image(image))
-        for cam, image in sim.items():
-            rr.log(f"episode_{episode}/sim/{cam}", rr.Image(image))
-        for j, name in enumerate(joint_names):
-            rr.log(f"episode_{episode}/joints/{name}/logged", rr.Scalars(float(logged_state[j]))
-                   if hasattr(rr, "Scalars") else rr.Scalar(float(logged_state[j])))
-            rr.log(f"episode_{episode}/joints/{name}/sim", rr.Scalars(float(sim_state[j]))
-                   if hasattr(rr, "Scalars") else rr.Scalar(float(sim_state[j])))
+             logged_state: np.ndarray, sim_state: np.ndarray) -> None:
+        rr, rec = self._rr, self._recording
+        if episode not in self._episodes:
+            self._episodes.add(episode)
+            for source in ("logged", "sim"):
+                rec.log(f"episode_{episode}/{source}/observation.state", rr.SeriesLines(names=self._joint_names),
+                        static=True)
+        rec.set_time("step", sequence=t)
+        for source, images, state in (("logged", logged, logged_state), ("sim", sim, sim_state)):
+            for camera, image in images.items():
+                frame = rr.Image(np.asarray(image))
+                rec.log(f"episode_{episode}/{source}/observation.images.{camera}",
+                        frame.compress() if self._compress else frame)
+            rec.log(f"episode_{episode}/{source}/observation.state", rr.Scalars(np.asarray(state, np.float64)))
+
+    def close(self) -> None:
+        self._recording.flush()
+        self._recording.disconnect()
 
 
-def open_rerun(path: str | Path, app_id: str = "robot_rl_replay") -> RerunLogger | None:
-    """A logger saving to ``path`` if rerun-sdk is installed, else None (with one log line)."""
-    try:
-        import rerun as rr
-    except ImportError:
-        log.warning("rerun=true but rerun-sdk is not installed (pip install rerun-sdk); writing MP4s only")
-        return None
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rr.init(app_id, spawn=False)
-    rr.save(str(path))
-    return RerunLogger(rr, path)
+def open_replay_view(viewer: Any, joint_names: tuple[str, ...]) -> ReplayView | None:
+    """The replay's view for ``viewer=`` (None: ``viewer=none``)."""
+    return ReplayView(viewer, joint_names) if isinstance(viewer, RerunViewerConfig) else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from robot_rl.replay.dataset import LoggedDataset, LoggedEpisode
 from robot_rl.replay.joint_mapping import JointMapper, JointMapping, build_mapper, map_camera
 from robot_rl.replay.open_loop import FrameSink, TrackingResult, replay_open_loop
 from robot_rl.replay.report import plot_episode, write_json
-from robot_rl.replay.rerun_log import RerunLogger, open_rerun
+from robot_rl.replay.rerun_log import ReplayView, open_replay_view
 from robot_rl.replay.scenes import Scene
 from robot_rl.replay.video import ReplayVideoWriter
 
@@ -84,8 +85,9 @@ class EpisodeMapper:
 
 
 def replay_dataset(robot, dataset: LoggedDataset, config: ReplayConfig, policy=None,
-                   progress: bool = True) -> ReplayRun:
-    """Replay every loaded episode of ``dataset`` in ``robot`` (a SimSO101); ``policy`` enables counterfactuals."""
+                   progress: bool = True, viewer: Any = None) -> ReplayRun:
+    """Replay every loaded episode of ``dataset`` in ``robot`` (a SimSO101); ``policy`` enables counterfactuals;
+    ``viewer`` (``viewer=rerun``) logs logged and simulated cameras and joints to Rerun."""
     if config.counterfactual and policy is None:
         raise ValueError("counterfactual replay needs a policy (policy.path=CHECKPOINT)")
     if config.seeds is not None and len(config.seeds) != len(dataset.episodes):
@@ -94,12 +96,17 @@ def replay_dataset(robot, dataset: LoggedDataset, config: ReplayConfig, policy=N
         )
     to_sim = EpisodeMapper(dataset, tuple(robot.joint_names), config.mapping)
     out_dir = Path(config.out_dir)
-    rerun = open_rerun(out_dir / "replay.rrd") if config.rerun else None
+    rerun = open_replay_view(viewer, tuple(robot.joint_names))
     results = []
-    for k, logged in enumerate(dataset.episodes):
-        episode = to_sim(logged)
-        seed = logged.seed if logged.seed is not None else (config.seeds[k] if config.seeds else None)
-        results.append(replay_episode(robot, episode, seed, dataset.fps, config, out_dir, policy, rerun, progress))
+    try:
+        for k, logged in enumerate(dataset.episodes):
+            episode = to_sim(logged)
+            seed = logged.seed if logged.seed is not None else (config.seeds[k] if config.seeds else None)
+            results.append(replay_episode(robot, episode, seed, dataset.fps, config, out_dir, policy, rerun,
+                                          progress))
+    finally:
+        if rerun is not None:
+            rerun.close()
     summary = write_json(out_dir / "replay.json", {
         "dataset": dataset.source,
         "fps": dataset.fps,
@@ -117,7 +124,7 @@ def replay_episode(
     config: ReplayConfig,
     out_dir: Path,
     policy=None,
-    rerun: RerunLogger | None = None,
+    rerun: ReplayView | None = None,
     progress: bool = True,
 ) -> EpisodeReplay:
     """Open-loop replay (with video), then the optional counterfactual pass and the plot."""
@@ -149,7 +156,7 @@ def replay_episode(
     return EpisodeReplay(episode.index, logged.instruction, tracking, counterfactual, video, plot)
 
 
-def _frame_sink(robot, episode: MappedEpisode, writer: ReplayVideoWriter | None, rerun: RerunLogger | None
+def _frame_sink(robot, episode: MappedEpisode, writer: ReplayVideoWriter | None, rerun: ReplayView | None
                 ) -> FrameSink | None:
     """Per step: compose the video frame and/or log to Rerun; None when neither is wanted (no rendering)."""
     if writer is None and rerun is None:
@@ -161,7 +168,6 @@ def _frame_sink(robot, episode: MappedEpisode, writer: ReplayVideoWriter | None,
         if writer is not None:
             writer.write(t, list(logged_images.values()), [sim_images[c] for c in robot.camera_names])
         if rerun is not None:
-            rerun.step(episode.index, t, logged_images, sim_images, episode.states[t], robot.joint_state(),
-                       tuple(robot.joint_names))
+            rerun.step(episode.index, t, logged_images, sim_images, episode.states[t], robot.joint_state())
 
     return sink

@@ -33,7 +33,6 @@ class SessionConfig:
     key_script: list[str] = field(default_factory=list)
     ask_outcome: bool = True  # at an episode's end without a verdict, ask s/f/r
     status_interval_s: float = 0.25
-    rerun: bool = False  # live view of cameras and actions, if rerun-sdk is installed
     # Sim sessions: the first scene's seed (episode k gets seed + k); null = drawn from the
     # clock, so sessions do not all practise on the same scenes. Recorded with every episode.
     seed: int | None = None

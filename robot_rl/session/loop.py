@@ -85,7 +85,6 @@ class OperatorSession:
         clock: Clock,
         status: StatusLine | None = None,
         streamer=None,
-        viewer=None,
         scenes: SceneDraw | None = None,
         log_path: str | Path | None = None,
     ) -> None:
@@ -98,7 +97,6 @@ class OperatorSession:
         self.clock = clock
         self.status = status or StatusLine(interval_s=config.status_interval_s)
         self.streamer = streamer
-        self.viewer = viewer
         self.scenes = scenes or SceneDraw(None)
         self.log_path = Path(log_path) if log_path is not None else None
         self.result = SessionResult()
@@ -252,8 +250,6 @@ class OperatorSession:
     def _tick(self) -> Step:
         step = self.node.tick()
         self._tick_times.append(time.monotonic())
-        if self.viewer is not None:
-            self.viewer.log_step(step)
         return step
 
     def _commands(self, episode: int, tick: int) -> list[str]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from robot_rl.core.clock import Clock, VirtualClock, WallClock
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
-from robot_rl.core.registry import ROBOTS, TELEOPS
+from robot_rl.core.registry import ROBOTS, TELEOPS, VIEWERS
 from robot_rl.hardware.sim.config import SimConfig
 from robot_rl.session.config import SessionConfig
 
@@ -104,13 +104,17 @@ def run_session(cfg: RobotRLConfig) -> int:
             robot.set_plan_source(lambda: [] if hook.intervening else [q.action for q in node.queue.pending()])
         streamer = (_start_streamer(client, policy, node, stack, session_cfg.final_ack_timeout_s)
                     if client is not None else None)
+        view = VIEWERS.build(cfg.viewer, robot_id=robot_name, joint_names=tuple(robot.joint_names))
+        if view is not None:
+            view.attach(node)
+            stack.callback(view.close)
         keys = _key_source(session_cfg)
         stack.callback(keys.close)
         recorder = _recorder(session_cfg, robot)
         session = OperatorSession(
             session_cfg, robot, node, hook, keys, recorder, clock,
             status=StatusLine(sys.stderr, session_cfg.status_interval_s), streamer=streamer,
-            viewer=_viewer(session_cfg), scenes=scenes, log_path=session_cfg.log_path,
+            scenes=scenes, log_path=session_cfg.log_path,
         )
         result = session.run()
     return result.exit_code
@@ -231,14 +235,3 @@ def _start_streamer(client: ClientConfig, policy: Any, node: Any, stack: context
 
     stack.callback(finish)
     return streamer
-
-
-def _viewer(config: SessionConfig) -> Any:
-    if not config.rerun:
-        return None
-    try:
-        from robot_rl.session.viewer import RerunViewer
-    except ImportError:
-        log.warning("session.rerun=true but rerun-sdk is not installed (pip install rerun-sdk); no viewer")
-        return None
-    return RerunViewer()
