@@ -41,7 +41,7 @@ from robot_rl.bridges.zmq import (
     generate_keypair,
 )
 from robot_rl.bridges.zmq.keys import apply_client_curve
-from robot_rl.bridges.zmq.server import who
+from robot_rl.bridges.zmq.server import PeerLimits, who
 from robot_rl.core import Step
 
 pytestmark = pytest.mark.timeout(60)
@@ -430,6 +430,121 @@ def test_four_robots_stream_at_once(tmp_path):
     assert len(ingest.stored) == 20
     assert {robot for robot, _, _ in ingest.stored} == {f"robot-{i}" for i in range(4)}
     assert len({p.robot_id for p in server.peers()}) == 4
+    # Robots streaming as robots do come nowhere near the per-sender limits.
+    assert not any(server.counters[c] for c in ("messages_over_rate", "messages_ignored", "senders_ignored",
+                                                "sessions_replaced", "hellos_refused_full", "segments_deferred"))
+
+
+# ---------------------------------------------------------------- per-sender limits
+
+
+@contextmanager
+def dealer(server: ZmqServer) -> Iterator[zmq.Socket]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(server.router_endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def frames_of(msg) -> list[bytes]:
+    return [bytes(f) for f in encode_message(msg)]
+
+
+def hello_frames(robot_id: str) -> list[bytes]:
+    return frames_of(Hello(robot_id=robot_id, config_hash="", policy_version=-1))
+
+
+def heartbeat_frames() -> list[bytes]:
+    from robot_rl.bridges.zmq import Heartbeat
+
+    return frames_of(Heartbeat(sender="x", policy_version=-1, time_s=0.0, stats={}))
+
+
+def test_a_peer_without_a_session_is_told_only_a_generic_code():
+    import msgpack
+
+    unknown = hello_frames("probe")
+    envelope = msgpack.unpackb(unknown[0], raw=False)
+    envelope["type"] = "launch"
+    unknown[0] = msgpack.packb(envelope, use_bin_type=True)
+    old = msgpack.unpackb(hello_frames("probe")[0], raw=False)
+    old["v"] = 1
+    with serving() as server, dealer(server) as sock:
+        stranger = _request(sock, unknown)
+        assert (stranger.code, stranger.message) == ("bad_message", "refused")  # not the message catalogue
+        versions = _request(sock, [msgpack.packb(old, use_bin_type=True)])
+        assert (versions.code, versions.message) == ("version_mismatch", "refused")  # the edge backs off on it
+        assert _request(sock, heartbeat_frames()).code == "hello_required"
+        assert _request(sock, hello_frames("probe")).TYPE == "hello_ok"
+        known = _request(sock, unknown)  # a robot the learner knows is told what was wrong
+        assert known.code == "unknown_type" and "heartbeat" in known.message
+
+
+def test_a_sender_that_keeps_sending_garbage_is_ignored_for_a_cooloff_said_once(tmp_path, caplog):
+    limits = PeerLimits(max_refusals=5, refusal_window_s=60.0, cooloff_s=1.0)
+    ingest = MemoryIngest()
+    with (caplog.at_level(logging.ERROR), serving(ServerConfig(peer_limits=limits), ingest) as server,
+          StreamingClient(client_config(server, tmp_path)) as robot, dealer(server) as garbage):
+        assert robot.wait_connected(5)
+        assert _request(garbage, hello_frames("broken")).TYPE == "hello_ok"
+        for _ in range(6):  # the sixth refusal within the window: ignored from now on
+            assert _request(garbage, [b"\x00garbage"]).code == "bad_message"
+        assert [p.robot_id for p in server.peers()] == ["so101-a"]  # its session is forgotten
+        for _ in range(20):
+            garbage.send_multipart([b"\x00garbage"])
+        garbage.send_multipart(hello_frames("broken"))
+        assert wait_until(lambda: server.counters["messages_ignored"] == 21, timeout_s=5)
+        assert not garbage.poll(0)  # nothing was answered while it is ignored
+        assert robot.submit_steps(1, make_steps(2), episode_done=True) and robot.flush(5)  # robots go on
+        assert [r.message.startswith("ignoring robot 'broken'") for r in caplog.records if "ignoring" in r.message] \
+            == [True]
+        assert server.counters["senders_ignored"] == 1
+        # After the cool-off it is heard again.
+        reply = None
+        deadline = time.monotonic() + 10
+        while reply is None and time.monotonic() < deadline:
+            garbage.send_multipart(hello_frames("broken"))
+            if garbage.poll(200):
+                reply = decode_message(garbage.recv_multipart())
+        assert reply is not None and reply.TYPE == "hello_ok"
+    assert ("so101-a", 1, 0) in ingest.stored
+
+
+def test_a_sender_over_its_rate_is_dropped_unread_and_said_once(caplog):
+    limits = PeerLimits(max_messages_per_s=0.01, burst_messages=10)
+    with caplog.at_level(logging.WARNING), serving(ServerConfig(peer_limits=limits)) as server, \
+            dealer(server) as sock:
+        assert _request(sock, hello_frames("chatty")).TYPE == "hello_ok"
+        for _ in range(30):
+            sock.send_multipart(heartbeat_frames())
+        assert wait_until(lambda: server.counters["messages"] + server.counters["messages_over_rate"] == 31)
+        answered = 0
+        while sock.poll(200):
+            sock.recv_multipart()
+            answered += 1
+    assert answered == 9 and server.counters["messages_over_rate"] == 21  # the burst, then nothing more
+    assert sum("messages/s" in r.message for r in caplog.records) == 1
+
+
+def test_a_robot_holds_a_bounded_number_of_sessions_and_a_new_hello_replaces_its_oldest():
+    limits = PeerLimits(max_sessions_per_robot=2, max_sessions=3)
+    with serving(ServerConfig(peer_limits=limits)) as server, dealer(server) as first, dealer(server) as second, \
+            dealer(server) as third, dealer(server) as other, dealer(server) as one_more:
+        for sock in (first, second, third):  # an edge restarted twice within peer_timeout_s
+            assert _request(sock, hello_frames("so101-a")).TYPE == "hello_ok"
+        assert sorted(p.robot_id for p in server.peers()) == ["so101-a", "so101-a"]
+        assert _request(first, heartbeat_frames()).code == "hello_required"  # the oldest went
+        assert _request(third, heartbeat_frames()).TYPE == "heartbeat"
+        assert _request(other, hello_frames("so101-b")).TYPE == "hello_ok"
+        full = _request(one_more, hello_frames("so101-c"))  # three sessions in all: no room for a fourth robot
+        assert full.code == "rejected" and "robots" in full.message
+        assert server.counters["sessions_replaced"] == 1 and server.counters["hellos_refused_full"] == 1
+        assert _request(second, hello_frames("so101-a")).TYPE == "hello_ok"  # its own robot still gets in
 
 
 # ---------------------------------------------------------------- fuzzed live server

@@ -55,6 +55,12 @@ class ProtocolError(ValueError):
         self.in_reply_to = in_reply_to  # message type, once known
 
 
+class BusyError(RuntimeError):
+    """A well-formed message the receiver cannot take now (a per-robot bound is reached, its disk is
+    full). Nothing is wrong with it: it is answered ``rejected`` with this text, the sender keeps it
+    and sends it again later, and it never counts against the sender as a bad message."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Upper bounds a receiver enforces before trusting anything in a message."""

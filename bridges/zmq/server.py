@@ -11,7 +11,13 @@ thread in a loop, or use ``serve_forever``). ``publish_weights`` may be called
 from any thread; it takes effect on the next ``serve_once``.
 
 Bad input never stops the loop: an undecodable message gets an ``error`` reply
-and is dropped; a handler exception is logged and answered with ``internal``.
+and is dropped; a handler exception is logged and answered with ``internal``. A peer
+without an accepted hello is told only a generic code ("send hello first", "refused"):
+what was wrong goes to the learner's log, never to a peer it does not know.
+
+Every sender (a CURVE key, else a connection) is held to ``PeerLimits``: a message rate,
+a number of sessions per robot and in all, and a budget of refused messages past which
+it is ignored for a cool-off. Robots streaming normally never come near them.
 
 Segments are handled in batches: ``serve_once`` collects the segments that are ready
 (up to ``ServerConfig.segment_batch``) and hands them to ``ServerHandlers.on_segments``
@@ -31,7 +37,7 @@ from typing import Any, cast
 
 import zmq
 
-from robot_rl.bridges.zmq.codec import DEFAULT_LIMITS, Limits
+from robot_rl.bridges.zmq.codec import DEFAULT_LIMITS, BusyError, Limits
 from robot_rl.bridges.zmq.keys import ServerCurve, apply_server_curve, check_endpoint_security, start_authenticator
 from robot_rl.bridges.zmq.protocol import (
     Ack,
@@ -58,6 +64,54 @@ log = logging.getLogger(__name__)
 MAX_SUBSCRIPTION_BYTES = 4096
 
 
+# Senders whose rate and refusals are remembered; past it the least recently heard is forgotten. With
+# CURVE a sender is a robot's key (a few dozen); without, a connection, which a client can renew anyway.
+TRACKED_SENDERS = 4096
+# Replies that say nothing against the sender: the learner restarted (hello again), a weights version
+# rotated out, a learner bug. Every other error reply is a refused message, counted against its sender.
+_NOT_THE_SENDERS_FAULT = frozenset({"hello_required", "weights_unavailable", "internal"})
+
+
+@dataclass
+class PeerLimits:
+    """What one sender may cost the learner, so that a broken or hostile client gets bounded work,
+    memory and log lines and never crowds out the robots. A sender is a CURVE key (one per robot),
+    or without CURVE one connection (its routing id).
+
+    Sized far above what robots do: a robot at 30 fps with segments of a few steps sends 10-40
+    messages a second (segments and a heartbeat); draining its spool after an outage (at most
+    ``max_in_flight`` segments unacked) or downloading weights (``weights_window`` chunk requests
+    unacked, 1 MB answered to each) a few hundred. A message over the rate is dropped unread: the
+    edge re-sends a segment after its ack timeout and re-asks a chunk after its chunk timeout.
+    """
+
+    max_messages_per_s: float = 2000.0  # per sender, sustained
+    burst_messages: int = 4000  # per sender at once: every chunk request of a 4 GB weights download
+    # Refused messages (malformed, failing the checks, another robot's name, a refused hello) within
+    # refusal_window_s; one more and the sender is ignored for cooloff_s: its sessions are forgotten and
+    # its messages dropped unread, with one log line. A misconfigured robot's own retries cost it 1-4 a
+    # second (its in-flight segments once per ack timeout, a hello every refused_retry_s).
+    max_refusals: int = 100
+    refusal_window_s: float = 10.0
+    cooloff_s: float = 60.0
+    # Sessions (accepted hellos) of one robot id: an edge restarted within peer_timeout_s leaves its old
+    # session behind, so a new hello replaces the robot's oldest instead of being refused.
+    max_sessions_per_robot: int = 4
+    max_sessions: int = 1024  # in all; a hello from another robot past it is refused until one is forgotten
+    # Messages libzmq queues per connection before the learner reads them (RCVHWM); past it the learner
+    # stops reading that connection (TCP pushes back). A robot has ~30 outstanding at most.
+    max_queued_messages: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_messages_per_s <= 0 or self.burst_messages < 1 or self.max_refusals < 0:
+            raise ValueError(f"PeerLimits: max_messages_per_s > 0, burst_messages >= 1, max_refusals >= 0; got {self}")
+        if self.max_sessions_per_robot < 1 or self.max_sessions < 1 or self.max_queued_messages < 1:
+            raise ValueError(f"PeerLimits: max_sessions_per_robot, max_sessions and max_queued_messages must be >= 1, "
+                             f"got {self}")
+        if self.refusal_window_s <= 0 or self.cooloff_s < 0:
+            raise ValueError(f"PeerLimits: refusal_window_s > 0 and cooloff_s >= 0, got {self}")
+
+
 @dataclass
 class ServerConfig:
     """Where to listen and how strict to be. Port ``*`` binds a free port (see ``ZmqServer.router_endpoint``)."""
@@ -75,6 +129,7 @@ class ServerConfig:
     keep_weight_versions: int = 2  # older snapshots stay fetchable while robots finish a download
     max_batch: int = 256  # messages handled per serve_once before housekeeping
     segment_batch: int = 32  # segments handed to on_segments at once (one group commit, then their acks)
+    peer_limits: PeerLimits = field(default_factory=PeerLimits)  # what one sender may cost
 
 
 @dataclass
@@ -89,6 +144,23 @@ class Peer:
     last_seen_s: float
     stats: dict[str, Any] = field(default_factory=dict)
     key: str | None = None  # the CURVE public key its hello was authenticated with (None without CURVE)
+
+    @property
+    def sender(self) -> bytes:
+        return _sender(self.identity, self.key)
+
+
+@dataclass
+class _SenderState:
+    """One sender's token bucket and refused messages (``PeerLimits``)."""
+
+    tokens: float
+    last_s: float
+    refusals: int = 0
+    window_start_s: float = 0.0
+    ignored_until_s: float = 0.0
+    over_rate: int = 0  # messages dropped for the rate since the last log line about it
+    over_rate_logged_s: float = -1e9
 
 
 class ServerHandlers:
@@ -112,7 +184,8 @@ class ServerHandlers:
 
         Override to store a batch durably with one fsync before acking all of it. The
         default calls ``on_segment`` for each. An exception in the list is answered like one
-        raised by ``on_segment`` (``ProtocolError``: its error; anything else: ``internal``).
+        raised by ``on_segment`` (``ProtocolError``: its error; ``BusyError``: ``rejected``, the robot
+        sends it again later and it is not held against it; anything else: ``internal``).
         """
         replies: list[Ack | Error | Exception] = []
         for peer, msg in items:
@@ -142,6 +215,9 @@ class ZmqServer:
         self.handlers = handlers or ServerHandlers()
         self.counters: collections.Counter[str] = collections.Counter()
         self._peers: dict[bytes, Peer] = {}
+        self._senders: collections.OrderedDict[bytes, _SenderState] = collections.OrderedDict()
+        self._last_prune_s = 0.0
+        self._sessions_full_logged = False
         self._blobs: collections.OrderedDict[int, WeightsBlob] = collections.OrderedDict()
         self._to_publish: list[WeightsBlob] = []
         self._publish_lock = threading.Lock()
@@ -172,6 +248,8 @@ class ZmqServer:
         # long subscription is only memory in its topic tree (a 1 MiB one cost the learner ~88 MB).
         inbound = MAX_SUBSCRIPTION_BYTES if kind == zmq.PUB else self.config.limits.max_message_bytes
         sock.setsockopt(zmq.MAXMSGSIZE, inbound)
+        if kind == zmq.ROUTER:
+            sock.setsockopt(zmq.RCVHWM, self.config.peer_limits.max_queued_messages)
         if self.config.curve:
             apply_server_curve(sock, self.config.curve)
         sock.bind(endpoint)
@@ -182,11 +260,12 @@ class ZmqServer:
     def serve_once(self, timeout_ms: int = 100) -> int:
         """Wait up to ``timeout_ms`` for requests, handle all that are ready, do housekeeping.
 
-        Returns the number of requests handled.
+        Returns the number of requests handled (dropped ones included: over the rate, or from an
+        ignored sender).
         """
         handled = 0
         if self._poller.poll(timeout_ms):
-            segments: list[tuple[bytes, Peer, Segment]] = []
+            segments: list[_QueuedSegment] = []
             try:
                 while handled < self.config.max_batch:
                     try:
@@ -194,7 +273,12 @@ class ZmqServer:
                     except zmq.Again:
                         break
                     handled += 1
-                    self._handle(frames[0].bytes, frames[1:], segments)
+                    identity, body = frames[0].bytes, frames[1:]
+                    key = _authenticated_key(body) if self.config.curve else None
+                    sender = _sender(identity, key)
+                    if not self._admit(sender, identity, time.monotonic()):
+                        continue
+                    self._handle(identity, sender, key, body, segments)
                     if len(segments) >= self.config.segment_batch:
                         self._handle_segments(segments)
                         segments = []
@@ -236,41 +320,110 @@ class ZmqServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------ per-sender limits
+
+    def _admit(self, sender: bytes, identity: bytes, now: float) -> bool:
+        """Whether to read this sender's message: not while it is ignored, nor over its rate (token bucket)."""
+        limits = self.config.peer_limits
+        state = self._senders.get(sender)
+        if state is None:
+            state = self._senders[sender] = _SenderState(tokens=float(limits.burst_messages), last_s=now)
+            if len(self._senders) > TRACKED_SENDERS:
+                self._senders.popitem(last=False)
+        else:
+            self._senders.move_to_end(sender)
+        if now < state.ignored_until_s:
+            self.counters["messages_ignored"] += 1
+            return False
+        refill = (now - state.last_s) * limits.max_messages_per_s
+        state.tokens = min(float(limits.burst_messages), state.tokens + refill)
+        state.last_s = now
+        if state.tokens >= 1.0:
+            state.tokens -= 1.0
+            return True
+        self.counters["messages_over_rate"] += 1
+        state.over_rate += 1
+        if now - state.over_rate_logged_s >= limits.refusal_window_s:  # one line per window, not one per message
+            log.warning("%s sends more than %g messages/s: %d dropped unread since the last such line",
+                        self._name(sender, identity), limits.max_messages_per_s, state.over_rate)
+            state.over_rate, state.over_rate_logged_s = 0, now
+        return False
+
+    def _refused(self, sender: bytes, identity: bytes) -> None:
+        """Count a refused message against its sender; past ``max_refusals`` in a window it is ignored."""
+        limits = self.config.peer_limits
+        state = self._senders.get(sender)
+        if state is None:
+            return
+        now = time.monotonic()
+        if now - state.window_start_s > limits.refusal_window_s:
+            state.window_start_s, state.refusals = now, 0
+        state.refusals += 1
+        if state.refusals <= limits.max_refusals:
+            return
+        state.ignored_until_s, state.refusals = now + limits.cooloff_s, 0
+        self.counters["senders_ignored"] += 1
+        log.error("ignoring %s for %.0f s: more than %d refused messages within %.0f s (a broken or hostile "
+                  "client); its sessions are forgotten and its messages dropped unread until then",
+                  self._name(sender, identity), limits.cooloff_s, limits.max_refusals, limits.refusal_window_s)
+        for gone in [p for p in self._peers.values() if p.sender == sender]:
+            del self._peers[gone.identity]
+            self.handlers.on_peer_lost(gone)
+
+    def _name(self, sender: bytes, identity: bytes) -> str:
+        """A sender for logs: the robot its CURVE key or session belongs to, else its connection (``who``)."""
+        if self.config.curve is not None and sender.startswith(b"key:"):
+            return f"robot {self.config.curve.client_names.get(sender[4:], '?')!r} (its CURVE key)"
+        peer = self._peers.get(identity)
+        return f"robot {peer.robot_id!r} (its connection)" if peer is not None else f"connection {who(identity)}"
+
+    def _answer(self, identity: bytes, sender: bytes, reply: Message | None) -> None:
+        """Send ``reply``; an error the sender caused counts against it."""
+        if reply is None:
+            return
+        if isinstance(reply, Error) and reply.code not in _NOT_THE_SENDERS_FAULT:
+            self._refused(sender, identity)
+        self._reply(identity, reply)
+
     # ------------------------------------------------------------ dispatch
 
-    def _handle(self, identity: bytes, frames: list[zmq.Frame],
-                segments: list[tuple[bytes, Peer, Segment]] | None = None) -> None:
+    def _handle(self, identity: bytes, sender: bytes, key: str | None, frames: list[zmq.Frame],
+                segments: list[_QueuedSegment] | None = None) -> None:
         """Decode and answer one message; a valid segment is appended to ``segments`` instead (if given)."""
         self.counters["messages"] += 1
+        peer = self._peers.get(identity)
         try:
             msg = decode_message(frames, self.config.limits)
         except ProtocolError as exc:
-            self.counters["bad_messages"] += 1
-            log.warning("refused a message from %s: %s", who(identity), exc)
-            self._reply(identity, error_for(exc))
+            self._refuse_undecodable(identity, sender, peer, str(exc), exc.code, error_for(exc))
             return
         except Exception as exc:  # noqa: BLE001 - a decoder bug must not end the serving loop
-            self.counters["bad_messages"] += 1
-            log.warning("refused a message from %s that the decoder failed on: %s: %s", who(identity),
-                        type(exc).__name__, exc)
-            self._reply(identity, Error(code="bad_message", message="the learner cannot decode this message"))
+            self._refuse_undecodable(identity, sender, peer, f"the decoder failed on it: {type(exc).__name__}: {exc}",
+                                     "bad_message", Error(code="bad_message",
+                                                          message="the learner cannot decode this message"))
             return
-        peer = self._peers.get(identity)
-        if peer is not None and not isinstance(msg, Hello) and self._impersonates(peer, frames, msg):
+        if peer is not None and not isinstance(msg, Hello) and self._impersonates(peer, key, msg):
+            self._answer(identity, sender, Error(
+                code="identity_mismatch", in_reply_to=msg.TYPE,
+                message="this message was not sent with the key this session said hello with"))
             return
         if segments is not None and isinstance(msg, Segment) and peer is not None and msg.robot_id == peer.robot_id:
             peer.last_seen_s = time.monotonic()
             self.counters["segments"] += 1
-            segments.append((identity, peer, msg))
+            segments.append(_QueuedSegment(identity, sender, peer, msg))
             return
         try:
             if isinstance(msg, Hello) and self.config.curve is not None:
-                refusal = self.config.curve.robot_id_refusal(_authenticated_key(frames), msg.robot_id)
+                refusal = self.config.curve.robot_id_refusal(key, msg.robot_id)
                 if refusal is not None:
                     log.error("refused hello from %s: %s", who(identity), refusal)
-                    self._reply(identity, Error(code="identity_mismatch", message=refusal, in_reply_to=msg.TYPE))
+                    self._answer(identity, sender, Error(code="identity_mismatch", message=refusal,
+                                                         in_reply_to=msg.TYPE))
                     return
-            reply = self._dispatch(identity, msg, frames)
+            reply: Message | None = self._dispatch(identity, msg, key)
+        except BusyError as exc:  # nothing wrong with it: the learner cannot take it now
+            self._reply(identity, Error(code="rejected", message=str(exc), in_reply_to=msg.TYPE))
+            return
         except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
             self.counters["bad_messages"] += 1
             log.warning("refused %s from %s: %s", msg.TYPE, who(identity), exc)
@@ -280,49 +433,59 @@ class ZmqServer:
             log.exception("handler failed on %s from %s", msg.TYPE, who(identity))
             reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(exc).__name__}: {exc}",
                           in_reply_to=msg.TYPE)
-        if reply is not None:
-            self._reply(identity, reply)
+        self._answer(identity, sender, reply)
 
-    def _handle_segments(self, batch: list[tuple[bytes, Peer, Segment]]) -> None:
+    def _refuse_undecodable(self, identity: bytes, sender: bytes, peer: Peer | None, reason: str, code: str,
+                            detailed: Error) -> None:
+        """Answer a message that does not decode: what was wrong to a robot with a session, only a
+        generic code to a peer the learner does not know (its log has the details either way)."""
+        self.counters["bad_messages"] += 1
+        log.warning("refused a message from %s: %s", who(identity), reason)
+        generic = Error(code="version_mismatch" if code == "version_mismatch" else "bad_message", message="refused")
+        self._answer(identity, sender, detailed if peer is not None else generic)
+
+    def _handle_segments(self, batch: list[_QueuedSegment]) -> None:
         if not batch:
             return
         try:
-            replies = list(self.handlers.on_segments([(peer, msg) for _, peer, msg in batch]))
+            replies = list(self.handlers.on_segments([(item.peer, item.msg) for item in batch]))
             if len(replies) != len(batch):
                 raise RuntimeError(f"on_segments returned {len(replies)} replies for {len(batch)} segments")
         except Exception as exc:  # noqa: BLE001 - a handler bug must not take the learner down; every segment is retried
             replies = [exc] * len(batch)
-        for (identity, _, msg), reply in zip(batch, replies, strict=True):
+        for item, reply in zip(batch, replies, strict=True):
+            msg = item.msg
+            if isinstance(reply, BusyError):  # the store's bound or its disk: not the robot's fault, and said there
+                self.counters["segments_deferred"] += 1
+                self._reply(item.identity, Error(code="rejected", message=str(reply), in_reply_to=msg.TYPE))
+                continue
             if isinstance(reply, ProtocolError):
                 self.counters["bad_messages"] += 1
-                log.warning("refused %s from %s: %s", msg.TYPE, who(identity), reply)
+                log.warning("refused %s from %s: %s", msg.TYPE, who(item.identity), reply)
                 reply = error_for(reply, msg.TYPE)
             elif isinstance(reply, Exception):
                 self.counters["handler_errors"] += 1
-                log.error("handler failed on %s from %s", msg.TYPE, who(identity), exc_info=reply)
+                log.error("handler failed on %s from %s", msg.TYPE, who(item.identity), exc_info=reply)
                 reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(reply).__name__}: {reply}",
                               in_reply_to=msg.TYPE)
-            if reply is not None:
-                self._reply(identity, reply)
+            self._answer(item.identity, item.sender, reply)
 
-    def _impersonates(self, peer: Peer, frames: list[zmq.Frame], msg: Message) -> bool:
-        """True (and refused) when a message on a robot's connection was not sent with the key its hello was.
+    def _impersonates(self, peer: Peer, key: str | None, msg: Message) -> bool:
+        """True when a message on a robot's connection was not sent with the key its hello was.
 
         The routing id alone proves nothing: any client can set it, and ROUTER_HANDOVER gives the newest
         connection with that id the session. With CURVE, every message carries the key ZAP authenticated
         its connection with, so a robot holding its own valid key still cannot write as another robot.
         """
-        if self.config.curve is None or _authenticated_key(frames) == peer.key:
+        if self.config.curve is None or key == peer.key:
             return False
         self.counters["impersonations_refused"] += 1
         log.error("refused %s on robot %s's session: sent with another key than its hello", msg.TYPE, peer.robot_id)
-        self._reply(peer.identity, Error(code="identity_mismatch", in_reply_to=msg.TYPE,
-                                         message="this message was not sent with the key this session said hello with"))
         return True
 
-    def _dispatch(self, identity: bytes, msg: Message, frames: list[zmq.Frame]) -> Message | None:
+    def _dispatch(self, identity: bytes, msg: Message, key: str | None) -> Message | None:
         if isinstance(msg, Hello):
-            return self._on_hello(identity, msg, _authenticated_key(frames) if self.config.curve else None)
+            return self._on_hello(identity, msg, key)
         peer = self._peers.get(identity)
         if peer is None:
             return Error(code="hello_required", message="send hello first (or again: the learner restarted "
@@ -356,6 +519,15 @@ class ZmqServer:
             return Error(code="config_mismatch", in_reply_to=msg.TYPE, message=(
                 f"config hash {msg.config_hash!r} differs from the learner's: run the edge with the same "
                 "policy/robot config as the learner (the learner's log names its hash; a client is not told it)"))
+        own = sorted((p for i, p in self._peers.items() if p.robot_id == msg.robot_id and i != identity),
+                     key=lambda p: p.last_seen_s)
+        if identity not in self._peers and not own and len(self._peers) >= cfg.peer_limits.max_sessions:
+            self.counters["hellos_refused_full"] += 1
+            if not self._sessions_full_logged:
+                log.error("refusing new robots: the learner holds %d sessions (learner.service.peer_limits."
+                          "max_sessions); it takes new ones as others go silent", len(self._peers))
+                self._sessions_full_logged = True
+            raise BusyError("the learner serves as many robots as it takes; it will take this one when others go")
         now = time.monotonic()
         peer = Peer(identity, msg.robot_id, msg.config_hash, msg.policy_version, now, now, key=key)
         refusal = self.handlers.on_hello(peer, msg)
@@ -363,6 +535,11 @@ class ZmqServer:
             return refusal
         if identity not in self._peers:
             log.info("robot %s connected (policy v%d)", msg.robot_id, msg.policy_version)
+            # The robot's oldest sessions make room (an edge restarted within peer_timeout_s left one behind).
+            while own and (len(own) >= cfg.peer_limits.max_sessions_per_robot
+                           or len(self._peers) >= cfg.peer_limits.max_sessions):
+                del self._peers[own.pop(0).identity]
+                self.counters["sessions_replaced"] += 1
         self._peers[identity] = peer
         latest = self.latest_weights
         self._reply(identity, HelloOk(server_id=cfg.server_id, config_hash=cfg.config_hash,
@@ -416,6 +593,30 @@ class ZmqServer:
                 log.warning("robot %s silent for %.0f s; forgetting its session", peer.robot_id, now - peer.last_seen_s)
                 del self._peers[identity]
                 self.handlers.on_peer_lost(peer)
+        if len(self._peers) < self.config.peer_limits.max_sessions:
+            self._sessions_full_logged = False
+        if now - self._last_prune_s >= 1.0:
+            self._prune_senders(now)
+
+    def _prune_senders(self, now: float) -> None:
+        """Forget senders with nothing to remember: a full bucket, no recent refusal, not ignored."""
+        self._last_prune_s = now
+        limits = self.config.peer_limits
+        idle_s = max(limits.refusal_window_s, limits.burst_messages / limits.max_messages_per_s)
+        for sender, state in list(self._senders.items()):
+            if now - state.last_s > idle_s and now >= state.ignored_until_s:
+                del self._senders[sender]
+
+
+@dataclass
+class _QueuedSegment:
+    """A valid segment waiting for its batch's group commit."""
+
+    identity: bytes
+    sender: bytes
+    peer: Peer
+    msg: Segment
+
 
 
 def who(identity: bytes) -> str:
@@ -433,3 +634,8 @@ def _authenticated_key(frames: list[zmq.Frame]) -> str | None:
         return cast(str, frames[0].get("User-Id")) if frames else None  # a string property
     except zmq.ZMQError:
         return None
+
+
+def _sender(identity: bytes, key: str | None) -> bytes:
+    """Whom the per-sender limits hold to account: the CURVE key, else the connection's routing id."""
+    return b"key:" + key.encode() if key else b"id:" + identity

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from robot_rl.bridges.zmq.server import PeerLimits
+
 STREAMS = ("online", "intervention", "demonstration")
 STALENESS_MODES = ("drop", "downweight")
 
@@ -225,6 +227,9 @@ class ServiceConfig:
     heartbeat_interval_s: float = 1.0
     peer_timeout_s: float = 15.0
     status_every_s: float = 10.0  # log a one-line status this often
+    # What one sender (a robot's CURVE key, else a connection) may cost: message rate, refused messages
+    # before it is ignored for a cool-off, sessions per robot and in all (robot_rl.bridges.zmq.server).
+    peer_limits: PeerLimits = field(default_factory=PeerLimits)
 
 
 @dataclass
@@ -261,6 +266,9 @@ def _weighted_bc() -> Any:
 class LearnerConfig:
     """Everything ``robot-rl learner`` needs besides the policy config."""
 
+    # What the run calls this learner: each preset (configs/learner/NAME.yaml) sets its own name, so
+    # hgdagger, which is bc on corrections and demonstrations, is not reported as bc; "" = the algorithm's.
+    name: str = ""
     store: StoreConfig = field(default_factory=StoreConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # The learning algorithm's own config, chosen by the group learner/algorithm (bc | rwr | awr | rl,
@@ -278,4 +286,5 @@ class LearnerConfig:
         if self.algorithm is None:
             raise ValueError(f"learner.algorithm: no algorithm chosen; choose one with learner/algorithm=NAME "
                              f"({' | '.join(ALGORITHMS.names())})")
-        ALGORITHMS.name_of(self.algorithm)  # a config of no registered algorithm fails here, not at the first update
+        algorithm = ALGORITHMS.name_of(self.algorithm)  # no registered algorithm: fails here, not at the first update
+        self.name = self.name or algorithm
