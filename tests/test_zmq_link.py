@@ -40,6 +40,7 @@ from robot_rl.bridges.zmq import (
     encode_segment,
     generate_keypair,
 )
+from robot_rl.bridges.zmq.codec import BusyError
 from robot_rl.bridges.zmq.keys import apply_client_curve
 from robot_rl.bridges.zmq.server import PeerLimits, who
 from robot_rl.core import Step
@@ -645,3 +646,31 @@ def test_a_subscription_longer_than_any_robot_sends_is_disconnected_and_announce
         finally:
             normal.close()
             ctx.term()
+
+
+class BusyIngest(MemoryIngest):
+    """Refuses the first segments as a learner past a bound (or on a full disk) does, then stores them."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__()
+        self.busy = busy
+
+    def on_segment(self, peer: Peer, msg: Segment) -> Ack:
+        if self.busy > 0:
+            self.busy -= 1
+            raise BusyError("the learner cannot take this segment now")
+        return super().on_segment(peer, msg)
+
+
+def test_a_learner_that_cannot_take_a_segment_now_is_not_held_against_the_robot(tmp_path):
+    """BusyError is 'rejected' on the wire: the robot keeps the segment and re-sends it; it never counts
+    as a refused message, even with no refusals allowed at all."""
+    ingest = BusyIngest(busy=3)
+    with serving(ServerConfig(peer_limits=PeerLimits(max_refusals=0)), ingest) as server, \
+            StreamingClient(client_config(server, tmp_path, ack_timeout_s=0.2)) as link:
+        assert link.wait_connected(5)
+        assert link.submit_steps(1, make_steps(2), episode_done=True)
+        assert link.flush(20), link.stats()
+        assert link.stats()["errors_received"] == 3
+    assert list(ingest.stored) == [("so101-a", 1, 0)]
+    assert server.counters["segments_deferred"] == 3 and server.counters["senders_ignored"] == 0

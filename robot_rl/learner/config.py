@@ -92,6 +92,12 @@ class StoreConfig:
     demonstrations_repo_id: str = "local/robot_rl"  # the repo id those demonstrations were recorded under
     # An open episode that receives nothing for this long is stored as truncated.
     episode_timeout_s: float = 300.0
+    # Bytes of one robot's segments staged and not yet in the dataset (its open episode and those the
+    # writer has not reached). Past it its segments are refused, not acked: they wait in its spool
+    # (link.spool_max_bytes, the same 4 GiB) until the writer catches up, so a robot that never ends an
+    # episode, or a writer that cannot write, does not fill the learner's disk. ~7 h of a robot with two
+    # 96x96 cameras at 30 fps; an episode larger than this is stored in pieces (episode_timeout_s).
+    max_staged_bytes_per_robot: int = 4 << 30
     # Write finished episodes on a background thread (True) or inline (False: tests, tools).
     background_commit: bool = True
     # Nice value added to that thread (image encoding for the dataset): > 0 where robots share
@@ -116,6 +122,9 @@ class StoreConfig:
         self.cameras = tuple(self.cameras) if self.cameras is not None else None
         if self.writer not in ("thread", "process"):
             raise ValueError(f"StoreConfig: writer must be 'thread' or 'process', got {self.writer!r}")
+        if self.max_staged_bytes_per_robot < 1:
+            raise ValueError(f"StoreConfig: max_staged_bytes_per_robot must be >= 1, "
+                             f"got {self.max_staged_bytes_per_robot}")
         if self.commit_batch < 1:
             raise ValueError(f"StoreConfig: commit_batch must be >= 1, got {self.commit_batch}")
         if self.commit_linger_s < 0:

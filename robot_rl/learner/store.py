@@ -47,6 +47,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
+from robot_rl.bridges.zmq.codec import BusyError
 from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_message
 from robot_rl.bridges.zmq.segments import OPTIONAL_ARRAYS, decode_segment
 from robot_rl.bridges.zmq.spool import Spool
@@ -100,6 +101,7 @@ class _OpenEpisode:
     # The first seq this fragment must hold: 0, or past the pieces already stored as truncated (the
     # robot went silent longer than episode_timeout_s, a network cut, and then sent the rest).
     first_seq: int = 0
+    nbytes: int = 0  # staged bytes of its segments (StoreConfig.max_staged_bytes_per_robot)
 
     @property
     def complete(self) -> bool:
@@ -138,6 +140,9 @@ class ReplayStore:
         self._fragments: Counter[EpisodeKey] = Counter()
         self._open: dict[EpisodeKey, _OpenEpisode] = {}
         self._open_of_robot: dict[str, EpisodeKey] = {}
+        self._staged_bytes: Counter[str] = Counter()  # robot -> bytes staged and not yet in the dataset
+        self._held_back: set[str] = set()  # robots past max_staged_bytes_per_robot (said once each time)
+        self._staging_failing = 0  # segments refused since the staging log last took a write (said once)
         self._jobs: queue.Queue[_OpenEpisode | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
@@ -241,6 +246,7 @@ class ReplayStore:
             # 1. dedup and write to staging; nothing here counts as stored before the fsync.
             staged: list[int] = []
             batch_keys: set[tuple[str, int, int]] = set()
+            nbytes: dict[int, int] = {}
             for i, (segment, steps) in enumerate(zip(segments, decoded, strict=True)):
                 if isinstance(steps, Exception):
                     results[i] = steps
@@ -250,12 +256,19 @@ class ReplayStore:
                     self.counters["duplicate_segments"] += 1
                     results[i] = IngestResult(duplicate=True, num_steps=segment.num_steps)
                     continue
+                frames = encode_message(segment)
+                nbytes[i] = sum(memoryview(f).nbytes for f in frames)
+                held = self._held_back_for(segment.robot_id, nbytes[i], sum(
+                    nbytes[j] for j in staged if segments[j].robot_id == segment.robot_id))
+                if held is not None:
+                    results[i] = held
+                    continue
                 staging_key = _staging_key(*triple)
                 try:
                     if staging_key not in self._staging:  # else: staged by a batch whose fsync failed
-                        self._staging.append(staging_key, encode_message(segment), sync=False)
-                except Exception as exc:  # noqa: BLE001 - not stored, not acked: the edge re-sends it
-                    results[i] = exc
+                        self._staging.append(staging_key, frames, sync=False)
+                except OSError as exc:  # a full disk: not stored, not acked, the edge re-sends it
+                    results[i] = self._staging_failed(exc, 1)
                     continue
                 batch_keys.add(triple)
                 staged.append(i)
@@ -263,11 +276,14 @@ class ReplayStore:
             try:
                 self._staging.sync()
             except OSError as exc:
-                log.error("staging fsync failed for %d segment(s); not acked, the robots re-send them: %s",
-                          len(staged), exc)
+                failed = self._staging_failed(exc, len(staged))
                 for i in staged:
-                    results[i] = exc
+                    results[i] = failed
                 staged = []
+            if staged and self._staging_failing:
+                log.warning("the staging log takes writes again (%d segments were refused meanwhile; the robots "
+                            "re-send them)", self._staging_failing)
+                self._staging_failing = 0
             # 3. bookkeeping and the sampling index, in arrival order.
             for i in staged:
                 segment, steps = segments[i], decoded[i]
@@ -280,6 +296,7 @@ class ReplayStore:
                     self._close(other)
                 episode = self._track(segment.robot_id, segment.episode_id, segment.seq, len(steps),
                                       segment.episode_done)
+                self._add_staged_bytes(episode, nbytes[i])
                 self._add_to_index(episode, steps)
                 self.counters["segments"] += 1
                 self.counters["steps"] += len(steps)
@@ -287,6 +304,42 @@ class ReplayStore:
                     self._close(key)
                 results[i] = IngestResult(duplicate=False, num_steps=len(steps))
         return [results[i] for i in range(len(segments))]
+
+    def _held_back_for(self, robot_id: str, nbytes: int, in_batch: int) -> BusyError | None:
+        """Why this robot's segment must wait (``max_staged_bytes_per_robot``), or None. A robot with
+        nothing staged always gets one in, however big: its own bound never locks it out."""
+        limit = self.config.max_staged_bytes_per_robot
+        staged = self._staged_bytes[robot_id] + in_batch
+        if staged == 0 or staged + nbytes <= limit:
+            if robot_id in self._held_back:
+                self._held_back.discard(robot_id)
+                log.info("robot %s: its staged segments are below learner.store.max_staged_bytes_per_robot "
+                         "again; its segments are taken", robot_id)
+            return None
+        self.counters["segments_held_back"] += 1
+        if robot_id not in self._held_back:
+            self._held_back.add(robot_id)
+            log.warning("robot %s has %d bytes staged that the dataset writer has not written yet, at "
+                        "learner.store.max_staged_bytes_per_robot (%d): its segments are refused, not acked "
+                        "(they wait in its spool) until the writer catches up", robot_id, staged, limit)
+        return BusyError(f"the learner holds {staged} bytes of this robot's segments that its dataset writer has "
+                         f"not written yet (its bound: {limit}); this segment stays with the robot, which sends it "
+                         "again")
+
+    def _staging_failed(self, exc: OSError, segments: int) -> BusyError:
+        """A staging write or fsync failed (a full disk): the segments are not acked; said once per outage."""
+        self.counters["staging_write_failures"] += segments
+        if not self._staging_failing:
+            log.error("STAGING FAILED: cannot write to %s (%s). Segments are refused, not acked: the robots keep "
+                      "them in their spools and re-send them; nothing is lost. Free space on that disk.",
+                      self._staging.path, exc)
+        self._staging_failing += segments
+        return BusyError(f"the learner could not stage this segment ({type(exc).__name__}: a full disk?); it "
+                         "stays with the robot, which sends it again")
+
+    def _add_staged_bytes(self, episode: _OpenEpisode, nbytes: int) -> None:
+        episode.nbytes += nbytes
+        self._staged_bytes[episode.robot_id] += nbytes
 
     def _decode_all(self, segments: Sequence[Segment]) -> list[list[Step] | Exception]:
         if self._decoder is None or len(segments) < 2:
@@ -379,6 +432,10 @@ class ReplayStore:
                 "segments_staged": len(self._staging),
                 "segments_ingested": self.counters["segments"],
                 "duplicate_segments": self.counters["duplicate_segments"],
+                # Refused, not acked, waiting on the robots: past max_staged_bytes_per_robot, or a full disk.
+                "segments_held_back": self.counters["segments_held_back"],
+                "staging_write_failures": self.counters["staging_write_failures"],
+                "bytes_staged": sum(self._staged_bytes.values()),
                 "episodes_lost_to_damage": self.counters["episodes_lost_to_damage"],  # see _report_lost_commits
                 "steps_ingested": self.counters["steps"],
                 **{f"{stream}_steps": n for stream, n in counts.items()},
@@ -582,6 +639,9 @@ class ReplayStore:
             self._ledger.write_commit(record)
             for key in keys:
                 self._staging.ack(key)
+            self._staged_bytes[episode.robot_id] -= episode.nbytes
+            if self._staged_bytes[episode.robot_id] <= 0:
+                del self._staged_bytes[episode.robot_id]
         if outcome is not None:
             self._record_outcome(episode.robot_id, episode.episode_id, outcome)
         log.info("stored episode %d of robot %s (fragment %d): %d steps from %d segments, dataset episode %d",
@@ -705,6 +765,7 @@ class ReplayStore:
                 self._quarantine(key, frames, exc)
                 continue
             episode = self._track(robot_id, episode_id, seq, len(steps), segment.episode_done)
+            self._add_staged_bytes(episode, sum(len(f) for f in frames))
             self._add_to_index(episode, steps)
         for open_key, episode in list(self._open.items()):
             if episode.complete or (episode.robot_id, episode.episode_id, episode.fragment) in pending_intents:
