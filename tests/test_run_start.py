@@ -10,6 +10,7 @@ import pytest
 
 from robot_rl.app import main_job as run_command
 from robot_rl.app import policies as policy_loading
+from robot_rl.app.learning_curve import LearningCurve
 from robot_rl.config import ConfigError, load_config
 from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.policies.text_encoder import InstructionEncoder
@@ -142,8 +143,7 @@ def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_sc
     cfg = load_config([f"output_dir={tmp_path}", "seed=3", "run.eval_episodes=12"])
     result = run_command.start_vs_final(cfg, tmp_path / "bc_push", tmp_path / "step-00000900")
     assert calls == [(["bc_push", "step-00000900"], 12, 3)]  # one child, both weights, the run's seed
-    summary = {"algorithm": "rwr", "per_version": {}, "episodes": 4, "steps": 400, "updates": 900,
-               "weights_version": 9, "robot_versions": {}, "heldout": result}
+    summary = run_command.summarize(LearningCurve(), run_result(), tmp_path / "run", 20, "rwr", heldout=result)
     run_command.print_summary(summary)
     out = capsys.readouterr().out
     assert "start 60% (45%-73%) -> final not scored" in out
@@ -182,8 +182,49 @@ def test_run_operator_settings_reach_every_robots_operator_with_its_own_seed():
     assert run_command.operator_factory(load_config(["run.operator=null"])) is None
 
 
-def test_the_run_names_its_learner_with_the_data_it_imitates():
-    """hgdagger is bc at 0 / 0.5 / 0.5: the plot and the table must say so, not just 'bc'."""
+def test_the_run_names_its_learner_as_configured_with_the_data_it_imitates():
+    """hgdagger is bc at 0 / 0.5 / 0.5: the plot and the table must say hgdagger and the mix, not 'bc'."""
     cfg = load_config(["learner=hgdagger"])
     config = run_command.local_learner_config(cfg, Path("bc"), Path("run"), demos=Path("demos"))
-    assert run_command.learner_label(config) == "bc, online / corrections / demonstrations 0 / 0.5 / 0.5"
+    assert run_command.learner_label(config) == "hgdagger, online / corrections / demonstrations 0 / 0.5 / 0.5"
+
+
+def run_result(**overrides):
+    """What ``run_local`` returns, as the summary reads it."""
+    from types import SimpleNamespace
+
+    base = dict(episodes=0, steps=0, updates=900, updates_with_robots=900, weights_version=9, robot_versions={},
+                checkpoint=None)
+    return SimpleNamespace(**{**base, **overrides})
+
+
+def test_the_summary_groups_versions_and_ends_with_lines_that_agree(tmp_path, capsys):
+    """Versions with a few episodes each are merged into rows of 20 or more; the live window comes
+    before the held-out scores, and the last lines (held-out, then where the files are) say the same."""
+    from types import SimpleNamespace
+
+    from robot_rl.app.heldout_monitor import HeldoutPoint
+
+    curve = LearningCurve()
+    for i in range(50):  # versions 0..9, five episodes each; later versions succeed more
+        curve.add(f"sim-{i % 2}", SimpleNamespace(num_steps=100, intervention_steps=20 * (i < 10),
+                                                  success=i % 5 < i // 10), i // 5)
+    points = [HeldoutPoint(v, 100 * v, 5 * v, 30.0 * v, 0.1 * v, (0.0, 0.2 * v), 10) for v in (3, 6, 9)]
+    heldout = {"episodes": 40, "start": {"success": 0.55, "ci95": [0.4, 0.7]},
+               "final": {"success": 0.9, "ci95": [0.77, 0.96]}, "final_vs_start": None}
+    summary = run_command.summarize(curve, run_result(episodes=50, steps=5000), tmp_path / "run", 20, "bc",
+                                    heldout=heldout, learner="hgdagger, online / corrections / demonstrations",
+                                    heldout_points=points, ended_s=400.0)
+    groups = summary["per_version_groups"]
+    assert [g["versions"] for g in groups] == ["v0-v3", "v4-v7", "v8-v9"]
+    assert [g["episodes"] for g in groups] == [20, 20, 10] and sum(g["episodes"] for g in groups) == 50
+    assert [p["version"] for p in summary["heldout_per_version"]] == [3, 6, 9]
+    assert Path(summary["curve_png"]).stat().st_size > 0
+    run_command.print_summary(summary)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert "hgdagger" in "\n".join(lines[:3])  # the table's title names the learner as configured
+    assert lines[-4].startswith("live, with the operator watching") and "interventions 40% -> 0%" in lines[-4]
+    assert lines[-3].startswith("held-out while running") and "v3 30% -> v9 90%" in lines[-3]
+    assert lines[-2] == ("held-out success on 40 unseen scenes, the weights alone: start 55% (40%-70%) -> "
+                         "final 90% (77%-96%)")
+    assert lines[-1].startswith("learning curve: ") and str(tmp_path / "run") in lines[-1]

@@ -64,6 +64,10 @@ class RunConfig:
     # At the end, the start's and the final weights' success alone on this many unseen scenes
     # (paired, in a fresh process, ~1 min for 40); 0 = off.
     eval_episodes: int = 40
+    # While the run goes, the newest published weights are scored alone on the first this-many of
+    # those scenes whenever the scorer is free (a child process at nice 19, so the robots are not
+    # slowed); the learning curve and the fleet console show these points. 0 = off.
+    heldout_scenes: int = 10
     # Nice value of the learner's training and dataset-writing threads: robots and learner share
     # this machine's CPUs, and a control tick must not wait for a gradient step.
     learner_nice: int = 10
@@ -76,6 +80,8 @@ class RunConfig:
         for name in ("num_robots", "episodes", "max_episode_steps", "curve_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if self.heldout_scenes < 0:
+            raise ValueError(f"run.heldout_scenes must be >= 0 (0: no scores while running), got {self.heldout_scenes}")
         if self.eval_episodes < 0:
             raise ValueError(f"run.eval_episodes must be >= 0 (0: no held-out check), got {self.eval_episodes}")
         if self.min_updates is not None and self.min_updates < 0:

@@ -408,7 +408,7 @@ def heldout_eval_all(weights: list[Path], cfg: RobotRLConfig, episodes: int, des
             result = json.loads(line)
         except ValueError:
             continue  # progress or library output; results are whole JSON lines
-        if isinstance(result, dict) and "weights" in result:
+        if isinstance(result, dict) and "weights" in result and "error" not in result:
             results[result["weights"]] = result
     if done.returncode != 0:
         log.error("held-out evaluation: %d of %d weights scored (exit code %d); see its output above",
@@ -441,17 +441,19 @@ def format_score(result: dict | None, missing: str = "-") -> str:
 
 
 def main(argv: list[str]) -> int:
-    """The child of ``heldout_eval_all``: ``JOB DESC WEIGHTS...``, one JSON line per weights as each is scored."""
+    """The child of ``heldout_eval_all``: ``JOB DESC WEIGHTS...``, one JSON line per weights as each is
+    scored; ``JOB DESC -`` reads the weights one per line from stdin until it closes (the main job's
+    scorer of published versions, ``app.heldout_monitor``, which keeps one child for the whole run)."""
     job_path, desc, *weights = argv
     job = HeldoutJob.from_json(Path(job_path).read_text())
     failed = 0
-    for w in weights:
+    for w in (line.strip() for line in sys.stdin) if weights == ["-"] else weights:
         try:
             result = evaluate_weights(Path(w), job, f"{desc} {Path(w).name}")
-        except Exception:
+        except Exception as exc:
             log.exception("held-out evaluation of %s failed", w)
             failed += 1
-            continue
+            result = {"weights": w, "error": f"{type(exc).__name__}: {exc}"}  # an answer for every request
         print(json.dumps(result), flush=True)
     return 1 if failed else 0
 

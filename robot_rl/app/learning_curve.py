@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +45,11 @@ class LearningCurve:
         """Count ``wall_s`` from now: the robots' start, after the learner's and robots' start-up."""
         with self._lock:
             self._t0 = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        """Seconds since ``start_clock``: where on the wall-clock axis "now" is."""
+        with self._lock:
+            return time.monotonic() - self._t0
 
     def add(self, robot_id: str, episode, policy_version: int) -> EpisodeRecord:
         steps = max(episode.num_steps, 1)
@@ -79,26 +86,28 @@ class LearningCurve:
     def per_version(self) -> dict[int, dict[str, float]]:
         out: dict[int, dict[str, float]] = {}
         for version in sorted({r.policy_version for r in self.records}):
-            recs = [r for r in self.records if r.policy_version == version]
-            out[version] = {
-                "episodes": len(recs),
-                "success": float(np.mean([r.success for r in recs])),
-                "autonomous": float(np.mean([r.autonomous for r in recs])),
-                "intervention": float(np.mean([r.intervened for r in recs])),
-            }
+            out[version] = _rates([r for r in self.records if r.policy_version == version])
         return out
+
+    def per_version_groups(self, min_episodes: int = 20) -> list[dict[str, Any]]:
+        """Consecutive versions merged until each row has ``min_episodes`` episodes (the last row
+        takes what is left): a row of 2-12 episodes says nothing about its success rate."""
+        rows: list[dict[str, Any]] = []
+        group: list[EpisodeRecord] = []
+        versions = sorted({r.policy_version for r in self.records})
+        for i, version in enumerate(versions):
+            group += [r for r in self.records if r.policy_version == version]
+            if len(group) >= min_episodes or i == len(versions) - 1:
+                first = group[0].policy_version
+                name = f"v{first}" if first == version else f"v{first}-v{version}"
+                rows.append({"versions": name, **_rates(group)})
+                group = []
+        return rows
 
     def first_vs_last(self, window: int = 30) -> dict[str, dict[str, float]]:
         recs = self.records
         n = min(window, len(recs) // 2) or len(recs)
-        def rates(rs):
-            return {
-                "episodes": len(rs),
-                "success": float(np.mean([r.success for r in rs])) if rs else float("nan"),
-                "autonomous": float(np.mean([r.autonomous for r in rs])) if rs else float("nan"),
-                "intervention": float(np.mean([r.intervened for r in rs])) if rs else float("nan"),
-            }
-        return {"first": rates(recs[:n]), "last": rates(recs[-n:])}
+        return {"first": _rates(recs[:n]), "last": _rates(recs[-n:])}
 
     def operator_effort(self) -> dict[str, float]:
         """How much the operator drove: the human time a learning curve costs (HG-DAgger and
@@ -112,8 +121,10 @@ class LearningCurve:
     def to_json(self) -> list[dict]:
         return [asdict(r) | {"autonomous": r.autonomous} for r in self.records]
 
-    def plot(self, path: str | Path, window: int = 20, title: str = "learning curve") -> Path:
-        """Rolling success / autonomous success / intervention rate vs episodes and vs wall-clock."""
+    def plot(self, path: str | Path, window: int = 20, title: str = "learning curve",
+             heldout: Sequence[CurvePoint] = ()) -> Path:
+        """Rolling live rates vs episodes and vs wall-clock, with the held-out scores (each with its
+        95 % interval) where the run had reached when those weights were taken."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -122,7 +133,7 @@ class LearningCurve:
         recs = self.records
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+        fig, axes = plt.subplots(1, 2, figsize=(12, 5.2), sharey=True)
         if recs:
             episodes = np.arange(1, len(recs) + 1)
             wall_min = np.array([r.wall_s for r in recs]) / 60.0
@@ -136,24 +147,63 @@ class LearningCurve:
             for label, values in series.items():
                 smooth = _rolling_mean(np.asarray(values, dtype=float), window)
                 colour, style = styles[label]
-                axes[0].plot(episodes, smooth, color=colour, linestyle=style, label=label)
-                axes[1].plot(wall_min, smooth, color=colour, linestyle=style, label=label)
+                live = f"live {label} (rolling {window}, operator watching)"
+                axes[0].plot(episodes, smooth, color=colour, linestyle=style, alpha=0.6, label=live)
+                axes[1].plot(wall_min, smooth, color=colour, linestyle=style, alpha=0.6, label=live)
             for ax in axes:
                 for version_start in _version_starts(recs):
                     x = version_start + 1 if ax is axes[0] else recs[version_start].wall_s / 60.0
-                    ax.axvline(x, color="grey", alpha=0.15, linewidth=0.8)
+                    ax.axvline(x, color="grey", alpha=0.12, linewidth=0.8)
+        for label in dict.fromkeys(p.label for p in heldout):
+            points = [p for p in heldout if p.label == label]
+            success = np.array([p.success for p in points])
+            errors = np.array([[p.success - p.ci95[0] for p in points], [p.ci95[1] - p.success for p in points]])
+            marker, colour = ("s", "black") if points[0].endpoints else ("o", "tab:purple")
+            for ax, xs in ((axes[0], [float(p.episodes) for p in points]), (axes[1], [p.wall_s / 60 for p in points])):
+                ax.errorbar(xs, success, yerr=errors, fmt=marker, color=colour, capsize=3, markersize=5, label=label)
         axes[0].set_xlabel("episodes (all robots)")
         axes[1].set_xlabel("wall-clock minutes")
-        axes[0].set_ylabel(f"rate (rolling mean over {window} episodes)")
+        axes[0].set_ylabel("rate")
         axes[0].set_ylim(-0.02, 1.02)
         for ax in axes:
             ax.grid(alpha=0.3)
-        axes[0].legend(loc="best", fontsize=8)
-        fig.suptitle(f"{title} (grey lines: a new policy version in use)")
-        fig.tight_layout()
+        handles, labels = axes[0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+        fig.suptitle(f"{title}\nheld-out: the weights alone on unseen scenes, 95 % intervals; "
+                     "grey lines: a new policy version in use", fontsize=10)
+        fig.tight_layout(rect=(0, 0.13, 1, 1))
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """A held-out score to draw: where the run stood (episodes, wall seconds) and the score."""
+
+    label: str  # the legend's: what was scored on what
+    episodes: int
+    wall_s: float
+    success: float
+    ci95: tuple[float, float]
+    endpoints: bool = False  # the start's and the final weights' scores (drawn as black squares)
+
+
+def _rates(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+    """Episodes, success, autonomous success (with its 95 % interval) and intervention rate."""
+    from robot_rl.app.statistics import wilson_interval
+
+    n = len(records)
+    autonomous = sum(r.autonomous for r in records)
+    nan = float("nan")
+    return {
+        "episodes": n,
+        "success": float(np.mean([r.success for r in records])) if n else nan,
+        "autonomous": autonomous / n if n else nan,
+        "autonomous_ci95": list(wilson_interval(autonomous, n)),
+        "intervention": float(np.mean([r.intervened for r in records])) if n else nan,
+    }
 
 
 def _rolling_mean(values: np.ndarray, window: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,9 +25,9 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from robot_rl.app.learning_curve import LearningCurve
+from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
+from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
-from robot_rl.learner.algorithms.configs import ALGORITHMS
 
 if TYPE_CHECKING:
     from robot_rl.app.local_run import LocalRunConfig
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from robot_rl.learner.config import LearnerConfig
 
 log = logging.getLogger(__name__)
+
+VERSION_ROW_EPISODES = 20  # the summary's table merges versions until a row has this many episodes
 
 
 def ensure_bc_checkpoint(cfg: RobotRLConfig) -> Path:
@@ -170,10 +173,10 @@ def share_cpu_with_robots(cfg: RobotRLConfig, *, overlapping: bool = True) -> No
 
 
 def learner_label(config: LearnerConfig) -> str:
-    """The algorithm and the stream mix it samples: hgdagger is ``bc`` at 0 / 0.5 / 0.5, and the
-    plot and the summary should say which data it imitated."""
+    """The learner as configured (``learner=hgdagger``) and the stream mix it samples: hgdagger is
+    ``bc`` at 0 / 0.5 / 0.5, and the plot and the summary should say which data it imitated."""
     t = config.trainer
-    return (f"{ALGORITHMS.name_of(config.algorithm)}, online / corrections / demonstrations "
+    return (f"{config.name}, online / corrections / demonstrations "
             f"{t.online_ratio:g} / {t.intervention_ratio:g} / {t.demonstration_ratio:g}")
 
 
@@ -211,6 +214,14 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
     run = local_run_config(cfg, run_dir, viewer)
     curve = LearningCurve()
     progress = Progress(curve, run.num_robots * run.episodes_per_robot)
+    monitors: list[HeldoutMonitor] = []
+
+    def robots_starting(learner) -> None:
+        progress.attach(learner)
+        if cfg.run.heldout_scenes:
+            monitors.append(HeldoutMonitor(learner.trainer, cfg, run_dir / "heldout", cfg.run.heldout_scenes,
+                                           lambda: len(curve.records)).start())
+
     print(
         f"robot-rl run: learner ({learner_label(learner_config)}) + {run.num_robots} simulated SO-101 "
         f"+ {'scripted operator' if cfg.run.operator else 'no operator'}, loopback, CPU; output {run_dir}"
@@ -222,15 +233,17 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
                                    stride=cfg.seeds.stride),
             operator_factory=operator_factory(cfg),
             on_episode=progress.on_episode,
-            on_start=progress.attach,
+            on_start=robots_starting,
         )
     finally:
         progress.close()
+        points = [p for monitor in monitors for p in monitor.stop()]
         if viewer_hub is not None:
             viewer_hub.disconnect()
-    summary = summarize(curve, result, run_dir, cfg.run.curve_window, ALGORITHMS.name_of(learner_config.algorithm),
+    ended_s = curve.elapsed_s()
+    summary = summarize(curve, result, run_dir, cfg.run.curve_window, learner_config.name,
                         heldout=start_vs_final(cfg, checkpoint, result.checkpoint),
-                        learner=learner_label(learner_config))
+                        learner=learner_label(learner_config), heldout_points=points, ended_s=ended_s)
     print_summary(summary)
     return summary
 
@@ -250,11 +263,24 @@ def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None) -> dict 
 
 
 def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
-              heldout: dict | None = None, learner: str | None = None) -> dict:
-    """``learner``: how the plot and the table name the learner (``learner_label``; default the algorithm)."""
+              heldout: dict | None = None, learner: str | None = None,
+              heldout_points: Sequence[HeldoutPoint] = (), ended_s: float | None = None) -> dict:
+    """``learner``: how the plot and the table name the learner (``learner_label``; default the
+    algorithm); ``heldout_points``: versions scored while the run went; ``ended_s``: when training
+    ended on the curve's clock (where the final weights' score is drawn)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     learner = learner or algorithm
-    png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({learner})")
+    episodes = len(curve.records)
+    drawn = [CurvePoint(f"held-out per version ({p.scenes} scenes)", p.episodes, p.wall_s, p.success, p.ci95)
+             for p in heldout_points]
+    if heldout and heldout.get("start") and heldout.get("final"):
+        label = f"held-out start and final ({heldout['episodes']} scenes)"
+        for scored, at_episodes, at_s in ((heldout["start"], 0, 0.0),
+                                          (heldout["final"], episodes, ended_s or curve.elapsed_s())):
+            drawn.append(CurvePoint(label, at_episodes, at_s, scored["success"], tuple(scored["ci95"]),
+                                    endpoints=True))
+    png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({learner})",
+                     heldout=drawn)
     summary = {
         "algorithm": algorithm,
         "learner": learner,
@@ -265,11 +291,13 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
         "weights_version": result.weights_version,
         "robot_versions": result.robot_versions,
         "per_version": {str(k): v for k, v in curve.per_version().items()},
+        "per_version_groups": curve.per_version_groups(VERSION_ROW_EPISODES),
         "first_vs_last": curve.first_vs_last(),
         "operator": curve.operator_effort(),
         "curve_png": str(png),
         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
         "heldout": heldout,  # ``start_vs_final``: None when off or not trained
+        "heldout_per_version": [p.to_dict() for p in heldout_points],
         "episodes_log": curve.to_json(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -277,11 +305,15 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
 
 
 def print_summary(summary: dict) -> None:
-    table = Table(title=f"robot-rl run: success per policy version ({summary.get('learner', summary['algorithm'])})")
-    for col in ("version", "episodes", "success", "autonomous", "interventions"):
+    """The run in a table and a few lines that agree with each other: the live window (watched and
+    rescued by the operator) first, what the weights do alone on unseen scenes last."""
+    from robot_rl.app.evaluation import format_score
+
+    table = Table(title=f"robot-rl run: live episodes per policy version ({summary['learner']})")
+    for col in ("versions", "episodes", "success", "autonomous", "interventions"):
         table.add_column(col, justify="right")
-    for version, row in summary["per_version"].items():
-        table.add_row(f"v{version}", str(row["episodes"]), f"{row['success']:.0%}", f"{row['autonomous']:.0%}",
+    for row in summary["per_version_groups"]:
+        table.add_row(row["versions"], str(row["episodes"]), f"{row['success']:.0%}", f"{row['autonomous']:.0%}",
                       f"{row['intervention']:.0%}")
     console = Console()
     console.print(table)
@@ -297,9 +329,18 @@ def print_summary(summary: dict) -> None:
     if operator and operator["episodes_taken_over"]:
         print(f"the operator took over in {operator['episodes_taken_over']} episodes and drove "
               f"{operator['steps_driven']} steps ({operator['share_of_steps']:.1%} of all)")
+    first, last = summary["first_vs_last"]["first"], summary["first_vs_last"]["last"]
+    print(f"live, with the operator watching (a window of {last['episodes']} episodes moves by +-17 points on its "
+          f"own): autonomous success {_rate(first)} in the first {first['episodes']} -> {_rate(last)} in the last; "
+          f"interventions {first['intervention']:.0%} -> {last['intervention']:.0%}")
+    points = summary.get("heldout_per_version") or []
+    if points:
+        best = max(points, key=lambda p: p["success"])
+        print(f"held-out while running, the weights alone on {points[0]['scenes']} unseen scenes: "
+              f"{len(points)} versions scored, v{points[0]['version']} {points[0]['success']:.0%} -> "
+              f"v{points[-1]['version']} {points[-1]['success']:.0%} (best v{best['version']} {best['success']:.0%})")
     heldout = summary.get("heldout")
     if heldout:
-        from robot_rl.app.evaluation import format_score
         from robot_rl.app.statistics import PairedComparison
 
         missing = "not scored (see the log)"
@@ -309,3 +350,9 @@ def print_summary(summary: dict) -> None:
         if paired:
             comparison = PairedComparison.from_dict(paired)
             print(f"final against start, scene by scene: {comparison.describe('the final', 'the start')}")
+    print(f"learning curve: {summary['curve_png']}; everything above: {Path(summary['curve_png']).parent}/summary.json")
+
+
+def _rate(rates: dict) -> str:
+    low, high = rates["autonomous_ci95"]
+    return f"{rates['autonomous']:.0%} ({low:.0%}-{high:.0%})"

@@ -17,10 +17,5 @@ GROUPS = ("robot", "viewer", "policy", "learner", "edge", "run", "demos", "bc", 
 def main(argv: list[str]) -> int:
     from robot_rl.app.main_job import run_main_job
 
-    summary = run_main_job(load_config(argv))
-    first, last = summary["first_vs_last"]["first"], summary["first_vs_last"]["last"]
-    print(
-        f"autonomous success {first['autonomous']:.0%} (first {first['episodes']} episodes) -> "
-        f"{last['autonomous']:.0%} (last {last['episodes']}); curve: {summary['curve_png']}"
-    )
+    run_main_job(load_config(argv))  # prints its summary, ending with where the curve and the JSON are
     return 0

@@ -1,0 +1,53 @@
+"""Published versions scored while the main job runs: one child scores the newest version whenever it
+is free, on the same held-out scenes each time, and a version it cannot score costs only its point."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from robot_rl.app.heldout_monitor import HeldoutMonitor
+from robot_rl.config import load_config
+from robot_rl.policies.flow_vla import FlowVLA
+from tests.learner_helpers import TINY_SIM, tiny_policy_config, wait_for
+
+
+class PublishingTrainer:
+    """What the monitor reads of a trainer: the newest version, and a copy of its weights."""
+
+    def __init__(self, weights: Path) -> None:
+        self.version = 0
+        self.updates = 0
+        self.weights = weights
+        self.broken = False  # the next copies are no loadable policy
+
+    def save_deployed(self, directory: Path) -> tuple[int, int]:
+        shutil.rmtree(directory, ignore_errors=True)
+        if self.broken:
+            directory.mkdir(parents=True)
+            (directory / "config.json").write_text("{not json")
+        else:
+            shutil.copytree(self.weights, directory)
+        return self.updates, self.version
+
+
+def test_the_newest_version_is_scored_on_the_same_scenes_and_a_failure_costs_only_its_point(tmp_path):
+    config = tiny_policy_config()
+    config.cameras = ("front", "wrist")
+    FlowVLA(config).save_pretrained(tmp_path / "weights")
+    trainer = PublishingTrainer(tmp_path / "weights")
+    cfg = load_config([*TINY_SIM, "robot.max_episode_steps=4"])
+    episodes = [0]
+    monitor = HeldoutMonitor(trainer, cfg, tmp_path / "heldout", scenes=2, episodes=lambda: episodes[0]).start()
+    try:
+        trainer.version, trainer.updates, episodes[0] = 3, 300, 12
+        wait_for(lambda: len(monitor.points) == 1, timeout_s=120, what="v3 scored")
+        trainer.broken, trainer.version = True, 4
+        wait_for(lambda: monitor.failed_versions == [4], timeout_s=60, what="the broken copy tried")
+        trainer.broken, trainer.version, trainer.updates, episodes[0] = False, 6, 600, 30
+        wait_for(lambda: len(monitor.points) == 2, timeout_s=60, what="v6 scored")
+    finally:
+        points = monitor.stop()
+    assert [(p.version, p.updates, p.episodes, p.scenes) for p in points] == [(3, 300, 12, 2), (6, 600, 30, 2)]
+    assert all(p.success == 0.0 and p.ci95[0] == 0.0 < p.ci95[1] for p in points)  # untrained: 0 of 2
+    assert points[0].wall_s <= points[1].wall_s
