@@ -322,3 +322,47 @@ def test_a_committed_episode_a_damaged_dataset_file_rolls_back_is_reported_as_lo
     with caplog.at_level(logging.ERROR), ReplayStore(store_config(tmp_path)) as store:
         assert store.stats()["episodes_stored"] == 1 and store.stats()["episodes_lost_to_damage"] == 1
     assert "DATA LOST" in caplog.text and "r0/2 (dataset episode 1)" in caplog.text
+
+
+def test_a_restarted_store_takes_segments_before_its_dataset_is_read_and_batches_wait_for_the_read(
+        tmp_path, monkeypatch):
+    """Reading the dataset into the sampling index grows with the store: a restarted learner serves
+    robots first and reads it behind them; a batch (drawn from all stored data) waits for it."""
+    import threading
+
+    import robot_rl.data.reader as reader
+    from robot_rl.learner.index import SampleSpec
+
+    with ReplayStore(store_config(tmp_path)) as store:
+        for episode in range(2):
+            for segment in segments("r0", episode, make_steps(8, episode=episode)):
+                store.ingest(segment)
+        assert store.stats()["episodes_stored"] == 2
+    release, events = threading.Event(), []
+    load = reader.load_episode_arrays
+    monkeypatch.setattr(reader, "load_episode_arrays", lambda *a, **k: release.wait(60) and load(*a, **k))
+    opened: list[ReplayStore] = []
+    opener = threading.Thread(target=lambda: opened.append(ReplayStore(store_config(tmp_path, background_commit=True))))
+    opener.start()
+    opener.join(60)
+    assert opened, "the store read its whole dataset before it took a segment"
+    store = opened[0]
+    try:
+        assert not store.index.wait_loaded(0)
+        new = segments("r0", 2, make_steps(8, episode=2))
+        assert not any(store.ingest(s).duplicate for s in new)  # a robot is served meanwhile
+        assert store.ingest(segments("r0", 0, make_steps(8, episode=0))[0]).duplicate  # and deduplicated
+        spec = SampleSpec(chunk_size=2, cameras=("front",))
+        sampler = threading.Thread(target=lambda: events.append(
+            len(store.index.sample(4, {"online": 1.0}, spec, np.random.default_rng(0))["weight"])))
+        sampler.start()
+        events.append("released")
+        release.set()
+        sampler.join(60)
+        assert events == ["released", 4]
+        assert store.flush(60)
+        assert store.stats()["online_steps"] == 24 and store.stats()["episodes_stored"] == 3
+        assert [entry[:2] for entry in store.index.manifest()] == [["r0", 0], ["r0", 1], ["r0", 2]]
+    finally:
+        store.close()
+    assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in range(3) for t in range(8)]

@@ -164,11 +164,20 @@ class SampleSpec:
 
 
 class SamplingIndex:
-    """Thread-safe index: the store appends, the trainer samples."""
+    """Thread-safe index: the store appends, the trainer samples.
+
+    A restarted store reads its dataset into the index in the background (``loading`` ... ``loaded``),
+    so robots are served at once however big the store. Until then the index takes appends and counts
+    what it holds, but whatever depends on all of it waits: a batch (drawn from all stored data), a
+    fresh policy's normalisation statistics, and the manifest a checkpoint records.
+    """
 
     def __init__(self, cameras: Sequence[str]) -> None:
         self.cameras = tuple(cameras)
         self._lock = threading.Lock()
+        self._complete = threading.Event()
+        self._complete.set()
+        self._load_error: str | None = None
         self._keys: list[EntryKey] = []  # sorted
         self._entries: dict[EntryKey, GrowingEpisode] = {}
         self._positions: dict[tuple[EntryKey, str], np.ndarray] = {}
@@ -176,6 +185,27 @@ class SamplingIndex:
         self._stream_keys: dict[str, list[EntryKey]] = {}
         # Per entry: (length, reward config, rewards) of the last computation; recomputed when either changes.
         self._rewards: dict[EntryKey, tuple[int, RewardConfig, EpisodeRewards]] = {}
+
+    # ------------------------------------------------------------ loading
+
+    def loading(self) -> None:
+        """Stored data is being read in: batches, statistics and the manifest wait for ``loaded``."""
+        self._complete.clear()
+
+    def loaded(self, error: str | None = None) -> None:
+        """Every stored episode is in; ``error``: the read failed, and batches say so instead of waiting."""
+        self._load_error = error
+        self._complete.set()
+
+    def wait_loaded(self, timeout_s: float | None = None) -> bool:
+        return self._complete.wait(timeout_s)
+
+    def _whole(self) -> None:
+        """Wait until the index holds all stored data (or raise why it never will)."""
+        self._complete.wait()
+        if self._load_error is not None:
+            raise RuntimeError(f"the sampling index could not read the stored dataset ({self._load_error}); "
+                               "fix or move the store and restart the learner")
 
     # ------------------------------------------------------------ writing
 
@@ -219,6 +249,7 @@ class SamplingIndex:
 
     def manifest(self) -> list[list]:
         """[robot_id, episode_id, fragment, length] per entry, in index order: what a checkpoint records."""
+        self._whole()
         with self._lock:
             return [[*key, self._entries[key].length] for key in self._keys]
 
@@ -232,6 +263,7 @@ class SamplingIndex:
         at the sampled step, and the reward fields of ``transition_fields`` (under
         ``spec.rewards``), for algorithms that need them.
         """
+        self._whole()
         with self._lock:
             cumulative = self._cumulative_locked()
             totals = np.array([cumulative[s][-1] if len(cumulative[s]) else 0 for s in STREAMS], dtype=np.int64)
@@ -269,11 +301,13 @@ class SamplingIndex:
 
     def instructions(self) -> list[str]:
         """The distinct instructions held (normalisation statistics of a fresh policy)."""
+        self._whole()
         with self._lock:
             return sorted({self._entries[k].instruction for k in self._keys})
 
     def states_and_actions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every state and action held, for normalisation statistics of a fresh policy."""
+        self._whole()
         with self._lock:
             views = [self._entries[k].view() for k in self._keys]
         if not views:

@@ -26,8 +26,10 @@ drove it) goes to ``outcomes``, which learning curves per policy version are mad
 
 On restart the store rebuilds everything from disk: committed seqs from the ledger,
 half-done commits resolved against the dataset (which the recorder first rolls back to its
-last finalize if a write was cut short), committed episodes and preloaded
-demonstrations into the index from the dataset, open episodes from staging.
+last finalize if a write was cut short), open episodes from staging, committed episodes into
+the index from the dataset (demonstrations are preloaded at start-up). The dataset is read into the index
+behind a store that already takes segments (``SamplingIndex.loading``): a restart does not
+grow with the store; the trainer and the writer wait for that read, robots do not.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ class ReplayStore:
         self._committer: threading.Thread | None = None
         self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | None] | None] | None = None
         self._indexer: threading.Thread | None = None
+        self._loader: threading.Thread | None = None  # the dataset into the index, after a restart
         self._load_demonstrations()
         if config.background_commit:
             # Started before the store is restored: the episodes staged before a restart are written
@@ -385,6 +388,8 @@ class ReplayStore:
         if jobs is None:
             return True
         deadline = time.monotonic() + timeout_s
+        if not self.index.wait_loaded(timeout_s):
+            return False
         with jobs.all_tasks_done:
             while jobs.unfinished_tasks:
                 remaining = deadline - time.monotonic()
@@ -395,6 +400,9 @@ class ReplayStore:
 
     def close(self) -> None:
         """Finish pending commits and release files. Open episodes stay staged for the next start."""
+        if self._loader is not None:
+            self._loader.join()  # the writer waits for it; a read of the dataset takes seconds
+            self._loader = None
         if self._committer is not None:
             self._jobs.put(None)
             self._committer.join()
@@ -544,6 +552,7 @@ class ReplayStore:
         lower_own_priority(self.config.commit_nice)
         while True:
             batch, stop = self._next_batch()
+            self.index.wait_loaded()  # a restarted store's dataset is read into the index before it grows
             if batch:
                 self._commit(batch)
             if stop:
@@ -670,10 +679,10 @@ class ReplayStore:
             self._remember_commit(record)
         self._resolve_intents()
         self._report_lost_commits()
-        self._load_dataset_into_index()
+        self._start_index_load()  # before staging: what the backlog adds to the dataset is indexed from staging
         self._load_staging()
-        log.info("replay store %s: %d episodes stored, %d open, streams %s", self.config.root,
-                 self.writer.num_episodes, len(self._open), self.index.counts())
+        log.info("replay store %s: %d episodes stored, %d open", self.config.root, self.writer.num_episodes,
+                 len(self._open))
 
     def _report_lost_commits(self) -> None:
         """Committed (acked, released from staging) episodes the dataset no longer holds: its files
@@ -705,12 +714,39 @@ class ReplayStore:
                 for seq in record.seqs:
                     self._staging.ack(_staging_key(record.robot_id, record.episode_id, seq))
 
-    def _load_dataset_into_index(self) -> None:
-        if self.writer.num_episodes == 0:
+    def _start_index_load(self) -> None:
+        """Read the dataset's episodes into the sampling index: with ``background_commit`` on a thread of
+        its own, so that a restarted learner serves robots before it has read a store of any size (the
+        trainer waits for it: ``SamplingIndex.loaded``). The writer waits too, so the read sees a dataset
+        no one writes to."""
+        count = self.writer.num_episodes
+        if count == 0:
             return
+        by_index = {r.index: r for r in self._ledger.commits if r.index >= 0}
+        if self._committer is None:
+            self._load_dataset_into_index(by_index)
+            return
+        self.index.loading()
+        self._loader = threading.Thread(target=self._load_in_background, args=(count, by_index),
+                                        name="store-load", daemon=True)
+        self._loader.start()
+
+    def _load_in_background(self, count: int, by_index: dict[int, CommitRecord]) -> None:
+        started = time.monotonic()
+        try:
+            self._load_dataset_into_index(by_index)
+        except Exception as exc:
+            log.exception("could not read the dataset at %s into the sampling index; robots are still stored, "
+                          "but training waits", self.dataset_root)
+            self.index.loaded(error=f"{type(exc).__name__}: {exc}")
+            return
+        self.index.loaded()
+        log.info("sampling index: %d stored episodes read in %.1f s behind the serving learner; streams %s",
+                 count, time.monotonic() - started, self.index.counts())
+
+    def _load_dataset_into_index(self, by_index: dict[int, CommitRecord]) -> None:
         from robot_rl.data.reader import load_episode_arrays
 
-        by_index = {r.index: r for r in self._ledger.commits if r.index >= 0}
         for episode in load_episode_arrays(self.dataset_root, self.config.repo_id):
             record = by_index.get(episode["episode_index"])
             if record is None:
