@@ -1,7 +1,7 @@
-"""`robot-rl bench faults`, shortened: fuzzing, impersonation, a kill -9 of the learner and of a robot
-with restarts, a network cut and the damaged files, on real learner and robot processes. Each count
-that must be zero is checked one by one, so a failure says which promise broke; the full run's
-numbers are the benchmark's (BENCHMARKS.md)."""
+"""`robot-rl bench faults`, shortened: fuzzing of both learner sockets, impersonation, a kill -9 of the
+learner and of a robot with restarts, a network cut, the damaged files and a full disk under the
+learner's store, on real learner and robot processes. Each count that must be zero is checked one by
+one, so a failure says which promise broke; the full run's numbers are the benchmark's (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -28,10 +28,15 @@ def test_a_short_fault_suite_loses_duplicates_poisons_and_admits_nothing():
     assert report["poisoned_rows"] == 0
     assert report["impersonations_admitted"] == 0 and report["impersonation_attempts"] == 9
     fuzz = report["fuzz"]
-    assert fuzz["messages"] == 600 and fuzz["classes"] == 21 and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
-    assert fuzz["refusals_logged"] >= 300  # the messages reached the learner's checks, not only its socket
+    router, pub = fuzz["router"], fuzz["pub"]
+    assert fuzz["messages"] == 1200 and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
+    assert router["messages"] == 600 and router["classes"] == 21 and router["keys"] == 12
+    assert router["refusals_logged"] >= 300  # the messages reached the learner's checks, not only its socket
+    assert router["garbage_sender_ignored"]  # and a key that went on past the bound was ignored, said once
+    assert pub["messages"] == 600 and pub["classes"] == 7 and pub["connections_dropped"] >= 100
     assert report["files"] == {"checkpoint_with_nan_bytes": True, "truncated_checkpoint": True,
-                               "garbled_spool_record": True, "full_disk_mid_write": True}
+                               "garbled_spool_record": True, "full_disk_mid_write": True,
+                               "learner_store_full_disk": True}
     assert report["segments_left_staged"] == 0  # the learner's own dataset writer wrote everything
     assert len(report["restart_s"]) == 1 and report["learner_exit_code"] == 0 and report["passed"]
 

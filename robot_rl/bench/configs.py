@@ -80,7 +80,7 @@ class FaultsBenchConfig:
     """``bench faults``: the fault suite (robot_rl/bench/faults.py says what each part does)."""
 
     robots: int = 2  # edges streaming through the fuzzing and the kills
-    fuzz_messages: int = 12000  # malformed messages on the learner's ROUTER
+    fuzz_messages: int = 12000  # malformed messages on each of the learner's sockets (ROUTER, PUB)
     impersonation_tries: int = 50  # rounds of three attempts to speak as robot-0
     kills: int = 5  # SIGKILLs of the learner mid-stream, each followed by a restart
     seconds_between_kills: float = 8.0  # the robots stream (and the trainer trains) between two kills

@@ -2,7 +2,8 @@
 
 Each case builds its files in a directory of its own, damages them, and says whether the product
 handled it: a damaged checkpoint refused on resume with one clear error, a spool that keeps every
-record the damage did not touch, a write that failed half way leaving every other record intact.
+record the damage did not touch, a write that failed half way leaving every other record intact, a
+learner whose disk fills up under its store (``fault_store.py``).
 """
 
 from __future__ import annotations
@@ -110,11 +111,14 @@ def _failed_write_keeps_the_rest(root: Path) -> bool:
 
 def file_faults(root: Path) -> dict[str, bool]:
     """case -> handled."""
+    from robot_rl.bench.fault_store import full_disk_under_the_store
+
     cases: dict[str, Callable[[Path], bool]] = {
         "checkpoint_with_nan_bytes": lambda d: _refused_on_resume(d, _nan_bytes),
         "truncated_checkpoint": lambda d: _refused_on_resume(d, _truncate),
         "garbled_spool_record": _garbled_spool_keeps_the_rest,
         "full_disk_mid_write": _failed_write_keeps_the_rest,
+        "learner_store_full_disk": full_disk_under_the_store,
     }
     results = {}
     for name, case in cases.items():

@@ -1,10 +1,15 @@
 """Malformed and hostile messages for ``robot-rl bench faults``: what an attacker holding a valid key
 of its own (or a broken client) can put on the learner's sockets.
 
-Each class builds the frames of one message; ``fuzz_router`` sends them round-robin from an
-authenticated client ("intruder"), interleaved with probes that a valid request is still answered
+Each class builds the frames of one message; ``fuzz_router`` sends them round-robin from
+authenticated clients ("intruder-K"), interleaved with probes that a valid request is still answered
 within ``PROBE_TIMEOUT_S`` (else a hang), and with impersonation attempts that must all be refused.
 Rows marked ``POISON_ROBOT`` / ``INTRUDER_ROBOT`` in their state must never reach the store.
+
+The learner ignores a sender (a CURVE key) for a cool-off once it has refused more than
+``PeerLimits.max_refusals`` of its messages in a window: each intruder key sends fewer than that
+(``messages_per_key``), so every message reaches the learner's checks, and ``ignored_after_garbage``
+then shows one key sending past the bound being ignored (one log line, no more answers).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -175,45 +181,91 @@ def probe(fuzzer: RouterFuzzer) -> bool:
     return reply is not None
 
 
-def fuzz_router(fuzzer: RouterFuzzer, messages: int, image: int, cameras: tuple[str, ...], seed: int,
-                alive: Callable[[], bool]) -> dict[str, Any]:
-    """Send ``messages`` malformed messages round-robin over the classes; count replies, hangs, crashes."""
+def intruder_name(k: int) -> str:
+    return f"intruder-{k}"
+
+
+def intruder_keys(messages: int, messages_per_key: int) -> int:
+    """How many intruder keys the fuzzing of ``messages`` takes (the impersonation rounds reuse them)."""
+    return max(1, -(-messages // messages_per_key))
+
+
+def fuzz_router(connect: Callable[[int], RouterFuzzer], messages: int, messages_per_key: int, image: int,
+                cameras: tuple[str, ...], seed: int, alive: Callable[[], bool]) -> dict[str, Any]:
+    """Send ``messages`` malformed messages round-robin over the classes, ``messages_per_key`` from each
+    intruder key (``connect(k)``: a client holding key k, not yet said hello); count hangs and crashes."""
     rng = np.random.default_rng(seed)
-    answer = hello(fuzzer)
-    if answer is None or answer.TYPE != "hello_ok":  # without a session every message stops at "hello first"
-        raise RuntimeError(f"bench faults: the intruder's own hello was not accepted ({answer})")
-    classes = malformed_classes(fuzzer.robot_id, image, cameras)
-    names = sorted(classes)
+    names: list[str] = []
     sent: Counter[str] = Counter()
     hangs = crashes = 0
     started = time.monotonic()
-    for i in range(messages):
-        name = names[i % len(names)]
-        fuzzer.socket.send_multipart(classes[name](rng, i))
-        sent[name] += 1
-        if (i + 1) % PROBE_EVERY == 0:
+    fuzzer: RouterFuzzer | None = None
+    try:
+        for i in range(messages):
+            if i % messages_per_key == 0:
+                if fuzzer is not None:
+                    fuzzer.close()
+                fuzzer = connect(i // messages_per_key)
+                answer = hello(fuzzer)
+                if answer is None or answer.TYPE != "hello_ok":  # without a session all stops at "hello first"
+                    raise RuntimeError(f"bench faults: {fuzzer.robot_id}'s own hello was not accepted ({answer})")
+                classes = malformed_classes(fuzzer.robot_id, image, cameras)
+                names = sorted(classes)
+            assert fuzzer is not None
+            name = names[i % len(names)]
+            fuzzer.socket.send_multipart(classes[name](rng, i))
+            sent[name] += 1
+            if (i + 1) % PROBE_EVERY == 0:
+                fuzzer.drain()
+                if not alive():
+                    crashes += 1
+                    break
+                hangs += int(not probe(fuzzer))
+        if fuzzer is not None:
             fuzzer.drain()
-            if not alive():
-                crashes += 1
-                break
-            hangs += int(not probe(fuzzer))
-    fuzzer.drain()
-    if alive() and not probe(fuzzer):
-        hangs += 1
+            if alive() and not probe(fuzzer):
+                hangs += 1
+    finally:
+        if fuzzer is not None:
+            fuzzer.close()
     return {"messages": int(sum(sent.values())), "classes": len(names), "by_class": dict(sent),
-            "crashes": crashes + int(not alive()), "hangs": hangs, "seconds": round(time.monotonic() - started, 1)}
+            "keys": intruder_keys(messages, messages_per_key), "crashes": crashes + int(not alive()),
+            "hangs": hangs, "seconds": round(time.monotonic() - started, 1)}
 
 
-def impersonation_attempts(ctx: zmq.Context, endpoint: str, apply_curve: Callable[[zmq.Socket], None],
-                           intruder: str, victim: str, image: int, cameras: tuple[str, ...],
+def ignored_after_garbage(fuzzer: RouterFuzzer, max_refusals: int, log_path: Path) -> bool:
+    """A key that goes on sending garbage past ``max_refusals`` is ignored: the learner says so in one
+    log line, answers none of its messages (a valid heartbeat included), and says nothing more of it."""
+    said = f"ignoring robot {fuzzer.robot_id!r}"
+    answer = hello(fuzzer)
+    if answer is None or answer.TYPE != "hello_ok":
+        return False
+    for _ in range(max_refusals + 1):  # each refused, the last one past the bound
+        fuzzer.socket.send_multipart([b"\x00garbage"])
+        if fuzzer.socket.poll(int(PROBE_TIMEOUT_S * 1000)):
+            fuzzer.socket.recv_multipart()
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while said not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(max_refusals):
+        fuzzer.socket.send_multipart([b"\x00garbage"])
+    unanswered = fuzzer.request(_frames(Heartbeat(sender=fuzzer.robot_id, policy_version=-1, time_s=0.0,
+                                                  stats={})), timeout_s=2.0) is None
+    return unanswered and log_path.read_text().count(said) == 1
+
+
+def impersonation_attempts(ctx: zmq.Context, endpoint: str, curve_of: Callable[[int], Callable[[zmq.Socket], None]],
+                           keys: int, victim: str, image: int, cameras: tuple[str, ...],
                            tries: int, config_hash: str) -> dict[str, int]:
-    """A client with a valid key of its own tries to speak as ``victim``: each try must be refused.
-    Returns attempts and how many got an ack or a hello_ok (admitted)."""
+    """Clients with valid keys of their own (round-robin over ``keys`` intruder keys, ``curve_of(k)``) try
+    to speak as ``victim``: each try must be refused. Returns attempts and how many got an ack or a
+    hello_ok (admitted)."""
     steps = marked_steps(INTRUDER_ROBOT, image=image, cameras=cameras)
     admitted = attempts = 0
     for i in range(tries):
         # 1. hello as the victim; 2. a segment labelled as the victim on its own session; 3. a guessed
         # routing id in the client's format (the real one ends in 128 random bits).
+        intruder, apply_curve = intruder_name(i % keys), curve_of(i % keys)
         own = RouterFuzzer(ctx, endpoint, apply_curve, intruder, config_hash)
         guessed = RouterFuzzer(ctx, endpoint, apply_curve, intruder, config_hash,
                                routing_id=f"{victim}/{i:032x}".encode())

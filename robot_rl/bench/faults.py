@@ -5,16 +5,21 @@ One run, on a learner in a process of its own (CURVE on loopback, training behav
 store on disk) with ``bench.robots`` edges streaming synthetic episodes whose state encodes
 (robot, episode, tick):
 
-1. **fuzz**: an authenticated intruder sends ``bench.fuzz_messages`` malformed messages in 21
+1. **fuzz**: authenticated intruders send ``bench.fuzz_messages`` malformed messages in 21
    classes (``fault_fuzz.py``) on the learner's ROUTER while the edges stream, probing every 250
-   that a valid request is still answered; then ``bench.impersonation_tries`` rounds of attempts to
-   speak as a robot (hello as it, segments labelled as it, a guessed routing id).
+   that a valid request is still answered, each key fewer than the learner ignores a sender for;
+   then ``bench.impersonation_tries`` rounds of attempts to speak as a robot (hello as it, segments
+   labelled as it, a guessed routing id); then one key sends garbage past that bound and must be
+   ignored; then ``bench.fuzz_messages`` malformed inputs in 7 classes on the weights socket
+   (``fault_pub.py``), checking every 1,000 that a robot's subscription still gets announcements.
 2. **kills**: ``bench.kills`` times, the learner is killed with SIGKILL mid-stream and restarted on
    the same disk; each restart is timed from process start to serving (``restart_s``), and the
    learner's peak memory is read before each kill (VmHWM).
 5. **files**: a checkpoint with 4 KB of NaN bytes and a truncated one must be refused on resume;
    a spool with a garbled record must keep every other record; a spool whose write fails half way
-   (a full disk) must keep every record written before and after it.
+   (a full disk) must keep every record written before and after it; a learner whose staging log
+   hits a full disk (``fault_store.py``) acks nothing it could not stage, says so, keeps serving and
+   stores everything once there is space again.
 
 3. **robot kills**: ``bench.edge_kills`` times a robot's process is killed with SIGKILL in the
    middle of an episode and started again on its spool (the learner stores the cut episode as
@@ -49,6 +54,7 @@ from robot_rl.bench.configs import FaultsBenchConfig
 from robot_rl.bench.fault_edge import FPS
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import CAMERAS, IMAGE
+from robot_rl.bridges.zmq.server import PeerLimits
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -56,6 +62,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 180.0  # a cold learner imports torch and LeRobot and reads its store
+LIMITS = PeerLimits()  # what the bench's learner holds each sender to (learner.service.peer_limits)
+# Malformed messages from one intruder key: fewer than the learner ignores a sender for, so each reaches its checks.
+MESSAGES_PER_KEY = LIMITS.max_refusals // 2
+IGNORED_INTRUDER = "intruder-ignored"  # the key that goes on past the bound
 
 
 # ============================================================== the learner, in a process of its own
@@ -172,22 +182,60 @@ def _free_endpoint() -> str:
         return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def _attack(ctx: Any, root: Path, router: str, config_hash: str, cfg: FaultsBenchConfig,
-            alive: Callable[[], bool], progress: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, int]]:
-    """The intruder's part: malformed messages, then attempts to speak as robot-0."""
-    from robot_rl.bench.fault_fuzz import RouterFuzzer, fuzz_router, impersonation_attempts
+def _curve_of(root: Path, name: str) -> Callable[[Any], None]:
     from robot_rl.bridges.zmq.keys import ClientCurve, apply_client_curve
 
-    curve = ClientCurve.from_files(root / "keys" / "robots" / "intruder.key_secret", root / "keys" / "learner.key")
-    fuzzer = RouterFuzzer(ctx, router, lambda s: apply_client_curve(s, curve), "intruder", config_hash)
-    progress(f"fuzz: {cfg.fuzz_messages} malformed messages while {cfg.robots} robots stream")
-    try:
-        fuzz = fuzz_router(fuzzer, cfg.fuzz_messages, IMAGE, CAMERAS, cfg.seed, alive)
-    finally:
-        fuzzer.close()
+    curve = ClientCurve.from_files(root / "keys" / "robots" / f"{name}.key_secret", root / "keys" / "learner.key")
+    return lambda sock: apply_client_curve(sock, curve)
+
+
+def _attack(ctx: Any, root: Path, learner: LearnerProcess, config_hash: str, cfg: FaultsBenchConfig,
+            progress: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The intruders' part: malformed messages on the ROUTER, attempts to speak as robot-0, a key that
+    goes on past the learner's bound on refusals, malformed input on the PUB."""
+    import zmq
+
+    from robot_rl.bench.fault_fuzz import (
+        RouterFuzzer,
+        fuzz_router,
+        ignored_after_garbage,
+        impersonation_attempts,
+        intruder_keys,
+        intruder_name,
+    )
+    from robot_rl.bench.fault_pub import PubFuzzer, fuzz_pub
+    from robot_rl.bridges.zmq.keys import load_public_key
+
+    keys = intruder_keys(cfg.fuzz_messages, MESSAGES_PER_KEY)
+    progress(f"fuzz: {cfg.fuzz_messages} malformed messages on the ROUTER from {keys} keys while {cfg.robots} "
+             "robots stream")
+    router = fuzz_router(lambda k: RouterFuzzer(ctx, learner.router, _curve_of(root, intruder_name(k)),
+                                                intruder_name(k), config_hash),
+                         cfg.fuzz_messages, MESSAGES_PER_KEY, IMAGE, CAMERAS, cfg.seed, learner.alive)
     progress(f"impersonation: {cfg.impersonation_tries} rounds of speaking as robot-0")
-    impersonation = impersonation_attempts(ctx, router, lambda s: apply_client_curve(s, curve), "intruder",
+    impersonation = impersonation_attempts(ctx, learner.router, lambda k: _curve_of(root, intruder_name(k)), keys,
                                            "robot-0", IMAGE, CAMERAS, cfg.impersonation_tries, config_hash)
+    progress(f"a key sending past {LIMITS.max_refusals} refused messages is ignored")
+    garbage = RouterFuzzer(ctx, learner.router, _curve_of(root, IGNORED_INTRUDER), IGNORED_INTRUDER, config_hash)
+    try:
+        router["garbage_sender_ignored"] = ignored_after_garbage(garbage, LIMITS.max_refusals,
+                                                                 root / "learner.log")
+    finally:
+        garbage.close()
+    progress(f"fuzz: {cfg.fuzz_messages} malformed inputs on the weights socket (PUB)")
+    watcher = ctx.socket(zmq.SUB)
+    watcher.linger = 0
+    _curve_of(root, "watcher")(watcher)
+    watcher.setsockopt(zmq.SUBSCRIBE, b"")
+    watcher.connect(learner.pub)
+    try:
+        pub = fuzz_pub(PubFuzzer(ctx, learner.pub, _curve_of(root, intruder_name(0)),
+                                 load_public_key(root / "keys" / "learner.key"), cfg.seed),
+                       watcher, cfg.fuzz_messages, learner.alive)
+    finally:
+        watcher.close(0)
+    fuzz = {"messages": router["messages"] + pub["messages"], "crashes": router["crashes"] + pub["crashes"],
+            "hangs": router["hangs"] + pub["hangs"], "router": router, "pub": pub}
     return fuzz, impersonation
 
 
@@ -212,7 +260,7 @@ def _stream_attack_and_kill(cfg: FaultsBenchConfig, root: Path, learner: Learner
         _wait_connected(edges, 120.0)  # the first hello gives the store its layout
         ctx = zmq.Context()
         try:
-            fuzz, impersonation = _attack(ctx, root, learner.router, config_hash, cfg, learner.alive, progress)
+            fuzz, impersonation = _attack(ctx, root, learner, config_hash, cfg, progress)
         finally:
             ctx.term()
         for kill in range(cfg.kills):
@@ -233,7 +281,8 @@ def _stream_attack_and_kill(cfg: FaultsBenchConfig, root: Path, learner: Learner
             relay.close()
     exit_code = learner.stop()
     # What the learner said it refused: the fuzzing reached its decoder and checks, not only its socket.
-    fuzz["refusals_logged"] = sum(line.count(" refused ") for line in (root / "learner.log").read_text().splitlines())
+    fuzz["router"]["refusals_logged"] = sum(line.count(" refused ")
+                                            for line in (root / "learner.log").read_text().splitlines())
     records = [edge.progress() for edge in edges]
     return {"fuzz": fuzz, "impersonation": impersonation, "flushed": flushed, "exit_code": exit_code,
             "submitted": set().union(*(r.submitted for r in records)),
@@ -289,11 +338,12 @@ def _cut_network(cfg: FaultsBenchConfig, relays: list[Any], edges: list[Any],
 
 def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None]) -> dict[str, Any]:
     from robot_rl.bench.fault_files import file_faults
-    from robot_rl.bench.fault_fuzz import INTRUDER_ROBOT, POISON_ROBOT
+    from robot_rl.bench.fault_fuzz import INTRUDER_ROBOT, POISON_ROBOT, intruder_keys, intruder_name
     from robot_rl.bridges.zmq.keys import generate_keypair
 
     generate_keypair(root / "keys", "learner")
-    for name in [f"robot-{i}" for i in range(cfg.robots)] + ["intruder"]:
+    intruders = [intruder_name(k) for k in range(intruder_keys(cfg.fuzz_messages, MESSAGES_PER_KEY))]
+    for name in [f"robot-{i}" for i in range(cfg.robots)] + intruders + [IGNORED_INTRUDER, "watcher"]:
         generate_keypair(root / "keys" / "robots", name)
     # Fixed ports: a restarted learner serves where the robots look.
     learner = LearnerProcess(root, _free_endpoint(), _free_endpoint())
@@ -329,7 +379,8 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
         and report["duplicated_steps"] == 0
         and report["poisoned_rows"] == 0 and report["impersonations_admitted"] == 0
         and report["restart_s_max"] <= cfg.max_restart_s and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
-        and fuzz["messages"] >= cfg.fuzz_messages and run["flushed"] and run["exit_code"] == 0
+        and fuzz["router"]["messages"] >= cfg.fuzz_messages and fuzz["pub"]["messages"] >= cfg.fuzz_messages
+        and fuzz["router"]["garbage_sender_ignored"] and run["flushed"] and run["exit_code"] == 0
         and left_staged == 0 and all(files.values()) and kept_recording)
     return report
 
@@ -364,9 +415,14 @@ def print_table(report: dict[str, Any]) -> None:
             ("restart s (max)", report["restart_s_max"], f"<= {report['config']['max_restart_s']}"),
             ("learner peak RSS MB", report["peak_rss_mb"], ""),
             ("segments left staged at a clean stop", report["segments_left_staged"], "0"),
-            ("fuzz messages / classes", f"{fuzz['messages']} / {fuzz['classes']}",
+            ("fuzz ROUTER: messages / classes / keys",
+             f"{fuzz['router']['messages']} / {fuzz['router']['classes']} / {fuzz['router']['keys']}",
+             f">= {report['config']['fuzz_messages']}"),
+            ("fuzz PUB: messages / classes", f"{fuzz['pub']['messages']} / {fuzz['pub']['classes']}",
              f">= {report['config']['fuzz_messages']}"),
             ("fuzz crashes / hangs", f"{fuzz['crashes']} / {fuzz['hangs']}", "0 / 0"),
+            ("a key past the refusal bound ignored", "yes" if fuzz["router"]["garbage_sender_ignored"] else "NO",
+             "yes"),
             *((f"file fault: {name}", "handled" if ok else "NOT HANDLED", "handled")
               for name, ok in report["files"].items())]
     for what, value, must in rows:
