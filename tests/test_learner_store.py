@@ -366,3 +366,22 @@ def test_a_restarted_store_takes_segments_before_its_dataset_is_read_and_batches
     finally:
         store.close()
     assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in range(3) for t in range(8)]
+
+
+@pytest.mark.parametrize("order", [
+    # e1's middle segment is re-sent late, after e2 began: e1 must wait for it, not be stored with a gap.
+    [(1, 0), (1, 2), (2, 0), (1, 1), (2, 1), (2, 2)],
+    # e2's first segment arrives before e1's: e1 is the older episode, not one that cuts e2 short.
+    [(2, 0), (1, 0), (1, 1), (1, 2), (2, 1), (2, 2)],
+])
+def test_segments_delivered_out_of_order_across_two_episodes_store_each_episode_whole(tmp_path, order):
+    episodes = {e: segments("r0", e, make_steps(12, episode=e)) for e in (1, 2)}
+    with ReplayStore(store_config(tmp_path)) as store:
+        for episode, seq in order:
+            assert not store.ingest(episodes[episode][seq]).duplicate
+        assert store.stats()["episodes_stored"] == 2 and store.stats()["segments_staged"] == 0
+        assert sorted((r.episode_id, r.seqs) for r in store._ledger.commits) == [(1, (0, 1, 2)), (2, (0, 1, 2))]
+    stored = stored_triples(tmp_path)
+    assert sorted(stored) == [(0, e, t) for e in (1, 2) for t in range(12)]
+    for e in (1, 2):  # each one piece, its ticks in order
+        assert [t for _, episode, t in stored if episode == e] == list(range(12))

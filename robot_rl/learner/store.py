@@ -12,7 +12,8 @@ Path of a segment (edge -> learner):
    own thread (``store-index``, bounded queue), since staging, not the index, is the record;
    ``flush`` / ``flush_index`` wait for it.
 3. When the episode is finished (``episode_done`` and no seq missing), or is cut short
-   (the robot started another episode, or went silent for ``episode_timeout_s``), it is
+   (the robot started a newer episode and none of this one's seqs is missing, or it went silent
+   for ``episode_timeout_s``), it is
    *committed*: written to the LeRobotDataset v3 by ``EpisodeRecorder`` between an intent
    and a commit line of the ``Ledger``, then its staged records are released. The recorder
    runs in a process of its own by default (``store_writer``, ``StoreConfig.writer``), which
@@ -108,6 +109,11 @@ class _OpenEpisode:
     @property
     def complete(self) -> bool:
         return self.done_seq is not None and all(s in self.seqs for s in range(self.first_seq, self.done_seq + 1))
+
+    @property
+    def contiguous(self) -> bool:
+        """No segment missing between its first and the last one received."""
+        return all(s in self.seqs for s in range(self.first_seq, max(self.seqs, default=self.first_seq) + 1))
 
 
 def _staging_key(robot_id: str, episode_id: int, seq: int) -> str:
@@ -292,17 +298,15 @@ class ReplayStore:
                 segment, steps = segments[i], decoded[i]
                 assert not isinstance(steps, Exception)
                 key = (segment.robot_id, segment.episode_id)
-                other = self._open_of_robot.get(segment.robot_id)
-                if other is not None and other != key and key not in self._committed:
-                    log.info("robot %s started episode %d while episode %d was open; storing %d as truncated",
-                             segment.robot_id, segment.episode_id, other[1], other[1])
-                    self._close(other)
+                previous = self._open_of_robot.get(segment.robot_id)
                 episode = self._track(segment.robot_id, segment.episode_id, segment.seq, len(steps),
                                       segment.episode_done)
                 self._add_staged_bytes(episode, nbytes[i])
                 self._add_to_index(episode, steps)
                 self.counters["segments"] += 1
                 self.counters["steps"] += len(steps)
+                if previous is not None and previous != self._open_of_robot.get(segment.robot_id):
+                    self._close_if_left(previous)  # the robot started a newer episode
                 if episode.complete:
                     self._close(key)
                 results[i] = IngestResult(duplicate=False, num_steps=len(steps))
@@ -458,6 +462,17 @@ class ReplayStore:
         episode = self._open.get(key)
         return episode is not None and seq in episode.seqs
 
+    def _close_if_left(self, key: EpisodeKey) -> None:
+        """The episode its robot has just left for a newer one is stored as truncated, unless a segment is
+        missing before its last: one re-sent late (after the robot had moved on) would then be stored
+        apart, the episode in pieces out of order. With a gap it stays open for the missing segments,
+        which the robot re-sends from its spool (or for ``episode_timeout_s``)."""
+        episode = self._open.get(key)
+        if episode is None or not episode.contiguous:
+            return
+        log.info("robot %s has left episode %d for a newer one; storing it as truncated", *key)
+        self._close(key)
+
     def _track(self, robot_id: str, episode_id: int, seq: int, num_steps: int, done: bool) -> _OpenEpisode:
         key = (robot_id, episode_id)
         episode = self._open.get(key)
@@ -466,7 +481,10 @@ class ReplayStore:
             episode = _OpenEpisode(robot_id, episode_id, self._fragments[key],
                                    first_seq=max(stored) + 1 if stored else 0)
             self._open[key] = episode
-            if key not in self._committed:  # a late fragment of an old episode is not "the current one"
+            current = self._open_of_robot.get(robot_id)
+            # The robot's current episode is its newest (episode ids grow with time); a late fragment of an
+            # old episode, or a late first segment of an older one, is not.
+            if key not in self._committed and (current is None or episode_id > current[1]):
                 self._open_of_robot[robot_id] = key
         episode.seqs[seq] = num_steps
         episode.last_seen_s = time.monotonic()
