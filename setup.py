@@ -24,5 +24,6 @@ for package, folder in FOLDERS.items():
 setup(
     packages=packages,
     package_dir=FOLDERS,
-    package_data={"robot_rl.configs": ["**/*.yaml"], "robot_rl.checkpoints": ["**/*.json", "**/*.safetensors"]},
+    package_data={"robot_rl.configs": ["**/*.yaml"], "robot_rl.checkpoints": ["**/*.json", "**/*.safetensors"],
+                  "robot_rl.learner": ["console_page.html"]},
 )

@@ -107,11 +107,12 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0, what: str =
 
 
 def learner_config(root: Path, router: str = "tcp://127.0.0.1:*", pub: str = "tcp://127.0.0.1:*", **trainer):
-    from robot_rl.learner.config import LearnerConfig, ServiceConfig
+    from robot_rl.learner.config import ConsoleConfig, LearnerConfig, ServiceConfig
 
     return LearnerConfig(store=store_config(root / "store", background_commit=True),
                          trainer=trainer_config(root / "ckpt", **trainer),
-                         service=ServiceConfig(router_endpoint=router, pub_endpoint=pub, heartbeat_interval_s=0.2))
+                         service=ServiceConfig(router_endpoint=router, pub_endpoint=pub, heartbeat_interval_s=0.2),
+                         console=ConsoleConfig(enabled=False))  # the console's own tests turn it on
 
 
 def robot_features() -> dict:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from robot_rl.app.statistics import PairedComparison, compare_paired, wilson_interval
+from robot_rl.core.statistics import PairedComparison, compare_paired, wilson_interval
 
 
 def test_only_the_discordant_scenes_decide_and_the_test_is_exact():

@@ -169,4 +169,4 @@ def test_edge_command_answers_help(capsys):
 
     assert main(["edge", "--help"]) == 0
     assert "link.learner" in capsys.readouterr().out
-    assert edge.GROUPS == ("robot", "policy", "edge", "link", "session")
+    assert edge.GROUPS == ("robot", "viewer", "policy", "edge", "link", "session")

@@ -38,6 +38,7 @@ from robot_rl.bridges.zmq.protocol import (
     Message,
     ProtocolError,
     Segment,
+    StatsMap,
     WeightsAnnounce,
     WeightsChunk,
     WeightsFetch,
@@ -128,6 +129,11 @@ class ZmqClient:
         self.server: HelloOk | None = None  # set while the handshake holds
         self.refusal: str | None = None  # why the learner refused us last (config, key), until it accepts us
         self.latest_announce: WeightsAnnounce | None = None
+        self.pinned: int | None = None  # the version the learner pins this robot to (None: the newest)
+        # More of this robot's state for its heartbeats (the edge's tick lateness, its episode), read on
+        # the link's thread; None: the link's own counters only.
+        self.report: Callable[[], StatsMap] | None = None
+        self._report_failed = False
         self._spool = spool if spool is not None else Spool(config.spool_dir, max_bytes=config.spool_max_bytes)
         self._own_spool = spool is None
         # 128 random bits: without CURVE, knowing this id is what it takes to speak on this robot's session.
@@ -270,9 +276,13 @@ class ZmqClient:
                 self.stats.bad_messages += 1
                 log.warning("robot %s: refused a message from the learner: %s", self.config.robot_id, exc)
                 continue
-            if sock is self._dealer:
+            direct = sock is self._dealer
+            if direct:
                 self._last_heard_s = time.monotonic()
-            self._on_message(msg)
+            if isinstance(msg, WeightsAnnounce):
+                self._on_announce(msg, direct=direct)
+            else:
+                self._on_message(msg)
 
     def _on_message(self, msg: Message) -> None:
         if isinstance(msg, HelloOk):
@@ -281,8 +291,6 @@ class ZmqClient:
             self._on_ack(msg)
         elif isinstance(msg, Error):
             self._on_error(msg)
-        elif isinstance(msg, WeightsAnnounce):
-            self._on_announce(msg)
         elif isinstance(msg, WeightsChunk):
             self._on_chunk(msg)
         elif isinstance(msg, Heartbeat):
@@ -328,9 +336,15 @@ class ZmqClient:
 
     # ------------------------------------------------------------ weights
 
-    def _on_announce(self, msg: WeightsAnnounce) -> None:
-        self.latest_announce = msg
+    def _on_announce(self, msg: WeightsAnnounce, *, direct: bool = False) -> None:
+        """``direct``: sent to this robot on its request socket, which says whether it is pinned (the
+        learner's answer to a hello, or a pin from its console); else the newest version, to everyone."""
         cfg = self.config
+        if direct:
+            self._on_pin(msg)
+        elif self.pinned is not None:
+            return  # pinned: the newest version is not this robot's to load
+        self.latest_announce = msg
         if not cfg.fetch_weights or self.on_weights is None:
             return
         if cfg.config_hash and msg.config_hash != cfg.config_hash:
@@ -338,7 +352,10 @@ class ZmqClient:
                         cfg.robot_id, msg.version, msg.config_hash, cfg.config_hash)
             return
         busy = self._fetch.assembler.announce.version if self._fetch else -1
-        if msg.version <= max(self.policy_version, self._delivered_version, busy):
+        if msg.pinned:
+            if msg.version in (self.policy_version, self._delivered_version, busy):
+                return  # in use, delivered to the loader, or on its way
+        elif msg.version <= max(self.policy_version, self._delivered_version, busy):
             return
         if self._failed_downloads[msg.version] >= cfg.weights_download_attempts:
             return  # already reported; wait for a newer version
@@ -349,6 +366,19 @@ class ZmqClient:
             return
         log.info("robot %s: fetching weights v%d (%d bytes, %d chunks)", cfg.robot_id, msg.version, msg.size,
                  msg.num_chunks)
+
+    def _on_pin(self, msg: WeightsAnnounce) -> None:
+        """Pinned to ``msg.version``, or released (``msg.pinned`` false): a change forgets the download
+        under way and what was last delivered, so the version wanted now is fetched whatever it is."""
+        pinned = msg.version if msg.pinned else None
+        if pinned == self.pinned:
+            return
+        log.info("robot %s: %s", self.config.robot_id,
+                 f"pinned to weights v{pinned} by the learner" if pinned is not None else
+                 "released by the learner: following the newest weights again")
+        self.pinned = pinned
+        self._fetch = None
+        self._delivered_version = -1
 
     def _on_chunk(self, msg: WeightsChunk) -> None:
         fetch = self._fetch
@@ -430,9 +460,21 @@ class ZmqClient:
             self._last_heartbeat_s = now
             self.stats.pending = len(self._spool)
             self._send(Heartbeat(sender=cfg.robot_id, policy_version=self.policy_version, time_s=now,
-                                 stats=dict(self.stats.as_map())))
+                                 stats=self._heartbeat_stats()))
         self._pump_segments(now)
         self._pump_weights(now)
+
+    def _heartbeat_stats(self) -> StatsMap:
+        stats: StatsMap = dict(self.stats.as_map())
+        if self.report is not None:
+            try:
+                stats.update(self.report())
+            except Exception:  # a broken report must not end the link; said once
+                if not self._report_failed:
+                    log.exception("robot %s: the heartbeat report failed; sending the link's counters only",
+                                  self.config.robot_id)
+                self._report_failed = True
+        return stats
 
     def _pump_segments(self, now: float) -> None:
         """Send spooled segments, oldest first, keeping at most max_in_flight unacked."""

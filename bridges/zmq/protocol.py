@@ -149,7 +149,12 @@ class Stats(Message):
 @dataclass(frozen=True, kw_only=True)
 class WeightsAnnounce(Message):
     """A weights snapshot is available. Single-frame on purpose: SUB uses CONFLATE,
-    which only works for single-part messages."""
+    which only works for single-part messages.
+
+    On the PUB socket it announces the newest version to every robot. Sent to one robot on its
+    request socket it says which version that robot is to run: ``pinned`` true pins it to this
+    version (loaded even if older than the one in use; other announcements are ignored until a
+    direct announcement with ``pinned`` false releases it to the newest again)."""
 
     TYPE: ClassVar[str] = "weights_announce"
     version: int
@@ -159,6 +164,7 @@ class WeightsAnnounce(Message):
     chunk_size: int
     config_hash: str
     dtype: str  # transfer dtype of floating tensors: "float32", "float16", "bfloat16"
+    pinned: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -49,6 +49,7 @@ from robot_rl.bridges.zmq.protocol import (
     ProtocolError,
     Segment,
     Stats,
+    WeightsAnnounce,
     WeightsFetch,
     decode_message,
     encode_message,
@@ -126,7 +127,9 @@ class ServerConfig:
     heartbeat_interval_s: float = 1.0  # told to clients in hello_ok
     peer_timeout_s: float = 15.0  # forget a robot silent for this long
     announce_interval_s: float = 2.0  # re-announce the latest weights for late subscribers
-    keep_weight_versions: int = 2  # older snapshots stay fetchable while robots finish a download
+    # Versions served besides every pinned one: robots finishing a download, and what a robot can be
+    # pinned or the fleet rolled back to (``pin``). Each is held in memory, at its published size.
+    keep_weight_versions: int = 2
     max_batch: int = 256  # messages handled per serve_once before housekeeping
     segment_batch: int = 32  # segments handed to on_segments at once (one group commit, then their acks)
     peer_limits: PeerLimits = field(default_factory=PeerLimits)  # what one sender may cost
@@ -221,6 +224,9 @@ class ZmqServer:
         self._blobs: collections.OrderedDict[int, WeightsBlob] = collections.OrderedDict()
         self._to_publish: list[WeightsBlob] = []
         self._publish_lock = threading.Lock()
+        self._fleet_pin: int | None = None  # every robot's version (None: the newest), under _publish_lock
+        self._robot_pins: dict[str, int] = {}  # robots pinned apart from the fleet, under _publish_lock
+        self._pins_changed = False
         self._last_announce_s = 0.0
         self._ctx = zmq.Context()
         self._auth = start_authenticator(self._ctx, config.curve.allowed_clients) if config.curve else None
@@ -301,6 +307,38 @@ class ZmqServer:
     @property
     def latest_weights(self) -> WeightsBlob | None:
         return next(reversed(self._blobs.values()), None)
+
+    def served_versions(self) -> list[int]:
+        """The versions robots can fetch now, oldest first: what a robot can be pinned to."""
+        return list(self._blobs.copy())  # OrderedDict.copy is atomic: safe from other threads
+
+    def pin(self, version: int | None, robot_id: str | None = None) -> None:
+        """Have ``robot_id`` run weights ``version`` (None: the newest again, or the fleet's pin) from
+        its next chunk on, or, with ``robot_id`` None, every robot now and later (a fleet rollback;
+        it clears every robot's own pin). Thread-safe; the robots are told on the serving thread,
+        and a robot that says hello later is told at once. A pinned version is served until unpinned."""
+        with self._publish_lock:
+            if version is not None and version not in self._blobs:
+                raise ValueError(f"weights v{version} are not served any more: pin one of {self.served_versions()} "
+                                 f"(the learner keeps its last learner.service.keep_weight_versions versions and "
+                                 f"every pinned one)")
+            if robot_id is None:
+                self._fleet_pin = version
+                self._robot_pins.clear()
+            elif version is None:
+                self._robot_pins.pop(robot_id, None)
+            else:
+                self._robot_pins[robot_id] = version
+            self._pins_changed = True
+            with contextlib.suppress(zmq.Again):
+                self._wake_tx.send(b"", zmq.NOBLOCK)
+        log.info("weights pinned: %s -> %s", robot_id or "every robot", f"v{version}" if version is not None
+                 else "the newest")
+
+    def pinned_version(self, robot_id: str | None = None) -> int | None:
+        """The version ``robot_id`` (None: the fleet) is pinned to; None: it follows the newest."""
+        with self._publish_lock:
+            return self._robot_pins.get(robot_id, self._fleet_pin) if robot_id is not None else self._fleet_pin
 
     def peers(self) -> list[Peer]:
         return list(self._peers.copy().values())  # dict.copy is atomic: safe from other threads
@@ -546,8 +584,17 @@ class ZmqServer:
                                       latest_version=latest.version if latest else -1,
                                       heartbeat_interval_s=cfg.heartbeat_interval_s,
                                       max_message_bytes=cfg.limits.max_message_bytes))
-        # The PUB announcement may have gone out before this robot subscribed.
-        return latest.announce() if latest else None
+        # What to run: its pin, or the newest (whose PUB announcement may have gone out before it subscribed).
+        return self._announcement_for(msg.robot_id)
+
+    def _announcement_for(self, robot_id: str) -> WeightsAnnounce | None:
+        """What ``robot_id`` is to run, said to it alone: its pinned version, else the newest."""
+        version = self.pinned_version(robot_id)
+        blob = self._blobs.get(version) if version is not None else None
+        if blob is not None:
+            return blob.announce(pinned=True)
+        latest = self.latest_weights
+        return latest.announce() if latest is not None else None
 
     def _on_segment(self, peer: Peer, msg: Segment) -> Message:
         if msg.robot_id != peer.robot_id:
@@ -579,11 +626,19 @@ class ZmqServer:
             with contextlib.suppress(zmq.Again):
                 while True:
                     self._wake_rx.recv(zmq.NOBLOCK)
+            pins_changed, self._pins_changed = self._pins_changed, False
+            pinned = {*self._robot_pins.values(), self._fleet_pin}
         for blob in new:
             self._blobs[blob.version] = blob
-            while len(self._blobs) > self.config.keep_weight_versions:
-                self._blobs.popitem(last=False)
+            unpinned = [v for v in self._blobs if v not in pinned]
+            while len(unpinned) > self.config.keep_weight_versions:
+                del self._blobs[unpinned.pop(0)]
             log.info("publishing weights v%d (%d bytes, %d chunks)", blob.version, len(blob.data), blob.num_chunks)
+        if pins_changed:
+            for identity, peer in list(self._peers.items()):
+                announcement = self._announcement_for(peer.robot_id)
+                if announcement is not None:
+                    self._reply(identity, announcement)
         latest = self.latest_weights
         if latest and (new or now - self._last_announce_s >= self.config.announce_interval_s):
             self._pub.send_multipart(encode_message(latest.announce()), copy=False)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from robot_rl.bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
+from robot_rl.bridges.zmq.protocol import StatsMap
 from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
 from robot_rl.bridges.zmq.spool import Spool, SpoolFullError
 from robot_rl.bridges.zmq.weights import BufferAllocator
@@ -86,6 +87,8 @@ class StreamingClient:
         self._snapshot: dict[str, int | bool] = {}
         self._refusal: str | None = None
         self._thread: threading.Thread | None = None
+        # More of the robot's state for its heartbeats (``ZmqClient.report``); set before ``start``.
+        self.report: Callable[[], StatsMap] | None = None
         self._held: _Job | None = None  # a job the spool could not take yet (disk error)
         self._spool_blocked = False  # the spool refused the held job (logged once until it takes one again)
 
@@ -184,6 +187,7 @@ class StreamingClient:
             self._startup_error = exc
             self._started.set()
             return
+        client.report = self.report
         self._started.set()
         try:
             while not self._stop.is_set():

@@ -294,7 +294,7 @@ class WeightsBlob:
         data = np.frombuffer(self.chunk(index), dtype=np.uint8)
         return WeightsChunk(version=self.version, chunk=index, sha256=self._chunk_hashes[index], data=data)
 
-    def announce(self) -> WeightsAnnounce:
+    def announce(self, *, pinned: bool = False) -> WeightsAnnounce:
         return WeightsAnnounce(
             version=self.version,
             sha256=self.sha256,
@@ -303,6 +303,7 @@ class WeightsBlob:
             chunk_size=self.chunk_size,
             config_hash=self.config_hash,
             dtype=self.dtype,
+            pinned=pinned,
         )
 
 

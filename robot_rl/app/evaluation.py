@@ -1,7 +1,7 @@
 """Closed-loop evaluation of policies in the sim, through the real EdgeNode: the one place that
 runs a policy on scenes and scores it (``robot-rl eval``, the main job's and ``bench learning``'s
 held-out scores, train-bc's check and the benchmarks all call it; the statistics are
-``app.statistics``).
+``core.statistics``).
 
 Scenes: ``seed_scenes`` / ``scenes_of`` (seeded, the task families rotating over them) or
 ``dataset_scenes`` (where a logged dataset's episodes started). Running: ``run_scene_episode``
@@ -13,7 +13,7 @@ Everything that is evaluated runs the control path a robot runs (action queue, r
 splice, clamps); only the clock is virtual, so a 2-core CPU evaluates a policy as if it ran at a
 given inference latency, exactly and reproducibly. Every policy of one comparison starts from the
 very same scenes (seeds, or initial scenes taken from a dataset) and meets the same flow noise per
-scene, so their success rates compare scene by scene (``app.statistics.compare_paired``) rather
+scene, so their success rates compare scene by scene (``core.statistics.compare_paired``) rather
 than across different luck.
 
 Held-out scores of saved weights (the main job's start against its final weights, ``bench
@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from robot_rl.app.statistics import PairedComparison, compare_paired, wilson_interval
 from robot_rl.core.clock import VirtualClock
 from robot_rl.core.errors import ConfigError
+from robot_rl.core.statistics import PairedComparison, compare_paired, wilson_interval
 from robot_rl.core.types import Episode
 from robot_rl.edge import EdgeConfig, EdgeNode
 from robot_rl.hardware.sim.config import SimConfig

@@ -192,7 +192,7 @@ class CurvePoint:
 
 def _rates(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
     """Episodes, success, autonomous success (with its 95 % interval) and intervention rate."""
-    from robot_rl.app.statistics import wilson_interval
+    from robot_rl.core.statistics import wilson_interval
 
     n = len(records)
     autonomous = sum(r.autonomous for r in records)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from robot_rl.app.local_run import LocalRunConfig
     from robot_rl.config import RobotRLConfig
     from robot_rl.learner.config import LearnerConfig
+    from robot_rl.learner.service import LearnerService
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
     from robot_rl.app.sim import sim_config, task_families
     from robot_rl.core.errors import ConfigError
     from robot_rl.edge.rerun_view import start_viewer
+    from robot_rl.learner.console import console_line
     from robot_rl.policies.trainable import load_trainable
 
     if getattr(cfg.policy, "lora_rank", 0) > 0:
@@ -216,11 +218,15 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
     progress = Progress(curve, run.num_robots * run.episodes_per_robot)
     monitors: list[HeldoutMonitor] = []
 
-    def robots_starting(learner) -> None:
+    def robots_starting(learner: LearnerService) -> None:
         progress.attach(learner)
+        if learner.console is not None:
+            progress.bar.write(console_line(learner.console))
         if cfg.run.heldout_scenes:
-            monitors.append(HeldoutMonitor(learner.trainer, cfg, run_dir / "heldout", cfg.run.heldout_scenes,
-                                           lambda: len(curve.records)).start())
+            monitor = HeldoutMonitor(learner.trainer, cfg, run_dir / "heldout", cfg.run.heldout_scenes,
+                                     lambda: len(curve.records)).start()
+            monitors.append(monitor)
+            learner.heldout_points = lambda: [point.to_dict() for point in monitor.points]
 
     print(
         f"robot-rl run: learner ({learner_label(learner_config)}) + {run.num_robots} simulated SO-101 "
@@ -341,7 +347,7 @@ def print_summary(summary: dict) -> None:
               f"v{points[-1]['version']} {points[-1]['success']:.0%} (best v{best['version']} {best['success']:.0%})")
     heldout = summary.get("heldout")
     if heldout:
-        from robot_rl.app.statistics import PairedComparison
+        from robot_rl.core.statistics import PairedComparison
 
         missing = "not scored (see the log)"
         print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "

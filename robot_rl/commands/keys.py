@@ -16,6 +16,7 @@ keys, to add robots to an existing set), --force (replace existing keys). Layout
     keys/robots/NAME.key      robot public keys    -> the learner's allow-list (learner.service.robot_keys_dir)
                                                    (NAME is the robot id that key may use: link.robot_id=NAME)
     keys/robots/NAME.key_secret                    -> copy to robot NAME only (link.secret_key)
+    keys/console.token        the fleet console's controls (learner.console.token_file; with the learner)
 
 examples:
   robot-rl keys --robots so101-a so101-b
@@ -45,6 +46,23 @@ def main(argv: list[str]) -> int:
     for directory, name in wanted:
         public, secret = generate_keypair(directory, name)
         print(f"{name:>16}: public {public}  secret {secret} (chmod 600)")
-    print(f"learner: learner.service.secret_key={args.out / 'learner.key_secret'} "
-          f"learner.service.robot_keys_dir={args.out / 'robots'}")
+    learner = f"learner.service.secret_key={args.out / 'learner.key_secret'} " \
+              f"learner.service.robot_keys_dir={args.out / 'robots'}"
+    if not args.no_learner:
+        token = write_console_token(args.out / "console.token")
+        learner += f" learner.console.token_file={token}"
+    print(f"learner: {learner}")
     return 0
+
+
+def write_console_token(path: Path) -> Path:
+    """256 random bits for the fleet console's controls, readable by the owner only."""
+    import os
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
+    return path

@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-train", action="store_true", help="only ingest (no trainer thread)")
     args, overrides = parser.parse_known_args(argv)
     from robot_rl.config import load_config
+    from robot_rl.learner.console import console_line
     from robot_rl.learner.ddp import follow_rank, init_distributed, shutdown_distributed
     from robot_rl.learner.service import LearnerService
 
@@ -106,6 +107,8 @@ def main(argv: list[str]) -> int:
         ranks = f" ({dist.world_size} data-parallel ranks)" if dist is not None else ""
         print(f"learner up{ranks}: segments on {service.router_endpoint}, weights on {service.pub_endpoint}; "
               "Ctrl-C to stop", flush=True)
+        if service.console is not None:
+            print(console_line(service.console), flush=True)
         try:
             while not stop.wait(1.0):
                 pass

@@ -375,6 +375,7 @@ class EdgeNode:
                 self._warn_late(n, lateness)
                 self._t0 += lateness
         self.stats.max_lateness_s = max(self.stats.max_lateness_s, lateness)
+        self.stats.recent_lateness_s.append(lateness)
         self._last_tick_time = now
         return now, lateness
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 HISTORY = 10_000
+LATENESS_WINDOW = 900  # ticks of lateness kept for the heartbeat's quantiles: 30 s at 30 fps
 
 
 def _history() -> deque:
@@ -65,6 +66,18 @@ class EdgeStats:
     measured_delays: deque[int] = field(default_factory=_history)  # d' of each finished inference
     inference_latency_s: deque[float] = field(default_factory=_history)
     chunks: deque[ChunkRecord] = field(default_factory=_history)
+    recent_lateness_s: deque[float] = field(default_factory=lambda: deque(maxlen=LATENESS_WINDOW))
+
+    def heartbeat(self) -> dict[str, float | int]:
+        """What the learner's fleet console shows of this robot: its ticks and how late they started
+        over the last ``LATENESS_WINDOW`` ticks. Called from the link's thread while the control thread
+        appends: ``deque.copy`` runs in C under the interpreter lock, so it sees a consistent window."""
+        lateness_ms = np.asarray(self.recent_lateness_s.copy(), dtype=float) * 1000.0
+        p50, p99, peak = (np.quantile(lateness_ms, 0.5), np.quantile(lateness_ms, 0.99),
+                          lateness_ms.max()) if lateness_ms.size else (0.0, 0.0, 0.0)
+        return {"ticks": self.ticks, "late_ticks": self.late_ticks, "intervention_ticks": self.intervention_ticks,
+                "swaps": self.swaps, "lateness_p50_ms": round(float(p50), 3), "lateness_p99_ms": round(float(p99), 3),
+                "lateness_max_ms": round(float(peak), 3)}
 
     def summary(self) -> dict[str, float | int]:
         """Scalars only (JSON-friendly), for benchmark tables and heartbeats."""

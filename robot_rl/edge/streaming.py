@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from robot_rl.bridges.zmq.client import ClientConfig
-from robot_rl.bridges.zmq.protocol import WeightsAnnounce
+from robot_rl.bridges.zmq.protocol import StatsMap, WeightsAnnounce
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.bridges.zmq.weights import TensorView, WeightsError, tensor_views
@@ -205,6 +205,7 @@ class EdgeStreamer:
         self.node = node
         if stream_steps:
             node.step_sink = self.sink
+        self.link.report = self._heartbeat_report  # read by the link's thread once it starts
         return self
 
     def start(self) -> EdgeStreamer:
@@ -240,6 +241,11 @@ class EdgeStreamer:
     @property
     def episode_id(self) -> int | None:
         return self._episode_id
+
+    def _heartbeat_report(self) -> StatsMap:
+        """The node's ticks and their lateness, and the episode it records, for the learner's console."""
+        report = self.node.stats.heartbeat() if self.node is not None else {}
+        return {**report, "episode": self._episode_id if self._episode_id is not None else -1}
 
     # ------------------------------------------------------------ control thread: never blocks
 

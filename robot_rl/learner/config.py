@@ -236,9 +236,38 @@ class ServiceConfig:
     heartbeat_interval_s: float = 1.0
     peer_timeout_s: float = 15.0
     status_every_s: float = 10.0  # log a one-line status this often
+    # Published versions kept fetchable besides pinned ones: what the fleet console can pin a robot or
+    # roll the fleet back to. Each is held in memory at its published size (FlowVLA ~7 MB, SmolVLA ~0.9 GB).
+    keep_weight_versions: int = 8
     # What one sender (a robot's CURVE key, else a connection) may cost: message rate, refused messages
     # before it is ignored for a cool-off, sessions per robot and in all (robot_rl.bridges.zmq.server).
     peer_limits: PeerLimits = field(default_factory=PeerLimits)
+
+
+@dataclass
+class ConsoleConfig:
+    """The fleet console the learner serves (``robot_rl.learner.console``): a web page of every robot,
+    every published version and the learning curve, updated live. Read-only unless a token is set."""
+
+    enabled: bool = True
+    # Loopback by default: the page shows the fleet to whoever reaches it. Off loopback only with
+    # tls_cert and tls_key (or keep it here and tunnel: ssh -L 8765:127.0.0.1:8765 LEARNER_HOST).
+    host: str = "127.0.0.1"
+    port: int = 8765  # 0: any free port; a port in use falls back to a free one (the address is printed)
+    # Controls (pause/resume training, pin a robot to a version, roll the fleet back) need the token in
+    # this file (``robot-rl keys`` writes KEYS/console.token); None: the console is read-only.
+    token_file: str | None = None
+    tls_cert: str | None = None  # PEM certificate and key: serve https
+    tls_key: str | None = None
+    refresh_s: float = 1.0  # how often an open page gets the fleet's state
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"learner.console.port must be 0..65535, got {self.port}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("learner.console: https needs both tls_cert and tls_key")
+        if not self.refresh_s > 0:
+            raise ValueError(f"learner.console.refresh_s must be > 0, got {self.refresh_s}")
 
 
 @dataclass
@@ -285,6 +314,7 @@ class LearnerConfig:
     algorithm: Any = field(default_factory=_weighted_bc)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hub: HubConfig = field(default_factory=HubConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     # Initial weights: a checkpoint dir of the configured policy (FlowVLA or LeRobot layout); None: the policy group's
     # (``policy.path``, else a new model of ``policy.model``). ``robot-rl run`` sets its BC start here.
     init_checkpoint: str | None = None

@@ -304,7 +304,7 @@ class DistributedTrainer(Trainer):
         if not self.ctx.is_leader:
             raise RuntimeError("only rank 0 drives updates; other ranks call follow()")
         self.connect()
-        if not self.ready():
+        if self.paused or not self.ready():
             self.channel.send(OP_IDLE)  # keeps followers in step and the group alive
             return None
         with self._lock:

@@ -11,14 +11,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from robot_rl.bridges.zmq.keys import ServerCurve
 from robot_rl.bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
 from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from robot_rl.bridges.zmq.weights import WeightsBlob
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
+from robot_rl.learner.console import FleetConsole
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
 from robot_rl.learner.hub import HubPusher, dataset_snapshot
 from robot_rl.learner.metrics import make_logger
@@ -27,6 +32,8 @@ from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
+
+PUBLISHED_HISTORY = 10_000  # published versions the console lists (a week at one a minute)
 
 # Robots that said hello and went away are remembered (for the status line) up to this many; beyond
 # it the longest gone are forgotten. Without CURVE any client may say hello under any id, and a
@@ -44,6 +51,17 @@ class RobotStatus:
     segments: int = 0
     steps: int = 0
     last_seen_s: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)  # its last heartbeat's (link counters, tick lateness)
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    """A version the trainer published: when, after which update, how many bytes each robot fetches."""
+
+    version: int
+    update: int
+    wall_s: float  # time.time() at publication
+    size_bytes: int
 
 
 def server_config(service: ServiceConfig, config_hash: str) -> ServerConfig:
@@ -56,7 +74,8 @@ def server_config(service: ServiceConfig, config_hash: str) -> ServerConfig:
     return ServerConfig(router_endpoint=service.router_endpoint, pub_endpoint=service.pub_endpoint,
                         server_id=service.server_id, config_hash=config_hash, curve=curve,
                         allow_insecure=service.allow_insecure, heartbeat_interval_s=service.heartbeat_interval_s,
-                        peer_timeout_s=service.peer_timeout_s)
+                        peer_timeout_s=service.peer_timeout_s, keep_weight_versions=service.keep_weight_versions,
+                        peer_limits=service.peer_limits)
 
 
 def check_layout(config: LearnerConfig, policy: TrainablePolicy) -> None:
@@ -95,11 +114,10 @@ class LearnerService(ServerHandlers):
             on_checkpoint = self.hub.notify_checkpoint if self.hub is not None else None
             if dist is None:
                 self.trainer = Trainer(policy, self.store.index, config.trainer, config.algorithm,
-                                       publish=self.server.publish_weights, logger=self.logger,
-                                       on_checkpoint=on_checkpoint)
+                                       publish=self._publish, logger=self.logger, on_checkpoint=on_checkpoint)
             else:
                 self.trainer = DistributedTrainer(policy, self.store.index, config.trainer, config.algorithm, dist,
-                                                  publish=self.server.publish_weights, logger=self.logger,
+                                                  publish=self._publish, logger=self.logger,
                                                   on_checkpoint=on_checkpoint)
             if resume:
                 self.trainer.resume()
@@ -107,6 +125,11 @@ class LearnerService(ServerHandlers):
             self.store.close()
             raise
         self._train = train
+        self.published: deque[PublishedVersion] = deque(maxlen=PUBLISHED_HISTORY)
+        # The held-out scores of published versions, if something computes them (the main job's
+        # scorer): dicts with version, episodes, success, ci95, scenes. For the fleet console.
+        self.heldout_points: Callable[[], list[dict[str, Any]]] = list
+        self.console: FleetConsole | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_status_s = time.monotonic()
@@ -122,8 +145,16 @@ class LearnerService(ServerHandlers):
 
     # ------------------------------------------------------------ lifecycle
 
+    @property
+    def training(self) -> bool:
+        """This service trains (False: ``--no-train``, a store and weights server only)."""
+        return self._train
+
     def start(self) -> LearnerService:
-        """Publish the current weights, then serve (and train) on background threads."""
+        """Publish the current weights, then serve (and train) on background threads, and the fleet
+        console (``console.url``) if ``learner.console.enabled``."""
+        if self.config.console.enabled:
+            self.console = FleetConsole(self, self.config.console)  # a bad host or token file: fail first
         self.trainer.publish_now()
         self._thread = threading.Thread(target=self._serve, name="learner-serve", daemon=True)
         self._thread.start()
@@ -131,11 +162,40 @@ class LearnerService(ServerHandlers):
             self.trainer.start()
         if self.hub is not None:
             self.hub.start()
+        if self.console is not None:
+            self.console.start()
         log.info("learner serving on %s (weights on %s)", self.router_endpoint, self.pub_endpoint)
         return self
 
+    # ------------------------------------------------------------ what the fleet console reads and does
+
+    def _publish(self, blob: WeightsBlob) -> None:
+        """The trainer's publish: remembered for the console, then served and announced."""
+        self.published.append(PublishedVersion(blob.version, self.trainer.step,
+                                               time.time(), len(blob)))
+        self.server.publish_weights(blob)
+
+    def servable_versions(self) -> list[int]:
+        return self.server.served_versions()
+
+    def pin(self, version: int | None, robot_id: str | None = None) -> None:
+        """``robot_id`` (None: the whole fleet) runs ``version`` from its next chunk on (None: the newest
+        again); ValueError when that version is no longer served (``ZmqServer.pin``)."""
+        if robot_id is not None and robot_id not in self.robots:
+            raise ValueError(f"no robot {robot_id!r} has said hello to this learner (robots: {sorted(self.robots)})")
+        self.server.pin(version, robot_id)
+
+    def pinned_version(self, robot_id: str) -> int | None:
+        return self.server.pinned_version(robot_id)
+
+    @property
+    def fleet_pin(self) -> int | None:
+        return self.server.pinned_version()
+
     def stop(self, checkpoint: bool = True) -> None:
         """Stop training and serving; write a final checkpoint; staged data stays for the next start."""
+        if self.console is not None:
+            self.console.stop()
         self.trainer.stop()
         self._stop.set()
         if self._thread is not None:
@@ -248,6 +308,7 @@ class LearnerService(ServerHandlers):
         status = self.robots.get(peer.robot_id)
         if status is not None:
             status.policy_version, status.last_seen_s, status.connected = msg.policy_version, time.monotonic(), True
+            status.stats = dict(msg.stats)
 
     def on_peer_lost(self, peer: Peer) -> None:
         status = self.robots.get(peer.robot_id)

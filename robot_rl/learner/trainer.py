@@ -92,6 +92,7 @@ class Trainer:
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
         self._said_unused_streams = False  # ready(): said once why stored steps do not count
         self._stop = threading.Event()
+        self._paused = threading.Event()  # set_paused(True): no updates (robots are still recorded)
         self._thread: threading.Thread | None = None
         self._last_log_s = 0.0
         self._threads_wanted: int | None = None  # set_threads(): applied by the training thread itself
@@ -117,9 +118,24 @@ class Trainer:
                      "or demonstrations.", sum(counts.values()), usable, ratios, needed)
         return usable >= needed
 
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
+    def set_paused(self, paused: bool) -> None:
+        """Paused: no more updates (the one under way finishes) until unpaused; robots keep being
+        recorded and served the weights they have (the fleet console's control)."""
+        if paused != self._paused.is_set():
+            log.info("training %s at update %d", "paused" if paused else "resumed", self.step)
+        if paused:
+            self._paused.set()
+        else:
+            self._paused.clear()
+
     def update_once(self) -> dict[str, float] | None:
-        """One update if the store holds enough data (None otherwise); publishes/checkpoints on schedule."""
-        if not self.ready():
+        """One update if the store holds enough data and training is not paused (None otherwise);
+        publishes/checkpoints on schedule."""
+        if self.paused or not self.ready():
             return None
         with self._lock:
             return self._apply_locked(self._sample_locked())

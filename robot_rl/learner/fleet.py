@@ -1,0 +1,151 @@
+"""The fleet's state as the console shows it: one JSON-friendly snapshot of the learner service.
+
+Everything is read, never changed, from the threads that own it (the serving thread's robot table,
+the store's outcomes, the trainer's counters): copies are taken with single C-level calls
+(``list(dict.values())``, ``deque.copy``) so a snapshot never iterates a container another thread
+grows. Rates come with 95 % Wilson intervals, because a robot's or a version's success over a few
+episodes says little without one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from robot_rl.core.statistics import wilson_interval
+from robot_rl.learner.metrics import EpisodeOutcome, staleness_values
+
+if TYPE_CHECKING:
+    from robot_rl.learner.service import LearnerService
+
+RECENT_EPISODES = 20  # a robot's success and intervention rates: its last this-many episodes
+CURVE_WINDOW = 20  # the live curve: rolling mean over this many episodes (all robots)
+CURVE_POINTS = 600  # the live curve sends at most this many points (evenly spaced) to the page
+RATE_WINDOW_S = 30.0  # updates per second over this long
+
+
+class UpdateRate:
+    """Updates per second over the last ``RATE_WINDOW_S``, from the trainer's step sampled at each snapshot."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def __call__(self, step: int, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self._samples.append((now, step))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW_S:
+            self._samples.popleft()
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def rate(successes: int, n: int) -> dict[str, Any]:
+    """A rate with its 95 % interval; None rates when there is nothing to count."""
+    if n == 0:
+        return {"n": 0, "rate": None, "ci95": None}
+    low, high = wilson_interval(successes, n)
+    return {"n": n, "rate": successes / n, "ci95": [round(low, 4), round(high, 4)]}
+
+
+def fleet_state(service: LearnerService, update_rate: UpdateRate) -> dict[str, Any]:
+    """The snapshot the console page renders (and ``/api/state`` returns)."""
+    outcomes = service.store.outcomes.outcomes()
+    return {
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "learner": _learner(service, update_rate),
+        "robots": _robots(service, outcomes),
+        "versions": _versions(service, outcomes),
+        "curve": {"live": live_curve(outcomes), "heldout": service.heldout_points()},
+    }
+
+
+def _learner(service: LearnerService, update_rate: UpdateRate) -> dict[str, Any]:
+    trainer, config = service.trainer, service.config
+    staleness = staleness_values(trainer.last_metrics)
+    store = service.store.stats()
+    return {
+        "name": config.name,
+        "server_id": config.service.server_id,
+        "updates": trainer.step,
+        "updates_per_s": round(update_rate(trainer.step), 2),
+        "version": trainer.version,
+        "paused": trainer.paused,
+        "training": service.training,
+        "failure": trainer.failure,
+        "stream_mix": {"online": config.trainer.online_ratio, "corrections": config.trainer.intervention_ratio,
+                       "demonstrations": config.trainer.demonstration_ratio},
+        "stream_steps": {stream: store.get(f"{stream}_steps", 0) for stream in ("online", "intervention",
+                                                                                "demonstration")},
+        "staleness": ({"mean": round(float(staleness.mean()), 2), "max": int(staleness.max())}
+                      if staleness.size else None),
+        "store": {key: store[key] for key in ("episodes_stored", "steps_ingested", "episodes_to_write",
+                                              "bytes_staged") if key in store},
+        "fleet_pin": service.fleet_pin,
+    }
+
+
+def _robots(service: LearnerService, outcomes: Sequence[EpisodeOutcome]) -> list[dict[str, Any]]:
+    now = time.monotonic()
+    rows = []
+    for status in sorted(list(service.robots.values()), key=lambda r: r.robot_id):
+        recent = [o for o in outcomes if o.robot_id == status.robot_id][-RECENT_EPISODES:]
+        stats = dict(status.stats)
+        rows.append({
+            "id": status.robot_id,
+            "connected": status.connected,
+            "version": status.policy_version,
+            "pinned": service.pinned_version(status.robot_id),
+            "episode": stats.get("episode"),
+            "episodes_stored": sum(o.robot_id == status.robot_id for o in outcomes),
+            "success": rate(sum(o.success for o in recent), len(recent)),
+            "interventions": rate(sum(o.takeovers > 0 for o in recent), len(recent)),
+            "late_ticks": stats.get("late_ticks"),
+            "ticks": stats.get("ticks"),
+            "lateness_p99_ms": stats.get("lateness_p99_ms"),
+            "lateness_max_ms": stats.get("lateness_max_ms"),
+            "spool_backlog": stats.get("pending"),
+            "seen_s_ago": round(now - status.last_seen_s, 1),
+        })
+    return rows
+
+
+def _versions(service: LearnerService, outcomes: Sequence[EpisodeOutcome]) -> list[dict[str, Any]]:
+    heldout = {point["version"]: point for point in service.heldout_points()}
+    per_version = service.store.outcomes.per_version()
+    servable = set(service.servable_versions())
+    rows = []
+    for published in list(service.published):
+        stats = per_version.get(published.version)
+        scored = heldout.get(published.version)
+        rows.append({
+            "version": published.version,
+            "published": datetime.fromtimestamp(published.wall_s, UTC).isoformat(timespec="seconds"),
+            "update": published.update,
+            "live": rate(stats.successes, stats.episodes) if stats else rate(0, 0),
+            "heldout": ({"rate": scored["success"], "ci95": list(scored["ci95"]), "n": scored["scenes"]}
+                        if scored else None),
+            "servable": published.version in servable,
+        })
+    return rows[::-1]  # newest first
+
+
+def live_curve(outcomes: Sequence[EpisodeOutcome]) -> list[dict[str, Any]]:
+    """Rolling success and intervention rate over stored episodes (all robots, in storing order),
+    thinned to at most ``CURVE_POINTS`` points."""
+    if not outcomes:
+        return []
+    success = np.array([o.success for o in outcomes], dtype=float)
+    taken = np.array([o.takeovers > 0 for o in outcomes], dtype=float)
+    kernel = np.ones(CURVE_WINDOW)
+    counts = np.convolve(np.ones_like(success), kernel)[: len(success)]
+    rolling_success = np.convolve(success, kernel)[: len(success)] / counts
+    rolling_taken = np.convolve(taken, kernel)[: len(success)] / counts
+    keep = np.unique(np.linspace(0, len(success) - 1, min(len(success), CURVE_POINTS)).round().astype(int))
+    return [{"episodes": int(i + 1), "success": round(float(rolling_success[i]), 4),
+             "interventions": round(float(rolling_taken[i]), 4), "version": outcomes[i].policy_version}
+            for i in keep]

@@ -1,0 +1,137 @@
+"""The fleet console as an operator sees it: a short `robot-rl run` (two simulated robots in processes
+of their own, a tiny policy, a one-minute budget) and its console in headless Chromium (Debian's
+chromium and chromium-driver, driven by selenium). The page lists both robots with their versions, a
+newly published version appears without a reload, a control without the token is refused, and with
+the token a pin and a fleet rollback reach the robots: the version they report executing becomes the
+pinned one."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from robot_rl.commands.keys import write_console_token
+from robot_rl.policies.flow_vla import FlowVLA
+from tests.learner_helpers import tiny_policy_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parent.parent
+CONSOLE_LINE = re.compile(r"fleet console: (http://127\.0\.0\.1:\d+)")
+
+
+def wait(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
+    """Bounded wait for what the page shows (not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = predicate()
+        except Exception:  # noqa: BLE001 - the page is being redrawn between two reads
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def start_run(tmp_path: Path, token: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    config = tiny_policy_config()
+    config.cameras = ("front", "wrist")
+    FlowVLA(config).save_pretrained(tmp_path / "policy")
+    command = [
+        sys.executable, "-m", "robot_rl.cli", "run", f"policy.path={tmp_path / 'policy'}", f"output_dir={tmp_path}",
+        "robot.image_height=32", "robot.image_width=32", "demos.episodes=1", "run.num_robots=2", "run.episodes=60",
+        "run.time_budget_min=1.0", "run.min_updates=null", "run.eval_episodes=0", "run.heldout_scenes=0",
+        "run.max_episode_steps=60", "learner.trainer.publish_every_updates=50", "learner.trainer.max_updates=1500",
+        "learner.console.port=0", f"learner.console.token_file={token}", "learner.console.refresh_s=0.25",
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", MUJOCO_GL="egl")
+    run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           stdin=subprocess.DEVNULL)
+    lines: list[str] = []
+    assert run.stdout is not None
+    stdout = run.stdout
+    threading.Thread(target=lambda: lines.extend(stdout), daemon=True).start()
+    return run, lines
+
+
+def chromium() -> object:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1100"):
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
+
+
+def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    token_file = write_console_token(tmp_path / "console.token")
+    run, lines = start_run(tmp_path, token_file)
+    browser = None
+    try:
+        url = wait(lambda: next((m.group(1) for line in list(lines) if (m := CONSOLE_LINE.search(line))), None),
+                   240, "the console's address in the run's output")
+        browser = chromium()
+        browser.get(str(url))
+
+        def page(script: str) -> object:
+            """Read the page in one step (it is redrawn every refresh)."""
+            return browser.execute_script(script)
+
+        def running() -> dict[str, int]:
+            """Robot -> the version it reports executing, as the page shows it."""
+            return {robot: int(text.split()[0].lstrip("v")) for robot, text in page(
+                "return [...document.querySelectorAll('#robots tr[data-robot]')]"
+                ".map(r => [r.dataset.robot, r.querySelector('td.version').textContent])")}
+
+        def versions() -> list[int]:
+            return [int(v) for v in page("return [...document.querySelectorAll('#versions tbody tr')]"
+                                         ".map(r => r.dataset.version)")]
+
+        def options(selector: str) -> list[int]:
+            return [int(v) for v in page(f"return [...document.querySelector('{selector}').options].map(o => o.value)")]
+
+        wait(lambda: sorted(running()) == ["sim-0", "sim-1"], 120, "both robots on the page")
+        first = wait(versions, 30, "the published versions")
+        wait(lambda: max(versions()) > max(first), 180, "a newly published version, without a reload")
+
+        browser.find_element(By.ID, "pause").click()  # no token typed
+        wait(lambda: "refused (401)" in browser.find_element(By.ID, "message").text, 10, "the refusal")
+
+        browser.find_element(By.ID, "token").send_keys(token_file.read_text().strip())
+        older = min(options('select.pin-version[data-robot="sim-0"]'))
+        Select(browser.find_element(By.CSS_SELECTOR, 'select.pin-version[data-robot="sim-0"]')).select_by_value(
+            str(older))
+        browser.find_element(By.CSS_SELECTOR, 'button.pin[data-robot="sim-0"]').click()
+        wait(lambda: f"pinned to v{older}" in browser.find_element(By.ID, "message").text, 10, "the pin said done")
+        wait(lambda: running()["sim-0"] == older, 60, f"sim-0 executing v{older}")
+
+        target = max(options("#fleet-version"))
+        assert target != older
+        Select(browser.find_element(By.ID, "fleet-version")).select_by_value(str(target))
+        browser.find_element(By.ID, "rollback").click()
+        wait(lambda: running() == {"sim-0": target, "sim-1": target}, 60, f"both robots on v{target}")
+        assert f"pinned v{target}" in str(page("return document.querySelector('#robots tbody').textContent"))
+        browser.save_screenshot(str(tmp_path / "console.png"))
+    finally:
+        if browser is not None:
+            browser.quit()
+        if run.poll() is None:
+            run.wait(300)
+    assert run.returncode == 0, "".join(lines)[-3000:]

@@ -1,0 +1,61 @@
+"""Pinning robots to a weights version on the wire: a pinned robot loads that version even when it
+is older, ignores newer announcements until released, and a robot that says hello later is told its
+pin at once; the pinned version stays served while newer ones push older ones out."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from robot_rl.bridges.zmq import ServerConfig, StreamingClient, WeightsBlob
+from tests.test_zmq_link import client_config, serving, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def blob(version: int) -> WeightsBlob:
+    return WeightsBlob(version=version, data=os.urandom(8_000) + bytes([version]), config_hash="", chunk_size=4096)
+
+
+def test_a_pinned_robot_loads_the_older_version_ignores_newer_ones_until_released(tmp_path):
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    with serving(ServerConfig(keep_weight_versions=2, announce_interval_s=0.05)) as server:
+        links = {name: StreamingClient(client_config(server, tmp_path / name, robot_id=f"arm-{name}"),
+                                       on_weights=lambda a, data, name=name: got[name].append(a.version)).start()
+                 for name in ("a", "b")}
+        try:
+            assert all(link.wait_connected(5) for link in links.values())
+            for version in (1, 2):
+                server.publish_weights(blob(version))
+                assert wait_until(lambda v=version: got["a"][-1:] == [v] and got["b"][-1:] == [v])
+            for link in links.values():
+                link.set_policy_version(2)  # the robots run v2
+
+            server.pin(1, "arm-a")
+            assert wait_until(lambda: got["a"][-1:] == [1]), got  # older, loaded anyway
+            assert server.pinned_version("arm-a") == 1 and server.pinned_version("arm-b") is None
+            links["a"].set_policy_version(1)
+            for version in (3, 4, 5):  # a pinned version is never pushed out by newer ones
+                server.publish_weights(blob(version))
+            assert wait_until(lambda: got["b"][-1:] == [5]), got
+            assert got["a"] == [1, 2, 1], got  # arm-a ignored 3, 4 and 5
+            assert server.served_versions() == [1, 4, 5]
+            with pytest.raises(ValueError, match="not served any more"):
+                server.pin(2, "arm-a")
+
+            server.pin(None, "arm-a")  # released: the newest again
+            assert wait_until(lambda: got["a"][-1:] == [5]), got
+
+            server.pin(4)  # the fleet rolled back, arm-b too
+            assert wait_until(lambda: got["a"][-1:] == [4] and got["b"][-1:] == [4]), got
+            links["b"].stop()  # arm-b restarts: its hello is answered with the fleet's pin
+            got["b"].clear()
+            links["b"] = StreamingClient(client_config(server, tmp_path / "b2", robot_id="arm-b"),
+                                         on_weights=lambda a, data: got["b"].append(a.version)).start()
+            assert wait_until(lambda: got["b"] == [4]), got
+            server.publish_weights(blob(6))
+            assert not wait_until(lambda: 6 in got["a"] + got["b"], timeout_s=1.0), got
+        finally:
+            for link in links.values():
+                link.stop()
