@@ -30,7 +30,10 @@ with the learner's algorithm and publishes its weights. Flags: --resume continue
 checkpoint in learner.trainer.checkpoint_dir; --no-train only ingests. It starts from
 learner.init_checkpoint, else the checkpoint an edge would run (policy.path, else the BC
 checkpoint, else the shipped one), else a new model of policy.model. Joints, cameras and image
-sizes come from the policy and from the robots' hellos: no robot settings are needed.
+sizes come from the policy and from the robots' hellos: no robot settings are needed. It serves the
+fleet console (its address is printed; learner.console.*; controls with the token robot-rl keys
+writes, learner.console.token_file=keys/console.token) and logs to TensorBoard beside its
+checkpoints (tensorboard --logdir OUTPUT_DIR/learner).
 
   robot-rl learner learner=rwr learner.algorithm.beta=0.25
   robot-rl learner --resume learner.service.router_endpoint=tcp://0.0.0.0:5555 \\
