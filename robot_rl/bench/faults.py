@@ -250,7 +250,7 @@ def _stream_attack_and_kill(cfg: FaultsBenchConfig, root: Path, learner: Learner
     from robot_rl.bench.fault_network import CuttableRelay
     from robot_rl.bench.transport import ballast_policy
 
-    progress(f"learner starting (CURVE on loopback, {cfg.robots} robots, intruder key listed)")
+    progress(f"learner starting (CURVE on loopback, {cfg.robots} robots, the intruders' keys listed)")
     learner.start()
     config_hash = ballast_policy(0.0).config_hash()  # the learner's: a robot with another one is refused
     relays = [CuttableRelay(learner.router), CuttableRelay(learner.pub)]
