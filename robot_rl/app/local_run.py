@@ -179,7 +179,7 @@ def run_local(
             robots_starting()
             results, errors = _robots_on_threads(learner, policy, run, robot_factory, operator_factory,
                                                  on_episode, versions, trained)
-        learner.store.flush(120)
+        write_out(learner, timeout_s=120.0)
         updates_with_robots = learner.trainer.step
         if train and run.min_updates and not errors:
             train_on_after_robots(learner, run.min_updates)
@@ -188,6 +188,26 @@ def run_local(
     result = collect_result(learner, results, errors, versions, trained=train)
     result.updates_with_robots = updates_with_robots
     return result
+
+
+def write_out(learner: LearnerService, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """The robots are done: wait (at most ``timeout_s``) until the dataset writer has written every
+    episode they sent, with a bar of the episodes left (a writer behind the robots takes minutes)."""
+    from tqdm import tqdm
+
+    deadline = time.monotonic() + timeout_s
+    waiting = learner.store.stats()["episodes_to_write"]
+    if waiting == 0:
+        return learner.store.flush(timeout_s)
+    with tqdm(total=waiting, desc="writing the robots' episodes to the dataset", unit="ep") as bar:
+        while not learner.store.flush(poll_s):
+            bar.update(max(0, waiting - learner.store.stats()["episodes_to_write"] - bar.n))
+            if time.monotonic() >= deadline:
+                log.warning("the dataset writer still has %d episodes after %.0f s; they stay staged and are "
+                            "written at the next start", learner.store.stats()["episodes_to_write"], timeout_s)
+                return False
+        bar.update(waiting - bar.n)
+    return True
 
 
 def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float = 0.5) -> None:
