@@ -67,6 +67,35 @@ def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_d
         assert torch.equal(value, params(b.deployed)[key]), key
 
 
+def test_a_resume_does_not_wait_for_the_store_to_read_its_dataset_and_training_says_if_it_matches(tmp_path,
+                                                                                                    caplog):
+    """A restarted store reads its dataset into the index behind the serving learner: the resume
+    returns at once, and the training thread compares the index with the checkpoint once it is read."""
+    import logging
+    import threading
+
+    config = trainer_config(tmp_path / "ckpt")
+    first = Trainer(tiny_policy(), filled_index(), config, BC)
+    first.update_once()
+    first.checkpoint()
+    index = filled_index()
+    index.loading()  # the store's reader has not finished
+    second = Trainer(tiny_policy(), index, config, BC)
+    resumed = threading.Thread(target=second.resume)
+    resumed.start()
+    resumed.join(10)
+    assert not resumed.is_alive(), "the resume waited for the dataset read"
+    with caplog.at_level(logging.INFO, logger="robot_rl.learner.trainer"):
+        second.start()
+        try:
+            assert "matches the checkpoint" not in caplog.text
+            index.loaded()
+            wait_for(lambda: "store index matches the checkpoint" in caplog.text, what="the manifest check")
+            wait_for(lambda: second.step > 1, what="training after the read")
+        finally:
+            second.stop()
+
+
 def test_checkpoint_write_is_atomic_and_pruned(tmp_path):
     config = trainer_config(tmp_path / "ckpt", keep_checkpoints=2)
     trainer = Trainer(tiny_policy(), filled_index(), config, BC)

@@ -532,6 +532,34 @@ def test_a_sender_over_its_rate_is_dropped_unread_and_said_once(caplog):
     assert sum("messages/s" in r.message for r in caplog.records) == 1
 
 
+class BusyThenStoring(MemoryIngest):
+    """Answers busy (a bound reached, a full disk) until ``accept`` is set, then stores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accept = threading.Event()
+
+    def on_segment(self, peer: Peer, msg: Segment) -> Ack:
+        if not self.accept.is_set():
+            raise BusyError("this robot's staged bytes are at learner.store.max_staged_bytes_per_robot")
+        return super().on_segment(peer, msg)
+
+
+def test_a_busy_learner_is_said_once_at_the_robot_and_the_segments_go_when_it_takes_them(tmp_path, caplog):
+    handler = BusyThenStoring()
+    with (caplog.at_level(logging.INFO, logger="robot_rl.bridges.zmq.client"), serving(handlers=handler) as server,
+          StreamingClient(client_config(server, tmp_path, ack_timeout_s=0.2)) as link):
+        assert link.wait_connected(5)
+        assert link.submit_steps(0, make_steps(3), episode_done=True)
+        assert wait_until(lambda: link.stats()["busy_replies"] >= 3)  # re-sent at every ack timeout
+        handler.accept.set()
+        assert link.flush(10)
+    assert list(handler.stored) == [("so101-a", 0, 0)]
+    said = [r.getMessage() for r in caplog.records if "busy" in r.getMessage()]
+    assert len(said) == 1 and "max_staged_bytes_per_robot" in said[0]  # once, not per re-send
+    assert "takes segments again" in caplog.text
+
+
 def test_a_robot_holds_a_bounded_number_of_sessions_and_a_new_hello_replaces_its_oldest():
     limits = PeerLimits(max_sessions_per_robot=2, max_sessions=3)
     with serving(ServerConfig(peer_limits=limits)) as server, dealer(server) as first, dealer(server) as second, \
@@ -543,7 +571,7 @@ def test_a_robot_holds_a_bounded_number_of_sessions_and_a_new_hello_replaces_its
         assert _request(third, heartbeat_frames()).TYPE == "heartbeat"
         assert _request(other, hello_frames("so101-b")).TYPE == "hello_ok"
         full = _request(one_more, hello_frames("so101-c"))  # three sessions in all: no room for a fourth robot
-        assert full.code == "rejected" and "robots" in full.message
+        assert full.code == "busy" and "robots" in full.message
         assert server.counters["sessions_replaced"] == 1 and server.counters["hellos_refused_full"] == 1
         assert _request(second, hello_frames("so101-a")).TYPE == "hello_ok"  # its own robot still gets in
 

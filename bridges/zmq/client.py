@@ -92,6 +92,7 @@ class ClientStats:
     segments_acked: int = 0
     duplicate_acks: int = 0
     errors_received: int = 0
+    busy_replies: int = 0  # segments the learner could not take yet (re-sent later)
     bad_messages: int = 0
     link_resets: int = 0
     weights_received: int = 0
@@ -130,6 +131,7 @@ class ZmqClient:
         self.refusal: str | None = None  # why the learner refused us last (config, key), until it accepts us
         self.latest_announce: WeightsAnnounce | None = None
         self.pinned: int | None = None  # the version the learner pins this robot to (None: the newest)
+        self._learner_busy = False  # said once: the learner answered busy and has acked nothing since
         # More of this robot's state for its heartbeats (the edge's tick lateness, its episode), read on
         # the link's thread; None: the link's own counters only.
         self.report: Callable[[], StatsMap] | None = None
@@ -308,6 +310,9 @@ class ZmqClient:
         self._in_flight.clear()  # everything unacked goes again, in spool order
 
     def _on_ack(self, msg: Ack) -> None:
+        if self._learner_busy:
+            log.info("robot %s: the learner takes segments again", self.config.robot_id)
+            self._learner_busy = False
         key = f"{msg.episode_id}:{msg.seq}"
         self._in_flight.pop(key, None)
         if msg.robot_id == self.config.robot_id and self._spool.ack(key):
@@ -326,6 +331,14 @@ class ZmqClient:
             self.refusal = msg.message
             self._drop_session(reset_socket=False)
             self._last_hello_s = time.monotonic() + self.config.refused_retry_s - self.config.hello_retry_s
+        elif msg.code == "busy":
+            # The learner cannot take a segment now (its bound for this robot, a full disk): it stays in
+            # the spool and goes again at its ack timeout. Said once until an ack comes, never per re-send.
+            self.stats.busy_replies += 1
+            if not self._learner_busy:
+                log.warning("robot %s: the learner is busy (%s); segments wait in the spool and are re-sent",
+                            self.config.robot_id, msg.message)
+            self._learner_busy = True
         elif msg.code == "weights_unavailable" and self._fetch is not None:
             log.warning("robot %s: abandoning weights v%d: %s", self.config.robot_id,
                         self._fetch.assembler.announce.version, msg.message)

@@ -57,7 +57,7 @@ class ProtocolError(ValueError):
 
 class BusyError(RuntimeError):
     """A well-formed message the receiver cannot take now (a per-robot bound is reached, its disk is
-    full). Nothing is wrong with it: it is answered ``rejected`` with this text, the sender keeps it
+    full). Nothing is wrong with it: it is answered ``busy`` with this text, the sender keeps it
     and sends it again later, and it never counts against the sender as a bad message."""
 
 

@@ -63,6 +63,7 @@ ERROR_CODES = frozenset(
         "unexpected",  # valid message, wrong direction or state
         "weights_unavailable",  # the requested weights version/chunk is not served
         "rejected",  # the handler refused the request (see message)
+        "busy",  # well-formed, but the learner cannot take it now (a bound, a full disk): send it again later
         "internal",  # a bug on the replying side; the message says what
     }
 )

@@ -187,7 +187,7 @@ class ServerHandlers:
 
         Override to store a batch durably with one fsync before acking all of it. The
         default calls ``on_segment`` for each. An exception in the list is answered like one
-        raised by ``on_segment`` (``ProtocolError``: its error; ``BusyError``: ``rejected``, the robot
+        raised by ``on_segment`` (``ProtocolError``: its error; ``BusyError``: ``busy``, the robot
         sends it again later and it is not held against it; anything else: ``internal``).
         """
         replies: list[Ack | Error | Exception] = []
@@ -460,7 +460,7 @@ class ZmqServer:
                     return
             reply: Message | None = self._dispatch(identity, msg, key)
         except BusyError as exc:  # nothing wrong with it: the learner cannot take it now
-            self._reply(identity, Error(code="rejected", message=str(exc), in_reply_to=msg.TYPE))
+            self._reply(identity, Error(code="busy", message=str(exc), in_reply_to=msg.TYPE))
             return
         except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
             self.counters["bad_messages"] += 1
@@ -495,7 +495,7 @@ class ZmqServer:
             msg = item.msg
             if isinstance(reply, BusyError):  # the store's bound or its disk: not the robot's fault, and said there
                 self.counters["segments_deferred"] += 1
-                self._reply(item.identity, Error(code="rejected", message=str(reply), in_reply_to=msg.TYPE))
+                self._reply(item.identity, Error(code="busy", message=str(reply), in_reply_to=msg.TYPE))
                 continue
             if isinstance(reply, ProtocolError):
                 self.counters["bad_messages"] += 1

@@ -94,9 +94,6 @@ def full_disk_under_the_store(root: Path) -> bool:
     learner = context.Process(target=_learner_child, args=(str(root), child_conn), name="bench-full-disk-learner")
     learner.start()
     client = None
-    quiet = logging.getLogger("robot_rl.bridges.zmq.client")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # the robot says 'rejected' at every re-send; the learner's log is what counts
     try:
         if not conn.poll(READY_TIMEOUT_S):
             return False
@@ -134,7 +131,6 @@ def full_disk_under_the_store(root: Path) -> bool:
         conn.send("stop")
         lines = conn.recv() if conn.poll(120.0) else []
     finally:
-        quiet.setLevel(level)
         if client is not None:
             client.close()
         learner.join(60)

@@ -93,6 +93,7 @@ class Trainer:
         self._said_unused_streams = False  # ready(): said once why stored steps do not count
         self._stop = threading.Event()
         self._paused = threading.Event()  # set_paused(True): no updates (robots are still recorded)
+        self._resumed_manifest: list[list] | None = None  # checked against the index when training starts
         self._thread: threading.Thread | None = None
         self._last_log_s = 0.0
         self._threads_wanted: int | None = None  # set_threads(): applied by the training thread itself
@@ -235,6 +236,9 @@ class Trainer:
         limit = self.config.max_updates
         lower_own_priority(self.config.thread_nice)  # before the first torch op starts its worker threads
         try:
+            if self._resumed_manifest is not None:
+                self._check_manifest(self._resumed_manifest)  # waits for the index to be read, as batches do
+                self._resumed_manifest = None
             while not self._stop.is_set() and (limit is None or self.step < limit):
                 if self._threads_wanted is not None:
                     torch.set_num_threads(self._threads_wanted)
@@ -292,6 +296,9 @@ class Trainer:
     def resume(self, path: str | Path | None = None, *, check_index: bool = True) -> Path:
         """Restore from ``path`` (default: the latest checkpoint in ``checkpoint_dir``).
 
+        Whether the store's index is the one the checkpoint trained on is said when training starts
+        (``start``), not here: a restarted store reads its dataset into the index behind the serving
+        learner, and a resume that waited for that read would keep robots waiting as long.
         ``check_index=False`` for a data-parallel follower rank, whose index stays empty.
         """
         path = Path(path) if path is not None else ckpt.latest_checkpoint(self.config.checkpoint_dir)
@@ -319,7 +326,7 @@ class Trainer:
             self.step, self.version = state.step, state.version
             self.algorithm.set_policy_version(self.version)
         if check_index:
-            self._check_manifest(state.index_manifest)
+            self._resumed_manifest = state.index_manifest
         log.info("resumed from %s at update %d (weights v%d)", path, self.step, self.version)
         return path
 
