@@ -28,6 +28,7 @@ from tqdm import tqdm
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
+from robot_rl.learner.algorithms.configs import ALGORITHMS
 
 if TYPE_CHECKING:
     from robot_rl.app.local_run import LocalRunConfig
@@ -247,7 +248,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
         if viewer_hub is not None:
             viewer_hub.disconnect()
     ended_s = curve.elapsed_s()
-    summary = summarize(curve, result, run_dir, cfg.run.curve_window, learner_config.name,
+    summary = summarize(curve, result, run_dir, cfg.run.curve_window, ALGORITHMS.name_of(learner_config.algorithm),
                         heldout=start_vs_final(cfg, checkpoint, result.checkpoint),
                         learner=learner_label(learner_config), heldout_points=points, ended_s=ended_s)
     print_summary(summary)
