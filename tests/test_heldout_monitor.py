@@ -1,12 +1,14 @@
 """Published versions scored while the main job runs: one child scores the newest version whenever it
-is free, on the same held-out scenes each time, and a version it cannot score costs only its point."""
+is free and the trainer is far enough past the last one scored, on the same held-out scenes each
+time, and a version it cannot score costs only its point."""
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
-from robot_rl.app.heldout_monitor import HeldoutMonitor
+from robot_rl.app.heldout_monitor import POLL_S, HeldoutMonitor
 from robot_rl.config import load_config
 from robot_rl.policies.flow_vla import FlowVLA
 from tests.learner_helpers import TINY_SIM, tiny_policy_config, wait_for
@@ -17,7 +19,7 @@ class PublishingTrainer:
 
     def __init__(self, weights: Path) -> None:
         self.version = 0
-        self.updates = 0
+        self.step = 0
         self.weights = weights
         self.broken = False  # the next copies are no loadable policy
 
@@ -28,7 +30,7 @@ class PublishingTrainer:
             (directory / "config.json").write_text("{not json")
         else:
             shutil.copytree(self.weights, directory)
-        return self.updates, self.version
+        return self.step, self.version
 
 
 def test_the_newest_version_is_scored_on_the_same_scenes_and_a_failure_costs_only_its_point(tmp_path):
@@ -38,13 +40,17 @@ def test_the_newest_version_is_scored_on_the_same_scenes_and_a_failure_costs_onl
     trainer = PublishingTrainer(tmp_path / "weights")
     cfg = load_config([*TINY_SIM, "robot.max_episode_steps=4"])
     episodes = [0]
-    monitor = HeldoutMonitor(trainer, cfg, tmp_path / "heldout", scenes=2, episodes=lambda: episodes[0]).start()
+    monitor = HeldoutMonitor(trainer, cfg, tmp_path / "heldout", scenes=2, episodes=lambda: episodes[0],
+                             every_updates=100).start()
     try:
-        trainer.version, trainer.updates, episodes[0] = 3, 300, 12
+        trainer.version, trainer.step, episodes[0] = 3, 300, 12
         wait_for(lambda: len(monitor.points) == 1, timeout_s=120, what="v3 scored")
-        trainer.broken, trainer.version = True, 4
+        trainer.broken, trainer.version, trainer.step = True, 4, 350  # a new version, too few updates on
+        time.sleep(3 * POLL_S)
+        assert monitor.failed_versions == [] and len(monitor.points) == 1
+        trainer.step = 420
         wait_for(lambda: monitor.failed_versions == [4], timeout_s=60, what="the broken copy tried")
-        trainer.broken, trainer.version, trainer.updates, episodes[0] = False, 6, 600, 30
+        trainer.broken, trainer.version, trainer.step, episodes[0] = False, 6, 600, 30
         wait_for(lambda: len(monitor.points) == 2, timeout_s=60, what="v6 scored")
     finally:
         points = monitor.stop()

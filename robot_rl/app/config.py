@@ -68,6 +68,9 @@ class RunConfig:
     # those scenes whenever the scorer is free (a child process at nice 19, so the robots are not
     # slowed); the learning curve and the fleet console show these points. 0 = off.
     heldout_scenes: int = 10
+    # ... no more often than this many updates apart: points spread over the run (4,000 updates: 16),
+    # and the scorer leaves the dataset writer, which shares its spare CPU, most of it.
+    heldout_every_updates: int = 250
     # Nice value of the learner's training and dataset-writing threads: robots and learner share
     # this machine's CPUs, and a control tick must not wait for a gradient step.
     learner_nice: int = 10
@@ -80,6 +83,8 @@ class RunConfig:
         for name in ("num_robots", "episodes", "max_episode_steps", "curve_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if self.heldout_every_updates < 1:
+            raise ValueError(f"run.heldout_every_updates must be >= 1, got {self.heldout_every_updates}")
         if self.heldout_scenes < 0:
             raise ValueError(f"run.heldout_scenes must be >= 0 (0: no scores while running), got {self.heldout_scenes}")
         if self.eval_episodes < 0:

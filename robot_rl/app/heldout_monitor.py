@@ -56,9 +56,14 @@ class HeldoutMonitor:
     """``HeldoutMonitor(trainer, cfg, directory, scenes, episodes).start()``; ``points``; ``stop()``."""
 
     def __init__(self, trainer: Trainer, cfg: RobotRLConfig, directory: Path, scenes: int,
-                 episodes: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
-        if scenes < 1:
-            raise ValueError(f"the held-out monitor needs scenes >= 1, got {scenes}")
+                 episodes: Callable[[], int], every_updates: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``every_updates``: a version is scored only once the trainer is this many updates past the
+        last one scored (the first: past the start)."""
+        if scenes < 1 or every_updates < 1:
+            raise ValueError(f"the held-out monitor needs scenes >= 1 and every_updates >= 1, got {scenes}, "
+                             f"{every_updates}")
+        self.every_updates = every_updates
         self.trainer = trainer
         self.directory = Path(directory)
         self.scenes = scenes
@@ -112,11 +117,12 @@ class HeldoutMonitor:
     def _run(self) -> None:
         child = self._child
         assert child is not None and child.stdin is not None and child.stdout is not None
-        scored = 0  # the start (version 0) is the final check's
+        scored, scored_at = 0, 0  # the start (version 0, update 0) is the final check's
         while not self._stop.wait(POLL_S):
-            version = self.trainer.version
-            if version <= scored:
+            step = self.trainer.step
+            if self.trainer.version <= scored or step < scored_at + self.every_updates:
                 continue
+            scored_at = step
             try:
                 scored, point = self._score(child.stdin, child.stdout)
             except (OSError, ValueError) as exc:  # the child ended (stop, or a crash its log shows)

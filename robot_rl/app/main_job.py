@@ -225,7 +225,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
             progress.bar.write(console_line(learner.console))
         if cfg.run.heldout_scenes:
             monitor = HeldoutMonitor(learner.trainer, cfg, run_dir / "heldout", cfg.run.heldout_scenes,
-                                     lambda: len(curve.records)).start()
+                                     lambda: len(curve.records), cfg.run.heldout_every_updates).start()
             monitors.append(monitor)
             learner.heldout_points = lambda: [point.to_dict() for point in monitor.points]
 
