@@ -108,3 +108,18 @@ def test_settings_that_would_expose_the_fleet_or_name_no_token_are_refused(learn
     with pytest.raises(ValueError, match="tls_cert and tls_key"):
         replace(ConsoleConfig(), tls_cert="cert.pem").__post_init__()
     assert (tmp_path / "console.token").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_live_curve_counts_a_rescued_success_as_none_of_the_policys_and_thins_long_runs():
+    from robot_rl.learner.fleet import CURVE_POINTS, CURVE_WINDOW, live_curve
+    from robot_rl.learner.metrics import EpisodeOutcome
+
+    def outcome(i: int, success: bool, takeovers: int) -> EpisodeOutcome:
+        return EpisodeOutcome("arm", i, 0, success, 100, 10 * takeovers, takeovers, 0.0)
+
+    curve = live_curve([outcome(0, True, 0), outcome(1, True, 1), outcome(2, False, 0)])
+    assert [p["success"] for p in curve] == [1.0, 0.5, round(1 / 3, 4)]  # the rescued success is no success
+    assert [p["interventions"] for p in curve] == [0.0, 0.5, round(1 / 3, 4)]
+    long = live_curve([outcome(i, i % 2 == 0, 0) for i in range(5000)])
+    assert len(long) == CURVE_POINTS and long[0]["episodes"] == 1 and long[-1]["episodes"] == 5000
+    assert long[-1]["success"] == 0.5 and CURVE_WINDOW % 2 == 0  # a full window of alternating outcomes

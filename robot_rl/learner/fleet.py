@@ -135,11 +135,12 @@ def _versions(service: LearnerService, outcomes: Sequence[EpisodeOutcome]) -> li
 
 
 def live_curve(outcomes: Sequence[EpisodeOutcome]) -> list[dict[str, Any]]:
-    """Rolling success and intervention rate over stored episodes (all robots, in storing order),
-    thinned to at most ``CURVE_POINTS`` points."""
+    """Rolling autonomous success (no takeover: an operator's rescue is no success of the policy's)
+    and takeover rate over stored episodes (all robots, in storing order), thinned to at most
+    ``CURVE_POINTS`` points."""
     if not outcomes:
         return []
-    success = np.array([o.success for o in outcomes], dtype=float)
+    success = np.array([o.success and o.takeovers == 0 for o in outcomes], dtype=float)
     taken = np.array([o.takeovers > 0 for o in outcomes], dtype=float)
     kernel = np.ones(CURVE_WINDOW)
     counts = np.convolve(np.ones_like(success), kernel)[: len(success)]
