@@ -145,6 +145,7 @@ def run_local(
     operator_factory: OperatorFactory | None = None,
     on_episode: EpisodeCallback | None = None,
     on_start: Callable[[LearnerService], None] | None = None,
+    on_robots_done: Callable[[], None] | None = None,
 ) -> LocalRunResult:
     """Start the learner, run every robot's episodes (``run.robots``: on threads or in processes),
     stop, and summarise.
@@ -152,7 +153,9 @@ def run_local(
     ``operator_factory`` gives each robot a (simulated) operator who may take over;
     ``on_episode`` sees every finished episode (progress displays, learning curves);
     ``on_start`` gets the running service just before the robots' first episodes (to watch its
-    trainer and store; robot processes have imported and built their robots by then).
+    trainer and store; robot processes have imported and built their robots by then);
+    ``on_robots_done`` is called once the robots have finished (a progress display of theirs ends),
+    before the learner writes out their episodes and trains on.
     """
     limit = learner_config.trainer.max_updates
     if run.until_trained and (not train or limit is None):
@@ -179,6 +182,8 @@ def run_local(
             robots_starting()
             results, errors = _robots_on_threads(learner, policy, run, robot_factory, operator_factory,
                                                  on_episode, versions, trained)
+        if on_robots_done is not None:
+            on_robots_done()
         write_out(learner, timeout_s=120.0)
         updates_with_robots = learner.trainer.step
         if train and run.min_updates and not errors:

@@ -241,6 +241,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
             operator_factory=operator_factory(cfg),
             on_episode=progress.on_episode,
             on_start=robots_starting,
+            on_robots_done=progress.close,
         )
     finally:
         progress.close()
