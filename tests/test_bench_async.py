@@ -44,12 +44,15 @@ def test_perturbations_cover_every_phase_of_one_inference():
     assert sorted(t - ticks[0] for t in ticks) == list(range(PERTURB_SPREAD_TICKS))
 
 
-def test_pipelined_variant_replans_continuously_with_two_in_flight():
-    config = mode_config(EdgeConfig(), "async_rollforward_pipelined", 200, chunk_size=16)
-    assert (config.mode, config.request_threshold, config.max_inflight) == ("async_rollforward", 16, 2)
+def test_variants_replan_continuously_with_two_in_flight_or_thriftily_with_one():
+    config = mode_config(EdgeConfig(max_inflight=1), "async_rollforward_pipelined", 200)
+    assert (config.mode, config.replan, config.effective_max_inflight) == ("async_rollforward", "continuous", 2)
     assert config.simulated_latency_ms == 200.0 and config.inference_runner == "virtual"
+    thrifty = mode_config(EdgeConfig(), "async_rollforward_thrifty", 200)
+    assert (thrifty.mode, thrifty.replan, thrifty.effective_max_inflight) == ("async_rollforward", "thrifty", 1)
     plain = mode_config(EdgeConfig(), "sync", 100)
-    assert plain.mode == "sync" and plain.max_inflight == 1 and not plain.real_time_chunking
+    assert plain.mode == "sync" and plain.effective_max_inflight == 1 and not plain.real_time_chunking
+    assert mode_config(EdgeConfig(), "async_rollforward", 100).replan == "auto"  # the mode runs the defaults
 
 
 def test_real_time_chunking_variant_guides_async_naive_chunks_and_only_there():

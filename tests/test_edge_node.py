@@ -178,7 +178,7 @@ def test_rollforward_early_chunk_waits_for_its_start_tick():
 
 
 def test_adaptive_threshold_is_delay_estimate_plus_margin():
-    node, _, _ = make_node("async_rollforward", latency_ms=200.0, threshold_margin=2)
+    node, _, _ = make_node("async_rollforward", latency_ms=200.0, threshold_margin=2, replan="thrifty")
     run(node, 100)
     later = list(node.stats.chunks)[1:]
     assert later, "expected several inferences"
@@ -376,9 +376,9 @@ def test_answers_to_a_previous_episode_are_never_executed():
 
 
 def test_two_requests_in_flight_are_staggered_half_an_inference_apart():
-    # request_threshold = H: re-plan continuously. 200 ms = 6 ticks; with two in flight
-    # a new request starts every ceil(6 / 2) = 3 ticks once the delay is known.
-    node, _, _ = make_node("async_rollforward", latency_ms=200.0, request_threshold=20, max_inflight=2,
+    # Continuous re-planning: 200 ms = 6 ticks; with two in flight a new request starts every
+    # ceil(6 / 2) = 3 ticks once the delay is known.
+    node, _, _ = make_node("async_rollforward", latency_ms=200.0, replan="continuous", max_inflight=2,
                            delay_prior_ticks=6)
     run(node, 30)
     ticks = [c.request_tick for c in node.stats.chunks]
@@ -388,8 +388,29 @@ def test_two_requests_in_flight_are_staggered_half_an_inference_apart():
     assert node.worker.in_flight <= 2 and node.stats.stall_ticks == 0
 
 
+@pytest.mark.parametrize("compute_s, latency_ms, slots", [
+    (0.0, 200.0, 2),    # a remote policy: latency is transfer and queueing, two staggered slots
+    (0.03, 100.0, 1),   # 30 ms of compute in 100: two slots would be 60 %, over the 50 % budget
+    (0.03, 30.0, 0),    # computing for all its latency: thrifty
+])
+def test_auto_replans_continuously_where_the_policys_compute_affords_it(compute_s, latency_ms, slots):
+    """edge.replan=auto: slots x compute within replan_duty (0.5) of the latency (at least a tick)."""
+    policy = SlowPolicy(compute_s, chunk_size=20) if compute_s else EncodingPolicy(chunk_size=20)
+    node, _, _ = make_node("async_rollforward", latency_ms=latency_ms, policy=policy, delay_prior_ticks=3)
+    assert node.stats.replan_slots == 0  # nothing measured yet: thrifty
+    run(node, 40)
+    assert node.stats.replan_slots == slots
+    later = [c.request_tick for c in node.stats.chunks][2:]
+    gaps = {b - a for a, b in pairwise(later)}
+    if slots:  # a request as soon as a slot is free, staggered over one inference
+        inference = -(-int(latency_ms) * 30 // 1000)
+        assert gaps == {max(1, -(-inference // slots))}
+    else:  # one request per chunk: when delay + margin actions remain
+        assert all(r.remaining_at_request == 1 + 2 for r in list(node.stats.chunks)[2:])
+
+
 def test_one_in_flight_waits_for_the_running_inference():
-    node, _, _ = make_node("async_rollforward", latency_ms=200.0, request_threshold=20, max_inflight=1,
+    node, _, _ = make_node("async_rollforward", latency_ms=200.0, replan="continuous", max_inflight=1,
                            delay_prior_ticks=6)
     run(node, 30)
     assert [c.request_tick for c in node.stats.chunks][:4] == [0, 6, 12, 18]
@@ -398,7 +419,7 @@ def test_one_in_flight_waits_for_the_running_inference():
 def test_an_answer_overtaken_by_a_newer_one_is_never_executed():
     # Chunk 0 takes 9 ticks, chunk 1 (requested 3 ticks later) only 3: chunk 1 lands first
     # and chunk 0, planned from an older image, is dropped as superseded.
-    node, _, _ = make_node("async_rollforward", request_threshold=20, max_inflight=2, delay_prior_ticks=6,
+    node, _, _ = make_node("async_rollforward", replan="continuous", max_inflight=2, delay_prior_ticks=6,
                            latencies=[300.0, 100.0])
     steps = run(node, 20)
     assert node.stats.chunks_superseded == 1

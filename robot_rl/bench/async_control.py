@@ -36,16 +36,19 @@ if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
 
 MODES = ("sync", "async_naive", "async_rollforward")
-# Variants of a mode, benchmarked side by side with it. "pipelined": re-plan continuously
-# (ask again whenever a request slot is free) with two requests in flight, staggered half
-# an inference apart, so a change in the world reaches the executed plan about a quarter
+# Variants of a mode, benchmarked side by side with it. The modes run the edge's defaults
+# (``edge.replan=auto``: continuous re-planning where the policy's compute affords it). "thrifty":
+# ask for the next chunk only when the queue runs low, one request in flight. "pipelined": re-plan
+# continuously (ask again whenever a request slot is free) with two requests in flight, staggered
+# half an inference apart, so a change in the world reaches the executed plan about a quarter
 # of an inference sooner on average than with one request in flight. "rtc": real-time
 # chunking (LeRobot's RTCProcessor) instead of trim/blend: the new chunk, computed from the
 # request tick's observation, is guided onto what the queue executes meanwhile, so it joins
 # without a jump and without rolling the state forward. Flow policies only (the scripted
 # expert has no flow to guide, so its table leaves it out).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "async_rollforward_pipelined": ("async_rollforward", {"continuous": True, "max_inflight": 2}),
+    "async_rollforward_thrifty": ("async_rollforward", {"replan": "thrifty"}),
+    "async_rollforward_pipelined": ("async_rollforward", {"replan": "continuous", "max_inflight": 2}),
     "async_naive_rtc": ("async_naive", {"real_time_chunking": True}),
 }
 # The target moves 0.5-0.9 s in: the arm is on its way to the cube, nothing grasped yet.
@@ -61,15 +64,14 @@ def perturb_tick(i: int) -> int:
     return PERTURB_FIRST_TICK + (5 * i) % PERTURB_SPREAD_TICKS
 
 
-def mode_config(base: EdgeConfig, mode: str, latency_ms: float, chunk_size: int = 20) -> EdgeConfig:
+def mode_config(base: EdgeConfig, mode: str, latency_ms: float) -> EdgeConfig:
     """The edge settings of one benchmark cell: the configured edge, with this mode (or
     variant, see ``VARIANTS``) and latency."""
     settings: dict = {"real_time_chunking": False}
     if mode in VARIANTS:
         mode, variant = VARIANTS[mode]
         settings["max_inflight"] = variant.get("max_inflight", base.max_inflight)
-        if variant.get("continuous"):
-            settings["request_threshold"] = chunk_size  # a slot is free: ask again
+        settings["replan"] = variant.get("replan", base.replan)
         settings["real_time_chunking"] = bool(variant.get("real_time_chunking", False))
     return replace(
         base,
@@ -141,7 +143,7 @@ def measure_cells(
     results: dict[str, dict[str, dict]] = {m: {} for m in modes}
     cells = [(m, lat) for m in modes for lat in latencies_ms]
     for mode, latency in tqdm(cells, desc=desc, disable=not progress):
-        config = mode_config(base, mode, latency, getattr(policy, "chunk_size", 20))
+        config = mode_config(base, mode, latency)
         evaluation = evaluate_policy(robot, policy, config, seeds, families=families, progress=False)
         reactions = measure_reaction(robot, policy, config, reaction_seeds, families)
         finite = [r for r in reactions if math.isfinite(r)]
@@ -194,7 +196,7 @@ def run_async_bench(
         robot, policy, mode_config(base, "async_rollforward", 0), realtime_seeds)
     # Continuous re-planning runs the policy several times as often: does the control loop still keep time?
     report["realtime_late_tick_frac_by_mode"] = {
-        mode: measure_late_ticks(robot, policy, mode_config(base, mode, 0, getattr(policy, "chunk_size", 20)),
+        mode: measure_late_ticks(robot, policy, mode_config(base, mode, 0),
                                  realtime_seeds)
         for mode in VARIANTS if mode in modes
     } | {"async_rollforward": report["realtime_late_tick_frac"]}

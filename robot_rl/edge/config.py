@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MODES = ("sync", "async_naive", "async_rollforward")
+REPLANS = ("auto", "thrifty", "continuous")
 LATENCY_DISTRIBUTIONS = ("constant", "uniform", "lognormal", "measured")
 INFERENCE_RUNNERS = ("auto", "virtual", "thread", "process")
 
@@ -39,11 +40,26 @@ class EdgeConfig:
     # weights; BENCHMARKS.md "replan"), so it stays off by default.
     min_request_threshold: int = 0
 
-    # Async modes: requests computed at the same time, started delay/max_inflight ticks
-    # apart. One in flight sees a change in the world on average half an inference late
-    # (the running one was started before it); N staggered ones cut that to 1/(2N). Only
-    # worth it where the policy can run requests concurrently (sim latency, a GPU server).
-    max_inflight: int = 1
+    # Async modes: when to ask for the next chunk.
+    # "thrifty": when `remaining <= threshold` above, one request in flight: one policy call per
+    #   chunk, but a change in the world reaches the executed plan only after most of a chunk.
+    # "continuous": whenever a request slot is free (max_inflight of them, started delay/slots
+    #   ticks apart): the plan follows the world within ~1 + 1/(2 x slots) inferences, at one policy
+    #   call per inference per slot (the default thrifty schedule reacted 2.3x slower than sync at
+    #   200 ms, continuous with 2 slots within 1.46x of the floor: BENCHMARKS.md "async").
+    # "auto": continuous with the most slots the policy can afford, else thrifty. Affordable: its
+    #   measured compute time x slots within replan_duty of the time between two requests
+    #   (the inference latency, at least one tick). A policy computing on this machine is busy for
+    #   its whole latency and stays thrifty (it shares the CPU or GPU with the robot's other work);
+    #   a remote or batched one, whose latency is mostly transfer and queueing, re-plans continuously.
+    #   A request_threshold or min_request_threshold set above means thrifty.
+    replan: str = "auto"
+    replan_duty: float = 0.5
+    # Continuous re-planning: requests in flight at once. One in flight sees a change in the world
+    # on average half an inference late (the running one was started before it); N staggered ones
+    # cut that to 1/(2N). Worth it where the policy runs requests concurrently (sim latency, a GPU
+    # server); "auto" uses fewer where they are not affordable. Thrifty re-planning keeps one.
+    max_inflight: int = 2
 
     # Ask for the first chunk of an episode before tick 0 and start the episode's clock
     # when it is there. The arm stands at its start pose while the scene is set, so the
@@ -122,6 +138,10 @@ class EdgeConfig:
             problems.append(f"min_request_threshold must be >= 0, got {self.min_request_threshold}")
         if self.max_inflight < 1:
             problems.append(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.replan not in REPLANS:
+            problems.append(f"replan must be one of {REPLANS}, got {self.replan!r}")
+        if not 0.0 < self.replan_duty <= 1.0:
+            problems.append(f"replan_duty must be in (0, 1], got {self.replan_duty}")
         if self.threshold_margin < 0:
             problems.append(f"threshold_margin must be >= 0, got {self.threshold_margin}")
         if self.first_chunk_timeout_s <= 0:
@@ -157,9 +177,16 @@ class EdgeConfig:
         return 1.0 / self.fps
 
     @property
+    def thrifty(self) -> bool:
+        """Re-plan only when the queue runs low (explicitly, or because one of its thresholds is set);
+        sync waits for each chunk, which is thrifty by nature."""
+        return (self.rules.waits_for_chunk or self.replan == "thrifty" or self.request_threshold is not None
+                or self.min_request_threshold > 0)
+
+    @property
     def effective_max_inflight(self) -> int:
-        """Sync waits for each chunk, so it never has more than one request in flight."""
-        return 1 if self.rules.waits_for_chunk else self.max_inflight
+        """Slots the inference runner needs: one for a thrifty schedule, else ``max_inflight``."""
+        return 1 if self.thrifty else self.max_inflight
 
     @property
     def rules(self) -> ModeRules:

@@ -4,9 +4,11 @@ Each tick (1/fps):
   1. wait for the tick's scheduled time (wall clock: sleep; virtual clock: jump) and
      measure how late it started;
   2. run the ``on_tick`` hook (benchmarks perturb the world here), read the observation;
-  3. collect a finished chunk and splice it, then ask for a new one if
-     ``remaining <= threshold`` and the worker is idle (then collect again, so a
-     zero-latency runner lands in the same tick);
+  3. collect a finished chunk and splice it, then ask for a new one (then collect again,
+     so a zero-latency runner lands in the same tick): thrifty re-planning asks when
+     ``remaining <= threshold`` and no request is in flight; continuous re-planning asks
+     whenever one of its request slots is free, staggered over one inference
+     (``edge.replan``; "auto" picks continuous where the policy's measured compute affords it);
   4. pick the action: the human's if intervening, else the queue's head, else hold the
      last commanded position (a stall, or a wait by design);
   5. clamp the per-tick joint change, send it, record a Step.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -164,6 +167,11 @@ class EdgeNode:
             getattr(robot, "max_joint_velocity", None), self.config.fps, self.config.max_joint_delta_per_tick,
             action_dim), action_dim)
         self.stats = EdgeStats()
+        # Re-planning: continuous with this many slots from the start, or (auto) from what the first
+        # chunks cost (_replan_slots); thrifty until then.
+        self.stats.replan_slots = self.worker.max_inflight if self.config.replan == "continuous" and \
+            not self.config.thrifty else 0
+        self._costs: deque[tuple[float, float]] = deque(maxlen=self.config.delay_window)  # (compute, latency) s
 
         self._policy_version = policy_version
         self._pending_swap: PolicySwap | None = None
@@ -382,10 +390,13 @@ class EdgeNode:
     # ----------------------------------------------------------------- inference
 
     def _maybe_request(self, n: int, obs: Observation, state: np.ndarray, intervening: bool) -> None:
-        if self.worker.in_flight >= self.worker.max_inflight or self.queue.remaining > self.request_threshold():
+        slots = self.stats.replan_slots  # 0: thrifty
+        if self.worker.in_flight >= max(slots, 1):
+            return
+        if not slots and self.queue.remaining > self.request_threshold():
             return
         estimate = self.delay.estimate()
-        if self.worker.busy and n - self._last_request_tick < self._stagger_ticks(estimate):
+        if self.worker.busy and n - self._last_request_tick < self._stagger_ticks(estimate, max(slots, 1)):
             return
         last = self.queue.last_taken
         executed_index = last.chunk_index if last is not None else -1
@@ -470,9 +481,19 @@ class EdgeNode:
         self._take_result(0, result, measured=math.ceil(result.latency_s * self.config.fps - 1e-9))
         return self._t0
 
-    def _stagger_ticks(self, estimate: int) -> int:
+    def _stagger_ticks(self, estimate: int, slots: int) -> int:
         """Ticks between two requests in flight together: they spread over one inference."""
-        return max(1, -(-estimate // self.worker.max_inflight))
+        return max(1, -(-estimate // slots))
+
+    def _replan_slots(self) -> int:
+        """``edge.replan=auto``: the most request slots whose compute fits ``replan_duty`` of the time
+        between two requests (the median latency of recent chunks, at least a tick); 0: thrifty."""
+        compute = float(np.median([c for c, _ in self._costs]))
+        interval = max(float(np.median([latency for _, latency in self._costs])), self.config.period_s)
+        for slots in range(self.worker.max_inflight, 0, -1):
+            if slots * compute <= self.config.replan_duty * interval:
+                return slots
+        return 0
 
     def _take_swap(self) -> PolicySwap | None:
         with self._swap_lock:
@@ -496,6 +517,9 @@ class EdgeNode:
         self.delay.observe(measured)
         self.stats.measured_delays.append(measured)
         self.stats.inference_latency_s.append(result.latency_s)
+        if self.config.replan == "auto" and not self.config.thrifty:
+            self._costs.append((result.compute_s, result.latency_s))
+            self.stats.replan_slots = self._replan_slots()
         self._note_swap(result)
         record = self._record_for(request.chunk_id)
         if record is not None:

@@ -62,6 +62,7 @@ class EdgeStats:
     sink_errors: int = 0
     invalid_human_actions: int = 0
     max_lateness_s: float = 0.0
+    replan_slots: int = 0  # gauge: requests continuous re-planning keeps in flight (0: thrifty, edge.replan)
     delay_estimates: deque[int] = field(default_factory=_history)  # d at each request
     measured_delays: deque[int] = field(default_factory=_history)  # d' of each finished inference
     inference_latency_s: deque[float] = field(default_factory=_history)
@@ -76,7 +77,8 @@ class EdgeStats:
         p50, p99, peak = (np.quantile(lateness_ms, 0.5), np.quantile(lateness_ms, 0.99),
                           lateness_ms.max()) if lateness_ms.size else (0.0, 0.0, 0.0)
         return {"ticks": self.ticks, "late_ticks": self.late_ticks, "intervention_ticks": self.intervention_ticks,
-                "swaps": self.swaps, "lateness_p50_ms": round(float(p50), 3), "lateness_p99_ms": round(float(p99), 3),
+                "swaps": self.swaps, "replan_slots": self.replan_slots,
+                "lateness_p50_ms": round(float(p50), 3), "lateness_p99_ms": round(float(p99), 3),
                 "lateness_max_ms": round(float(peak), 3)}
 
     def summary(self) -> dict[str, float | int]:
@@ -97,6 +99,7 @@ class EdgeStats:
             "swaps": self.swaps,
             "swap_failures": self.swap_failures,
             "max_lateness_s": self.max_lateness_s,
+            "replan_slots": self.replan_slots,
             "delay_estimate_last": self.delay_estimates[-1] if self.delay_estimates else -1,
             "measured_delay_mean": float(np.mean(self.measured_delays)) if self.measured_delays else 0.0,
             "latency_mean_s": float(lat.mean()) if lat.size else 0.0,
