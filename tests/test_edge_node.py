@@ -388,25 +388,27 @@ def test_two_requests_in_flight_are_staggered_half_an_inference_apart():
     assert node.worker.in_flight <= 2 and node.stats.stall_ticks == 0
 
 
-@pytest.mark.parametrize("compute_s, latency_ms, slots", [
-    (0.0, 200.0, 2),    # a remote policy: latency is transfer and queueing, two staggered slots
-    (0.03, 100.0, 1),   # 30 ms of compute in 100: two slots would be 60 %, over the 50 % budget
-    (0.03, 30.0, 0),    # computing for all its latency: thrifty
+@pytest.mark.parametrize("latency_ms, distribution, compute_s, slots", [
+    (200.0, "constant", 0.0, 2),     # a simulated remote server: two staggered slots
+    (0.0, "constant", 0.0, 0),       # a local policy computing at once: it would re-plan every tick
+    (0.0, "measured", 0.012, 1),     # 12 ms of real compute per tick of 33: one slot (two: 73 %)
+    (0.0, "measured", 0.03, 0),      # computing through most of every tick: thrifty
 ])
-def test_auto_replans_continuously_where_the_policys_compute_affords_it(compute_s, latency_ms, slots):
-    """edge.replan=auto: slots x compute within replan_duty (0.5) of the latency (at least a tick)."""
+def test_auto_replans_continuously_where_the_policy_affords_it(latency_ms, distribution, compute_s, slots):
+    """edge.replan=auto: slots x device time within replan_duty (0.5) of the latency (at least a tick)."""
     policy = SlowPolicy(compute_s, chunk_size=20) if compute_s else EncodingPolicy(chunk_size=20)
-    node, _, _ = make_node("async_rollforward", latency_ms=latency_ms, policy=policy, delay_prior_ticks=3)
+    node, _, _ = make_node("async_rollforward", latency_ms=latency_ms, policy=policy, delay_prior_ticks=3,
+                           latency_distribution=distribution)
     assert node.stats.replan_slots == 0  # nothing measured yet: thrifty
     run(node, 40)
     assert node.stats.replan_slots == slots
-    later = [c.request_tick for c in node.stats.chunks][2:]
-    gaps = {b - a for a, b in pairwise(later)}
+    later = list(node.stats.chunks)[3:]
+    gaps = {b.request_tick - a.request_tick for a, b in pairwise(later)}
     if slots:  # a request as soon as a slot is free, staggered over one inference
-        inference = -(-int(latency_ms) * 30 // 1000)
+        inference = max(1, -(-int(latency_ms) * 30 // 1000))
         assert gaps == {max(1, -(-inference // slots))}
     else:  # one request per chunk: when delay + margin actions remain
-        assert all(r.remaining_at_request == 1 + 2 for r in list(node.stats.chunks)[2:])
+        assert all(r.remaining_at_request == r.delay_estimate + 2 for r in later)
 
 
 def test_one_in_flight_waits_for_the_running_inference():

@@ -128,7 +128,9 @@ def test_a_load_that_holds_the_interpreter_lock_delays_no_tick_in_its_own_proces
 
     hold_s = 0.4
     here = TorchEncodingPolicy(load_hold_s=hold_s)
-    node = EdgeNode(KinematicRobot(), here, WallClock(), EdgeConfig(fps=30, inference_runner="thread"))
+    # One request per chunk in both arms (edge.replan): what differs is only where the load runs.
+    node = EdgeNode(KinematicRobot(), here, WallClock(),
+                    EdgeConfig(fps=30, inference_runner="thread", replan="thrifty"))
     shadow = TorchEncodingPolicy(load_hold_s=hold_s)
     loads = []
 
@@ -143,7 +145,7 @@ def test_a_load_that_holds_the_interpreter_lock_delays_no_tick_in_its_own_proces
     node.close()
 
     remote = spawn_policy(functools.partial(TorchEncodingPolicy, load_hold_s=hold_s))
-    node = EdgeNode(KinematicRobot(), remote, WallClock(), EdgeConfig(fps=30))
+    node = EdgeNode(KinematicRobot(), remote, WallClock(), EdgeConfig(fps=30, replan="thrifty"))
     in_process = _max_lateness_while_loading(node, lambda: remote.stage_weights(1, weights(50.0)))
     assert 1 in node.worker.loaded_at  # the slow load did happen, during the episode
     node.close()

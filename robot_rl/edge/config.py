@@ -52,6 +52,8 @@ class EdgeConfig:
     #   (the inference latency, at least one tick). A policy computing on this machine is busy for
     #   its whole latency and stays thrifty (it shares the CPU or GPU with the robot's other work);
     #   a remote or batched one, whose latency is mostly transfer and queueing, re-plans continuously.
+    #   On the virtual clock the decision follows the simulated latency alone, so it is the same on
+    #   any machine: above 0 ms a remote server (continuous), 0 ms or "measured" a local policy.
     #   A request_threshold or min_request_threshold set above means thrifty.
     replan: str = "auto"
     replan_duty: float = 0.5

@@ -83,6 +83,9 @@ class InferenceResult:
     swap_error: str | None = None
     ready_time_s: float = 0.0  # clock time at which the chunk may be used
     latency_s: float = 0.0  # ready time - request time
+    # Seconds the policy's device was busy with this request, as the runner models it (None: the
+    # compute time); edge.replan=auto weighs it against the latency.
+    device_s: float | None = None
 
 
 class PolicyRunner:
@@ -247,7 +250,18 @@ class VirtualLatencyRunner:
         result = self.runner.run(request)
         result.latency_s = self.latency.sample_s(result.compute_s)
         result.ready_time_s = request.request_time_s + result.latency_s
+        result.device_s = self._device_s(result)
         self._pending.append(result)
+
+    def _device_s(self, result: InferenceResult) -> float:
+        """The simulated device's busy time, from the latency model alone, so that a virtual-clock run
+        (an evaluation, a benchmark) re-plans the same on any machine: a latency drawn from the real
+        compute ("measured") is a policy on this machine, busy for all of it; any other latency above
+        zero stands for a remote inference server, whose compute is not this robot's to budget; zero
+        latency is a local policy computing at once, which would re-plan at every tick (never affordable)."""
+        if getattr(self.latency, "distribution", None) == "measured":
+            return result.latency_s
+        return 0.0 if result.latency_s > 0 else float("inf")
 
     def poll(self, now: float) -> InferenceResult | None:
         ready = [r for r in self._pending if r.ready_time_s <= now + _TIME_EPS]

@@ -171,7 +171,7 @@ class EdgeNode:
         # chunks cost (_replan_slots); thrifty until then.
         self.stats.replan_slots = self.worker.max_inflight if self.config.replan == "continuous" and \
             not self.config.thrifty else 0
-        self._costs: deque[tuple[float, float]] = deque(maxlen=self.config.delay_window)  # (compute, latency) s
+        self._costs: deque[tuple[float, float]] = deque(maxlen=self.config.delay_window)  # (device, latency) s
 
         self._policy_version = policy_version
         self._pending_swap: PolicySwap | None = None
@@ -486,8 +486,9 @@ class EdgeNode:
         return max(1, -(-estimate // slots))
 
     def _replan_slots(self) -> int:
-        """``edge.replan=auto``: the most request slots whose compute fits ``replan_duty`` of the time
-        between two requests (the median latency of recent chunks, at least a tick); 0: thrifty."""
+        """``edge.replan=auto``: the most request slots whose device time (the compute, or what a
+        virtual runner models) fits ``replan_duty`` of the time between two requests (the median
+        latency of recent chunks, at least a tick); 0: thrifty."""
         compute = float(np.median([c for c, _ in self._costs]))
         interval = max(float(np.median([latency for _, latency in self._costs])), self.config.period_s)
         for slots in range(self.worker.max_inflight, 0, -1):
@@ -518,7 +519,8 @@ class EdgeNode:
         self.stats.measured_delays.append(measured)
         self.stats.inference_latency_s.append(result.latency_s)
         if self.config.replan == "auto" and not self.config.thrifty:
-            self._costs.append((result.compute_s, result.latency_s))
+            device = result.device_s if result.device_s is not None else result.compute_s
+            self._costs.append((device, result.latency_s))
             self.stats.replan_slots = self._replan_slots()
         self._note_swap(result)
         record = self._record_for(request.chunk_id)
