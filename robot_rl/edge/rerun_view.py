@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import uuid
 from dataclasses import dataclass, replace
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from robot_rl.core.errors import ConfigError
 from robot_rl.core.types import Step
 from robot_rl.edge.viewer_config import NoViewerConfig, RerunMode, RerunViewerConfig
 
@@ -57,18 +59,34 @@ class _Logged:
     item: Step | PlanUpdate
 
 
+def import_rerun() -> Any:
+    """rerun-sdk, or a ConfigError saying how to get it (it comes with LeRobot's viz extra)."""
+    try:
+        import rerun as rr
+    except ImportError as exc:
+        raise ConfigError("viewer=rerun needs rerun-sdk: pip install 'robot-rl[edge]' (LeRobot's viz extra), "
+                          "or run without viewer=rerun") from exc
+    return rr
+
+
 def open_recording(config: RerunViewerConfig, name: str) -> Any:
     """A Rerun recording stream going where ``config`` says (``name``: the ``.rrd`` file's stem in
     save mode). Streams with the same ``config.recording`` appear as one recording in the viewer."""
-    import rerun as rr
-
+    rr = import_rerun()
     recording = rr.RecordingStream(APP_ID, recording_id=config.recording or str(uuid.uuid4()))
     if config.mode is RerunMode.save:
         directory = Path(config.dir)
         directory.mkdir(parents=True, exist_ok=True)
         recording.save(directory / f"{name}.rrd")
     elif config.mode is RerunMode.spawn:
-        recording.spawn(port=_port(config.url), memory_limit=config.memory_limit)
+        # The viewer executable sits beside this interpreter (a venv that is not activated is not on PATH).
+        beside = Path(sys.executable).with_name("rerun")
+        try:
+            rr.spawn(port=_port(config.url), memory_limit=config.memory_limit, recording=recording,
+                     executable_path=str(beside) if beside.exists() else None)
+        except RuntimeError as exc:
+            raise ConfigError(f"viewer.mode=spawn could not start the Rerun viewer ({str(exc).splitlines()[0]}); "
+                              f"on a machine without a display use viewer.mode=serve or viewer.mode=save") from exc
     elif config.mode is RerunMode.serve:
         url = rr.serve_grpc(grpc_port=_port(config.url), recording=recording)
         rr.serve_web_viewer(web_port=config.web_port, open_browser=False, connect_to=url)
@@ -103,9 +121,7 @@ class RerunView:
     """``VIEWERS.build(config, robot_id=..., joint_names=...)``, then ``attach(node)``; ``close()`` at the end."""
 
     def __init__(self, config: RerunViewerConfig, *, robot_id: str, joint_names: tuple[str, ...]) -> None:
-        import rerun as rr  # ImportError names the package: pip install 'lerobot[viz]'
-
-        self._rr = rr
+        self._rr = import_rerun()
         self.config = config
         self.robot_id = robot_id
         self.joint_names = tuple(joint_names)

@@ -16,11 +16,9 @@ class ReplayView:
     """Per replayed step: both camera sets and both joint vectors."""
 
     def __init__(self, config: RerunViewerConfig, joint_names: tuple[str, ...]) -> None:
-        import rerun as rr
+        from robot_rl.edge.rerun_view import import_rerun, open_recording
 
-        from robot_rl.edge.rerun_view import open_recording
-
-        self._rr = rr
+        self._rr = import_rerun()
         self._recording = open_recording(config, "replay")
         self._joint_names = list(joint_names)
         self._compress = config.compress_images
