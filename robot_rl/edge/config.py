@@ -45,8 +45,8 @@ class EdgeConfig:
     #   chunk, but a change in the world reaches the executed plan only after most of a chunk.
     # "continuous": whenever a request slot is free (max_inflight of them, started delay/slots
     #   ticks apart): the plan follows the world within ~1 + 1/(2 x slots) inferences, at one policy
-    #   call per inference per slot (the default thrifty schedule reacted 2.3x slower than sync at
-    #   200 ms, continuous with 2 slots within 1.46x of the floor: BENCHMARKS.md "async").
+    #   call per inference per slot (at 200 ms thrifty reacts in 2.7x the floor, continuous with 2
+    #   slots in 1.46x: BENCHMARKS.md "async").
     # "auto": continuous with the most slots the policy can afford, else thrifty. Affordable: its
     #   measured compute time x slots within replan_duty of the time between two requests
     #   (the inference latency, at least one tick). A policy computing on this machine is busy for
