@@ -22,6 +22,7 @@ import numpy as np
 
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.features import EXTRA_COLUMNS, dataset_features
+from robot_rl.data.frame_storage import FrameStorageConfig
 from robot_rl.data.repair import repair_interrupted_write
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class EpisodeRecorder:
         cameras: dict[str, tuple[int, int]],
         repo_id: str = "local/robot_rl",
         robot_type: str = "so101",
-        use_videos: bool = False,
+        frames: FrameStorageConfig | None = None,
         finalize_every: int = 1,
     ) -> None:
         if finalize_every < 1:
@@ -59,11 +60,14 @@ class EpisodeRecorder:
         self.cameras = dict(cameras)
         self.repo_id = repo_id
         self.robot_type = robot_type
-        self.use_videos = use_videos
-        self.features = dataset_features(self.joint_names, self.cameras, use_videos)
+        self.frames = frames or FrameStorageConfig()
         self._dataset = None
         self._num_episodes: int | None = None
-        if (self.root / "meta" / "info.json").exists():
+        existing = self.root / "meta" / "info.json"
+        # A dataset that exists keeps its image layout: LeRobot appends in the layout it was created with.
+        self.use_videos = _stores_video(existing) if existing.exists() else self.frames.use_videos(self.cameras)
+        self.features = dataset_features(self.joint_names, self.cameras, self.use_videos)
+        if existing.exists():
             self._check_existing_layout()
             repair_interrupted_write(self.root)
         self._num_episodes = self._read_num_episodes()
@@ -130,8 +134,10 @@ class EpisodeRecorder:
     def _open(self):
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
+        # Video frames go to the encoder as they are added, not through PNG files on disk first.
+        video = {"rgb_encoder": self.frames.rgb_encoder(), "streaming_encoding": True} if self.use_videos else {}
         if (self.root / "meta" / "info.json").exists():
-            return LeRobotDataset.resume(self.repo_id, root=self.root)
+            return LeRobotDataset.resume(self.repo_id, root=self.root, **video)
         self.root.parent.mkdir(parents=True, exist_ok=True)
         return LeRobotDataset.create(
             self.repo_id,
@@ -140,6 +146,7 @@ class EpisodeRecorder:
             root=self.root,
             robot_type=self.robot_type,
             use_videos=self.use_videos,
+            **video,
         )
 
     def _check_existing_layout(self) -> None:
@@ -188,6 +195,11 @@ class EpisodeRecorder:
         for column, (dtype, _) in EXTRA_COLUMNS.items():
             frame[column] = np.array([values[column]], dtype=dtype)
         return frame
+
+
+def _stores_video(info_path: Path) -> bool:
+    features = json.loads(info_path.read_text()).get("features", {})
+    return any(ft.get("dtype") == "video" for ft in features.values())
 
 
 def _vector(value: object, dim: int, name: str, tick: int) -> np.ndarray:

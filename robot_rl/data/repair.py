@@ -12,7 +12,8 @@ the tail: the episodes after the last finalize.
 moves the torn files aside (``<root>.interrupted/<time>/``, never deleted) and rewrites the
 counts in ``info.json``. Whoever still holds the torn episodes (the learner's staging log)
 writes them again. ``stats.json`` and ``tasks.parquet`` may still include the torn
-episodes' values; both are aggregates and LeRobot loads them either way.
+episodes' values; both are aggregates and LeRobot loads them either way. In a video dataset the
+torn episodes' MP4 files are moved aside too (see ``repair_interrupted_write``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def repair_interrupted_write(root: str | Path) -> RepairReport:
     info_path = root / "meta" / "info.json"
     info = json.loads(info_path.read_text())
     counted = int(info["total_episodes"])
-    readable, torn_meta = _readable_episodes(root)
+    video_keys = [key for key, ft in info.get("features", {}).items() if ft.get("dtype") == "video"]
+    readable, torn_meta = _readable_episodes(root, video_keys)
     data_files = sorted((root / "data").glob("chunk-*/file-*.parquet"))
     good_data = {path for path in data_files if _parquet_readable(path)}
     kept = _longest_intact_prefix(info, root, readable, good_data)
@@ -64,6 +66,13 @@ def repair_interrupted_write(root: str | Path) -> RepairReport:
                                  "damaged file from a backup, or record into a new directory")
     referenced = {_data_path(root, info, row) for row in kept}
     stray_data = [path for path in data_files if path not in referenced]
+    # LeRobot appends an episode's video to the file its last episode ended in at the time stamp that
+    # episode's metadata gives: frames of rolled-back episodes left in a kept file would shift every
+    # later episode's frames. Each open starts a new video file, so rolled-back episodes' frames are
+    # only ever in files no kept episode references: those are moved aside.
+    referenced_videos = {_video_path(info, key, row) for row in kept for key in video_keys}
+    stray_data += [path for path in sorted((root / "videos").glob("*/chunk-*/file-*.mp4"))
+                   if path.relative_to(root).as_posix() not in referenced_videos]
     dropped_meta = torn_meta + _meta_files_of(root, readable[len(kept):])
     if len(kept) == counted and not stray_data and not dropped_meta:
         return RepairReport(episodes_kept=counted, episodes_dropped=0)
@@ -87,13 +96,14 @@ def repair_interrupted_write(root: str | Path) -> RepairReport:
     return report
 
 
-def _readable_episodes(root: Path) -> tuple[list[dict], list[Path]]:
+def _readable_episodes(root: Path, video_keys: list[str]) -> tuple[list[dict], list[Path]]:
     """Episode rows of every readable metadata file (sorted by index), and the unreadable files."""
     rows: list[dict] = []
     torn: list[Path] = []
+    columns = EPISODE_COLUMNS + [f"videos/{key}/{part}" for key in video_keys for part in ("chunk_index", "file_index")]
     for path in sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet")):
         try:
-            table = pq.read_table(path, columns=EPISODE_COLUMNS)
+            table = pq.read_table(path, columns=columns)
         except Exception:  # noqa: BLE001 - a footer-less file from a killed writer
             torn.append(path)
             continue
@@ -119,6 +129,11 @@ def _meta_files_of(root: Path, rows: list[dict]) -> list[Path]:
 
 def _data_path(root: Path, info: dict, row: dict) -> Path:
     return root / info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+
+
+def _video_path(info: dict, key: str, row: dict) -> str:
+    return info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
+                                     file_index=row[f"videos/{key}/file_index"])
 
 
 def _parquet_readable(path: Path) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from robot_rl.bridges.zmq.server import PeerLimits
+from robot_rl.data.frame_storage import FrameStorageConfig
 
 STREAMS = ("online", "intervention", "demonstration")
 STALENESS_MODES = ("drop", "downweight")
@@ -116,6 +117,9 @@ class StoreConfig:
     # the robots share: 4.8 instead of 4.0 updates/s in a 3-minute `robot-rl run`, 5.4 with no
     # writing at all; BENCHMARKS.md "store") or "thread" (in the learner's process: tools, tests).
     writer: str = "process"
+    # How camera frames are stored: PNG for small frames, LeRobot's video encoding for camera-size
+    # ones (640x480: PNG would need ~70 ms of a core a frame). A store that exists keeps its layout.
+    frames: FrameStorageConfig = field(default_factory=FrameStorageConfig)
 
     def __post_init__(self) -> None:
         self.joint_names = tuple(self.joint_names) if self.joint_names is not None else None

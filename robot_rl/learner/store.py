@@ -206,7 +206,7 @@ class ReplayStore:
         # In its own process by default (config.writer): LeRobot's writer would hold the GIL the trainer needs.
         self.writer = make_writer(self.config.writer, RecorderSpec(str(self.dataset_root), layout.fps,
                                                                    layout.joint_names, layout.camera_shapes,
-                                                                   self.config.repo_id),
+                                                                   self.config.repo_id, self.config.frames),
                                   nice=self.config.commit_nice)
         self._restore()
 

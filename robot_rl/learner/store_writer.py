@@ -24,7 +24,7 @@ import logging
 import multiprocessing
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -37,6 +37,7 @@ from robot_rl.bridges.zmq.segments import decode_segment
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Episode, Step
+from robot_rl.data.frame_storage import FrameStorageConfig
 from robot_rl.data.recorder import EpisodeRecorder
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,11 @@ class RecorderSpec:
     joint_names: tuple[str, ...]
     cameras: dict[str, tuple[int, int]]
     repo_id: str
+    frames: FrameStorageConfig = field(default_factory=FrameStorageConfig)
 
     def open(self) -> EpisodeRecorder:
-        return EpisodeRecorder(Path(self.root), self.fps, self.joint_names, self.cameras, repo_id=self.repo_id)
+        return EpisodeRecorder(Path(self.root), self.fps, self.joint_names, self.cameras, repo_id=self.repo_id,
+                               frames=self.frames)
 
 
 def _decode_staged(frames: Sequence[bytes]) -> list[Step]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from robot_rl.data.frame_storage import FrameStorageConfig
+
 KEY_MODES = ("auto", "terminal", "script", "none")
 
 
@@ -28,6 +30,8 @@ class SessionConfig:
     instruction: str = ""  # real robots: what the policy is asked to do (the sim makes its own)
     dataset_root: str = "${output_dir}/session"
     repo_id: str = "local/robot_rl_session"
+    # How the session's dataset stores camera frames (PNG, or video for camera-size frames).
+    frames: FrameStorageConfig = field(default_factory=FrameStorageConfig)
     realtime: bool = True
     keys: str = "auto"
     key_script: list[str] = field(default_factory=list)

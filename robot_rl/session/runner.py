@@ -189,7 +189,7 @@ def _recorder(config: SessionConfig, robot: Any) -> Any:
     layout = RecordedLayout.of_robot(robot)
     return EpisodeRecorder(
         Path(config.dataset_root), layout.fps, layout.joint_names, layout.camera_shapes,
-        repo_id=config.repo_id, robot_type=getattr(robot, "name", "robot"),
+        repo_id=config.repo_id, robot_type=getattr(robot, "name", "robot"), frames=config.frames,
     )
 
 
