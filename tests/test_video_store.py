@@ -123,3 +123,25 @@ def test_a_video_writer_killed_before_finalize_keeps_earlier_episodes_and_sets_i
     assert reopened.write_episode(after, finalize=True) == 2
     for stored, episode in zip(load_episode_arrays(root), kept + [after], strict=True):
         assert_frames_match(stored, episode)
+
+
+@pytest.mark.slow
+def test_the_learner_store_writes_video_in_its_writer_process_and_reads_it_back_after_a_restart(tmp_path):
+    from robot_rl.learner.store import ReplayStore
+    from tests.learner_helpers import IMG, make_steps, store_config
+    from tests.test_learner_store import segments
+
+    config = store_config(tmp_path, writer="process", frames=VIDEO)
+    with ReplayStore(config) as store:
+        for episode in (1, 2):
+            for segment in segments("r0", episode, make_steps(10, robot=0, episode=episode)):
+                store.ingest(segment)
+        assert store.flush(timeout_s=120) and store.stats()["episodes_stored"] == 2
+    info = json.loads((tmp_path / "dataset" / "meta" / "info.json").read_text())
+    assert info["features"]["observation.images.front"]["dtype"] == "video"
+    with ReplayStore(config) as reopened:  # a restart reads the sampling index back from the videos
+        assert reopened.index.wait_loaded(timeout_s=120)
+        assert reopened.index.counts()["online"] == 20
+    for stored in load_episode_arrays(tmp_path / "dataset", "local/robot_rl_replay"):
+        written = np.stack([np.full((IMG, IMG, 3), (t * 7) % 256, np.uint8) for t in range(10)]).astype(np.float32)
+        assert np.abs(stored["images.front"].astype(np.float32) - written).mean(axis=(1, 2, 3)).max() < MAX_MEAN_ERROR

@@ -117,6 +117,31 @@ class StoreBenchConfig:
 
 
 @dataclass
+class CamerasBenchConfig:
+    """``bench cameras``: the store's writer fed real cameras' frames in real time, per image layout."""
+
+    robots: int = 4
+    image: list[int] = field(default_factory=lambda: [480, 640])  # height, width of both cameras
+    layouts: list[str] = field(default_factory=lambda: ["video", "png"])  # learner.store.frames.images, side by side
+    window_s: float = 120.0  # of robots in real time, per layout
+    episode_s: float = 10.0  # each robot finishes an episode this often (300 steps at 30 Hz)
+    commit_batch: int = 8  # episodes per dataset finalize, as learner.store.commit_batch
+    drain_timeout_s: float = 300.0  # a sustained layout gets this long to write what is queued at the end
+    small_image: int = 96  # the sim's frames, read back in each layout beside the camera size
+
+    def __post_init__(self) -> None:
+        if self.robots < 1 or self.commit_batch < 1 or self.small_image < 8:
+            raise ValueError(f"bench cameras: robots and commit_batch must be >= 1, small_image >= 8, got {self}")
+        if len(self.image) != 2 or min(self.image) < 8 or any(v % 2 for v in self.image):
+            raise ValueError(f"bench.image must be [height, width], even, >= 8 (video wants even sizes), "
+                             f"got {self.image}")
+        if not self.layouts or any(layout not in ("png", "video") for layout in self.layouts):
+            raise ValueError(f"bench.layouts must be png and/or video, got {self.layouts}")
+        if self.episode_s <= 0 or self.window_s < self.episode_s or self.drain_timeout_s < 0:
+            raise ValueError(f"bench cameras: episode_s > 0 and window_s >= episode_s, got {self}")
+
+
+@dataclass
 class ReplanBenchConfig:
     """``bench replan``: held-out success of given weights at re-planning floors, paired."""
 
@@ -210,6 +235,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "realtime": RealtimeBenchConfig,
     "faults": FaultsBenchConfig,
     "store": StoreBenchConfig,
+    "cameras": CamerasBenchConfig,
     "replan": ReplanBenchConfig,
     "learning": LearningBenchConfig,
     "policies": PoliciesBenchConfig,

@@ -25,6 +25,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                          "damaged checkpoints and spools, a full disk: lost, duplicated, poisoned, admitted"),
     "store": ("store", "the learner's dataset writer: seconds per stored episode and the GIL it leaves, "
                        "store.commit_batch 1 vs 8, in-process vs own process"),
+    "cameras": ("cameras", "the store fed 640x480 cameras of 4 robots in real time: video vs PNG, writer "
+                           "frames/s and backlog, training read frames/s and bytes per frame"),
     "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N"),
     "learning": ("learning", "none vs rwr vs awr vs rl vs hgdagger, with/without interventions, "
                              "async learner vs sync loop"),

@@ -134,6 +134,8 @@ class EpisodeRecorder:
     def _open(self):
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
+        if self.use_videos:
+            _quiet_encoder_logs()
         # Video frames go to the encoder as they are added, not through PNG files on disk first.
         video = {"rgb_encoder": self.frames.rgb_encoder(), "streaming_encoding": True} if self.use_videos else {}
         if (self.root / "meta" / "info.json").exists():
@@ -195,6 +197,15 @@ class EpisodeRecorder:
         for column, (dtype, _) in EXTRA_COLUMNS.items():
             frame[column] = np.array([values[column]], dtype=dtype)
         return frame
+
+
+def _quiet_encoder_logs() -> None:
+    """LeRobot hands libav's logging back to FFmpeg's own printer after each episode, which then
+    prints the encoder's statistics (a dozen lines per camera and episode) into the operator's
+    terminal; errors still print."""
+    import av
+
+    av.logging.set_libav_level(av.logging.ERROR)
 
 
 def _stores_video(info_path: Path) -> bool:
