@@ -22,6 +22,7 @@ from robot_rl.bridges.zmq import (
     ClientCurve,
     Error,
     Hello,
+    HelloOk,
     ImageEncoding,
     Peer,
     Segment,
@@ -125,6 +126,76 @@ def test_streamed_segments_are_acked_stored_and_exact(tmp_path):
         assert np.array_equal(got[5].state, np.full(6, 1, np.float32))
         assert np.array_equal(got[5].images["front"], make_steps(1)[0].images["front"])
         assert stats["segments_acked"] == 3 and stats["pending"] == 0 and stats["queue_rejections"] == 0
+
+
+def test_a_submit_and_a_stop_wake_the_idle_link_thread(tmp_path, caplog):
+    """Between its timers the link thread sleeps in its poll; a submitted segment and ``stop`` wake it
+    there. Here its timers are a minute apart, so a link that waited for them would neither send the
+    segment within the flush's timeout nor stop within stop's."""
+    ingest = MemoryIngest()
+    with serving(handlers=ingest) as server:
+        config = client_config(server, tmp_path, heartbeat_interval_s=120.0, server_timeout_s=600.0)
+        link = StreamingClient(config, image_encoding=ImageEncoding("png"), poll_interval_ms=600_000).start()
+        try:
+            assert link.wait_connected(10)
+            time.sleep(0.3)  # the hello's answer is in: the thread is asleep in its poll now
+            assert link.submit_steps(episode_id=5, steps=make_steps(3))
+            assert link.flush(10), link.stats()
+            assert list(ingest.stored) == [("so101-a", 5, 0)]
+        finally:
+            with caplog.at_level(logging.ERROR):
+                link.stop(timeout_s=10)
+        assert "did not stop" not in caplog.text
+
+
+def test_a_long_spool_is_sent_oldest_first_within_the_in_flight_window(tmp_path):
+    """After an outage the spool holds many segments: the link sends the oldest ``max_in_flight``, and
+    the next one only for an ack, in spool order."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    config = ClientConfig(robot_id="so101-a", router_endpoint=f"tcp://127.0.0.1:{port}", pub_endpoint=None,
+                          spool_dir=tmp_path, max_in_flight=3, **FAST)
+    client = ZmqClient(config)
+    try:
+        for seq in range(20):  # spooled while no learner answers: nothing is sent before a hello_ok
+            client.send_segment(encode_segment("so101-a", 9, seq, make_steps(1, seq)))
+        received: list[int] = []
+        robot: list[bytes] = []  # its routing id, from its hello
+
+        def serve() -> None:
+            while router.poll(0):
+                identity, *frames = router.recv_multipart()
+                msg = decode_message(frames)
+                if isinstance(msg, Hello):
+                    robot[:] = [identity]
+                    router.send_multipart([identity, *encode_message(HelloOk(
+                        server_id="fake", config_hash="", latest_version=-1, heartbeat_interval_s=1.0,
+                        max_message_bytes=1 << 26))])
+                elif isinstance(msg, Segment):
+                    received.append(msg.seq)
+
+        def settle() -> None:  # until nothing more arrives for a while
+            quiet_until = time.monotonic() + 0.3
+            while time.monotonic() < quiet_until:
+                before = len(received)
+                client.poll(10)
+                serve()
+                if len(received) != before:
+                    quiet_until = time.monotonic() + 0.3
+
+        assert wait_until(lambda: client.connected, timeout_s=5, tick=lambda: (client.poll(10), serve()))
+        settle()
+        assert received == [0, 1, 2]
+        for acked in range(2):
+            router.send_multipart([robot[0], *encode_message(Ack(robot_id="so101-a", episode_id=9, seq=acked,
+                                                                  duplicate=False))])
+        settle()
+        assert received == [0, 1, 2, 3, 4]
+        assert client.pending == 18
+    finally:
+        client.close()
+        router.close(0)
 
 
 def test_full_queue_is_refused_loudly_and_counted(tmp_path, caplog):

@@ -149,8 +149,10 @@ class ZmqClient:
         self._last_heard_s = now
         self._ctx = zmq.Context()
         self._monitor: zmq.Socket | None = None
+        self._wake_fd: int | None = None
         self._dealer = self._new_dealer()
         self._sub = self._new_sub(config.pub_endpoint) if config.pub_endpoint else None
+        self._poller = self._new_poller()
         self.stats.pending = len(self._spool)
 
     # ------------------------------------------------------------ sockets
@@ -182,6 +184,23 @@ class ZmqClient:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(endpoint)
         return sock
+
+    def _new_poller(self) -> zmq.Poller:
+        """What ``poll`` waits on: built once per dealer socket, not at every poll (the link polls for
+        every ack and every submitted segment)."""
+        poller = zmq.Poller()
+        poller.register(self._dealer, zmq.POLLIN)
+        if self._sub is not None:
+            poller.register(self._sub, zmq.POLLIN)
+        if self._wake_fd is not None:
+            poller.register(self._wake_fd, zmq.POLLIN)
+        return poller
+
+    def wake_on(self, fd: int) -> None:
+        """Also end ``poll``'s wait when ``fd`` is readable (another thread's wake-up: new segments to
+        send, a stop). Reading it is the caller's business; ``poll`` only wakes up for it."""
+        self._wake_fd = fd
+        self._poller = self._new_poller()
 
     def _send(self, msg: Message | list) -> bool:
         """Non-blocking send; False if the link cannot take it now (it will be retried)."""
@@ -216,11 +235,7 @@ class ZmqClient:
 
     def poll(self, timeout_ms: int = 10) -> None:
         """Wait up to ``timeout_ms`` for messages, handle them, run timers and sends."""
-        poller = zmq.Poller()
-        poller.register(self._dealer, zmq.POLLIN)
-        if self._sub is not None:
-            poller.register(self._sub, zmq.POLLIN)
-        ready = dict(poller.poll(timeout_ms))
+        ready = dict(self._poller.poll(timeout_ms))
         if self._dealer in ready:
             self._drain(self._dealer)
         if self._sub is not None and self._sub in ready:
@@ -497,7 +512,11 @@ class ZmqClient:
             if now - sent > self.config.ack_timeout_s:
                 del self._in_flight[key]  # sent again below
                 self.stats.segments_resent += 1
-        for key in self._spool.keys():  # noqa: SIM118 - Spool is no dict: keys() is a snapshot list, and no __iter__
+        if len(self._in_flight) >= self.config.max_in_flight:
+            return  # the common case while streaming: nothing to send until an ack
+        # Oldest first, and only as far as the window reaches: after an outage the spool holds hours of
+        # segments, and this runs at every ack and every poll.
+        for key in self._spool.iter_keys():
             if len(self._in_flight) >= self.config.max_in_flight:
                 return
             if key in self._in_flight:
@@ -518,4 +537,5 @@ class ZmqClient:
                 self._dealer.disable_monitor()
             self._dealer.close(0)
             self._dealer = self._new_dealer()
+            self._poller = self._new_poller()
             self._last_hello_s = -1e9

@@ -176,6 +176,11 @@ class Spool:
     def keys(self) -> list[str]:
         return list(self._pending)
 
+    def iter_keys(self) -> Iterator[str]:
+        """Pending keys, oldest first, without copying them all: for a caller that stops after the
+        first few. Nothing may be appended or acked while it iterates."""
+        return iter(self._pending)
+
     def __len__(self) -> int:
         return len(self._pending)
 

@@ -22,7 +22,9 @@ they are submitted: they are encoded later, on the background thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -65,14 +67,21 @@ class StreamingClient:
         *,
         queue_size: int = 256,
         image_encoding: ImageEncoding = ImageEncoding(),
-        poll_interval_ms: int = 5,
+        poll_interval_ms: int = 100,
         allocate_weights: BufferAllocator | None = None,
     ) -> None:
         self.config = config
         self._allocate_weights = allocate_weights
         self.image_encoding = image_encoding
         self._on_weights = on_weights
+        # The longest the link thread sleeps with nothing arriving: the granularity of its timers
+        # (heartbeats every second, re-sends after seconds). New segments and ``stop`` wake it at once
+        # through ``_wake_w``, so this is no latency; a short one only woke the thread (and took the
+        # GIL from the control loop) hundreds of times a second for nothing.
         self._poll_ms = poll_interval_ms
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._queue: queue.Queue[_Job] = queue.Queue(maxsize=queue_size)
         self._seq_lock = threading.Lock()
         self._next_seq: dict[int, int] = {}
@@ -106,7 +115,13 @@ class StreamingClient:
                 return False
             self._next_seq[episode_id] = seq + 1  # kept after episode_done: a reused seq would be deduped away
             self._drained.clear()
+        self._wake()
         return True
+
+    def _wake(self) -> None:
+        """Wake the link thread from its poll (never blocks: a full pipe already holds a wake-up)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\0")
 
     def set_policy_version(self, version: int) -> None:
         """The weights version now in use (reported to the learner in heartbeats)."""
@@ -145,16 +160,24 @@ class StreamingClient:
         if not self._started.wait(timeout_s):
             raise TimeoutError(f"streaming client for {self.config.robot_id} did not start within {timeout_s} s")
         if self._startup_error is not None:
+            self.stop()
             raise self._startup_error
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Spool whatever is queued, close sockets and spool. Unacked segments stay for next time."""
         self._stop.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.error("robot %s: streaming thread did not stop within %.1f s", self.config.robot_id, timeout_s)
+                return  # it still polls the pipe
+            self._thread = None
+        fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)  # no write to a reused fd
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._wait_for(lambda: self.connected, timeout_s)
@@ -188,12 +211,16 @@ class StreamingClient:
             self._started.set()
             return
         client.report = self.report
+        client.wake_on(self._wake_r)
         self._started.set()
         try:
             while not self._stop.is_set():
+                self._drain_wakeups()  # before taking jobs: a job submitted from here on wakes the next poll
                 self._spool_queued(client, budget=8)
                 client.policy_version = self._policy_version
-                client.poll(0 if not self._queue.empty() else self._poll_ms)
+                # Straight on while jobs wait, unless the spool refuses them: then retry at the timer's pace.
+                busy = not self._queue.empty() and not self._spool_blocked
+                client.poll(0 if busy else self._idle_ms(client))
                 self._publish_state(client)
             self._spool_queued(client, budget=None)  # accepted means spooled, even when stopping
             if self._held is not None or not self._queue.empty():
@@ -206,6 +233,18 @@ class StreamingClient:
             self._publish_state(client)
             client.close()
             spool.close()
+
+    def _idle_ms(self, client: ZmqClient) -> int:
+        """How long the link may sleep with nothing arriving: ``poll_interval_ms``, or less where its
+        next hello or heartbeat is due sooner (half their period: neither goes out late by more)."""
+        cfg = self.config
+        period_s = cfg.heartbeat_interval_s if client.connected else cfg.hello_retry_s
+        return max(1, min(self._poll_ms, int(period_s * 500)))
+
+    def _drain_wakeups(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
 
     def _spool_queued(self, client: ZmqClient, budget: int | None) -> None:
         """Encode + spool + send up to ``budget`` queued jobs (all if None)."""
