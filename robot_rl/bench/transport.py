@@ -7,7 +7,9 @@ compare the ratios, not numbers from different runs):
   each step two 96x96 camera frames plus joint state and action.
   - ZeroMQ: ``StreamingClient`` (JPEG, segments of 15 steps, fsynced spool, acks) ->
     the full ``LearnerService`` (no training): dedup, fsynced staging, acks, and
-    LeRobotDataset episode commits on the store's background thread.
+    LeRobotDataset episode commits on the store's background thread. Each robot submits as
+    fast as its acks come back (at most ``INGEST_BACKLOG`` segments unacked), as gRPC's
+    stream is held back by its HTTP/2 flow control.
   - gRPC: LeRobot's HIL-SERL path: ``transitions_to_bytes`` (torch.save) ->
     ``send_bytes_in_chunks`` -> ``SendTransitions`` -> lerobot's own ``LearnerService``
     servicer -> ``bytes_to_transitions`` (torch.load) on the learner. Same frames, sent as
