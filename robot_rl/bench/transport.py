@@ -295,7 +295,10 @@ def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
     from lerobot.transport import services_pb2_grpc
     from lerobot.transport.utils import bytes_to_transitions
 
-    transitions: queue.Queue[bytes] = queue.Queue()
+    # Bounded, as each ZeroMQ robot's backlog is: LeRobot's servicer blocks on a full queue, which holds
+    # the robots back through gRPC's flow control. Unbounded, 16 robots outran the deserialising
+    # consumer and filled this process's memory (19 GB, killed by the kernel).
+    transitions: queue.Queue[bytes] = queue.Queue(maxsize=2 * robots)
     shutdown = threading.Event()
     counts = {"steps": 0, "bytes": 0}
 
@@ -330,10 +333,21 @@ def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
                 target=_grpc_edge_ingest, args=(f"robot-{i}", f"127.0.0.1:{port}", stop, out)))
     finally:
         shutdown.set()
-        server.stop(5)
+        stopped = server.stop(5)
+        while not stopped.wait(0.05):  # free receivers blocked on the full queue, so the server can stop
+            _drain(transitions)
+        _drain(transitions)
     steps_total, bytes_total = counts["steps"], counts["bytes"]
     per_step = bytes_total / max(1, steps_total)
     return {"steps_per_s": rate, "mb_per_s": rate * per_step / 1e6, "wire_bytes_per_step": per_step}
+
+
+def _drain(messages: queue.Queue) -> None:
+    while True:
+        try:
+            messages.get_nowait()
+        except queue.Empty:
+            return
 
 
 # ============================================================== hot swap: ZeroMQ, EdgeNode on the wall clock
