@@ -66,10 +66,9 @@ def repair_interrupted_write(root: str | Path) -> RepairReport:
                                  "damaged file from a backup, or record into a new directory")
     referenced = {_data_path(root, info, row) for row in kept}
     stray_data = [path for path in data_files if path not in referenced]
-    # LeRobot appends an episode's video to the file its last episode ended in at the time stamp that
-    # episode's metadata gives: frames of rolled-back episodes left in a kept file would shift every
-    # later episode's frames. Each open starts a new video file, so rolled-back episodes' frames are
-    # only ever in files no kept episode references: those are moved aside.
+    # Each open of a dataset starts new video files, so the torn episodes' frames are only in files no
+    # kept episode references; the next open would reuse those names and overwrite them, so they are
+    # moved aside with the torn parquet: kept, not lost.
     referenced_videos = {_video_path(info, key, row) for row in kept for key in video_keys}
     stray_data += [path for path in sorted((root / "videos").glob("*/chunk-*/file-*.mp4"))
                    if path.relative_to(root).as_posix() not in referenced_videos]
