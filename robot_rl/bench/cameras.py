@@ -25,7 +25,6 @@ sim's 96x96 (today's PNG-in-parquet store) in both layouts.
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import tempfile
@@ -44,7 +43,6 @@ from robot_rl.bench.transport import SEGMENT_STEPS
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
 
-log = logging.getLogger(__name__)
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # lerobot's writer would print a bar per episode
 REPO_ID = "local/bench_cameras"
 SENSOR_NOISE = 2.0  # grey levels: a webcam's read noise in good light

@@ -1,12 +1,13 @@
 """How a recording stores its camera frames: PNG inside the parquet, or LeRobot's video encoding.
 
 Why both: PNG is lossless and cheap for small frames (the sim's 96x96 cameras: a few ms a
-frame), but its cost grows with the pixels: a 640x480 frame takes ~70 ms of one core to
-compress, so one robot with two such cameras at 30 Hz (60 frames/s) would need four cores for
-its PNGs alone. LeRobot's video encoding (one MP4 per camera, frames fed to the encoder as they
-are added: ``streaming_encoding``) stores the same frames for a few ms each, in ~2 % of the
-bytes, and decodes a whole episode sequentially at hundreds of frames/s (``bench store``,
-BENCHMARKS.md "store"). It is lossy, so small frames, where PNG keeps up, stay exact.
+frame), but its cost grows with the pixels: a 640x480 frame takes 60-80 ms of one core to
+compress, so one robot with two such cameras at 30 Hz (60 frames/s) would need about four cores
+for its PNGs alone. LeRobot's video encoding (one MP4 per camera, frames fed to the encoder as
+they are added: ``streaming_encoding``) stores the same frames for ~8 ms each, in ~2 % of the
+bytes, and training reads a whole episode back sequentially at hundreds of frames/s (``robot-rl
+bench cameras``, BENCHMARKS.md "cameras"). It is lossy, so small frames, where PNG keeps up,
+stay exact.
 """
 
 from __future__ import annotations
