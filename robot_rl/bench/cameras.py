@@ -124,6 +124,7 @@ def sustained_writing(layout: str, feeds: list[Feed], cfg: CamerasBenchConfig, r
     finished: queue.Queue = queue.Queue()
     written = {"episodes": 0, "frames": 0}
     busy_s = 0.0
+    failed: list[BaseException] = []
     stop = threading.Event()
 
     def write_loop() -> None:
@@ -134,11 +135,15 @@ def sustained_writing(layout: str, feeds: list[Feed], cfg: CamerasBenchConfig, r
             except queue.Empty:
                 continue
             started = time.monotonic()
-            writer.write(f"cam-{robot}", episode, feeds[robot].segments)
-            written["episodes"] += 1
-            written["frames"] += feeds[robot].frames
-            if finished.empty() or written["episodes"] % cfg.commit_batch == 0:
-                writer.finalize()
+            try:
+                writer.write(f"cam-{robot}", episode, feeds[robot].segments)
+                written["episodes"] += 1
+                written["frames"] += feeds[robot].frames
+                if finished.empty() or written["episodes"] % cfg.commit_batch == 0:
+                    writer.finalize()
+            except Exception as exc:  # noqa: BLE001 - raised on the bench's thread: a failed write is no speed
+                failed.append(exc)
+                stop.set()
             busy_s += time.monotonic() - started
 
     thread = threading.Thread(target=write_loop, name="bench-cameras-writer", daemon=True)
@@ -169,13 +174,16 @@ def sustained_writing(layout: str, feeds: list[Feed], cfg: CamerasBenchConfig, r
     drain_s: float | None = None
     if sustained:
         drain_started = time.monotonic()
-        while written["episodes"] < handed and time.monotonic() - drain_started < cfg.drain_timeout_s:
+        while (written["episodes"] < handed and not failed
+               and time.monotonic() - drain_started < cfg.drain_timeout_s):
             time.sleep(0.2)
         if written["episodes"] == handed:
             drain_s = round(time.monotonic() - drain_started, 2)
     stop.set()  # a layout that cannot keep up writes the episode it is on, not its queue
     thread.join()
     writer.close()
+    if failed:
+        raise RuntimeError(f"bench cameras: the {layout} writer failed: {failed[0]}") from failed[0]
     frames_per_s_needed = sum(feed.frames for feed in feeds) / cfg.episode_s
     return {"layout": layout, "robots": len(feeds), "frames_per_s_needed": round(frames_per_s_needed, 1),
             "episodes_finished": handed, "episodes_written": written["episodes"],
