@@ -345,6 +345,21 @@ def test_a_checkpoint_without_checksums_still_has_its_weights_checked_for_nan(tm
         Trainer(tiny_policy(), filled_index(), trainer_config(tmp_path / "ckpt"), BC).resume()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_one_non_finite_element_anywhere_in_a_large_tensor_is_found(dtype, bad):
+    from robot_rl.learner.checkpoint import non_finite_tensor
+
+    generator = torch.Generator().manual_seed(3)
+    tensors = {"empty": torch.empty(0, dtype=dtype), "ints": torch.arange(5),
+               "big": torch.randn(100_003, generator=generator).to(dtype)}
+    assert non_finite_tensor(tensors) is None
+    for position in (0, 4_099, 100_002):  # first, inside a vector block, the scalar tail
+        tensors["big"][position] = bad
+        assert non_finite_tensor(tensors) == "big"
+        tensors["big"][position] = 0.5
+
+
 def test_nan_weights_are_never_published_and_training_stops_saying_why(tmp_path):
     from robot_rl.learner.publisher import NonFiniteWeightsError, snapshot
 
