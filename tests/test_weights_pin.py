@@ -59,3 +59,45 @@ def test_a_pinned_robot_loads_the_older_version_ignores_newer_ones_until_release
         finally:
             for link in links.values():
                 link.stop()
+
+
+def test_a_dropped_versions_buffer_holds_the_next_snapshot_and_served_versions_keep_their_bytes(tmp_path):
+    import torch
+
+    from robot_rl.bridges.zmq.weights import SnapshotBuffers, WeightsBlob, deserialize_tensors
+    from robot_rl.learner.publisher import snapshot
+
+    policy = torch.nn.Linear(64, 64)
+    buffers = SnapshotBuffers()
+    got: dict[int, dict] = {}
+
+    def publish(server, version: int) -> WeightsBlob:
+        with torch.no_grad():
+            policy.weight.fill_(float(version))
+        blob = snapshot(policy, version, "", buffers=buffers)
+        server.publish_weights(blob)
+        return blob
+
+    with serving(ServerConfig(keep_weight_versions=2, announce_interval_s=0.05)) as server:
+        link = StreamingClient(client_config(server, tmp_path / "a", robot_id="arm-a"),
+                               on_weights=lambda a, data: got.__setitem__(a.version, deserialize_tensors(data))).start()
+        try:
+            assert link.wait_connected(5)
+            blobs = {1: publish(server, 1)}
+            assert wait_until(lambda: server.served_versions() == [1])
+            server.pin(1, "arm-a")
+            for version in (2, 3, 4):
+                blobs[version] = publish(server, version)
+            assert wait_until(lambda: server.served_versions() == [1, 3, 4] and buffers.spare == 1)
+            assert buffers.reused == 0  # v2 was dropped, after v4's snapshot was written
+            blobs[5] = publish(server, 5)
+            assert buffers.reused == 1 and memoryview(blobs[5].data).obj is memoryview(blobs[2].data).obj
+            assert wait_until(lambda: server.served_versions() == [1, 4, 5])
+            for version in (1, 4, 5):  # what is served still hashes to what was announced
+                assert WeightsBlob(version, blobs[version].data, "").sha256 == blobs[version].sha256
+            assert wait_until(lambda: 1 in got) and float(got[1]["weight"].max()) == 1.0  # pinned: v1's bytes
+            server.pin(None, "arm-a")
+            assert wait_until(lambda: 5 in got), got.keys()
+            assert float(got[5]["weight"].min()) == float(got[5]["weight"].max()) == 5.0
+        finally:
+            link.stop()

@@ -632,7 +632,7 @@ class ZmqServer:
             self._blobs[blob.version] = blob
             unpinned = [v for v in self._blobs if v not in pinned]
             while len(unpinned) > self.config.keep_weight_versions:
-                del self._blobs[unpinned.pop(0)]
+                self._blobs.pop(unpinned.pop(0)).retire()
             log.info("publishing weights v%d (%d bytes, %d chunks)", blob.version, len(blob.data), blob.num_chunks)
         if pins_changed:
             for identity, peer in list(self._peers.items()):

@@ -28,6 +28,7 @@ import math
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -125,8 +126,8 @@ _SAFETENSORS_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfl
 
 
 def snapshot_buffer(tensors: Mapping[str, Any], *, transfer_dtype: str = "float32",
-                    metadata: Mapping[str, str] | None = None) -> memoryview:
-    """torch ``tensors`` -> safetensors bytes in one fresh buffer, one copy per tensor.
+                    metadata: Mapping[str, str] | None = None, allocate: BufferAllocator = fresh_buffer) -> memoryview:
+    """torch ``tensors`` -> safetensors bytes in one buffer from ``allocate``, one copy per tensor.
 
     The same layout ``safetensors.torch.save`` writes (8-byte header length, JSON header padded
     to 8 bytes, tensors back to back in name order), read by any safetensors reader. Each tensor
@@ -155,7 +156,7 @@ def snapshot_buffer(tensors: Mapping[str, Any], *, transfer_dtype: str = "float3
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     base = 8 + len(text)
-    buffer = fresh_buffer(base + offset)
+    buffer = memoryview(allocate(base + offset)).cast("B")
     buffer[:8] = struct.pack("<Q", len(text))
     buffer[8:base] = text
     with torch.no_grad():
@@ -259,6 +260,47 @@ def tensor_views(data: bytes | bytearray | memoryview) -> dict[str, TensorView]:
 # ---------------------------------------------------------------- learner side
 
 
+class SnapshotBuffers:
+    """The learner's snapshot buffers, each taken back when the server stops serving its version.
+
+    Why: a fresh buffer's pages are faulted in by the snapshot's copy, about 0.5 s per GB on a
+    machine without transparent huge pages, against 0.1 s for the copy into pages already
+    touched. A model's versions all have one size, so the buffer of the version the server just
+    dropped is the next snapshot's. A chunk of a dropped version still queued in ZeroMQ when the
+    buffer is written again would reach its robot corrupt and be refused by its sha256 (the
+    version is no longer served either way). Thread-safe: the trainer allocates, the server's
+    thread recycles.
+    """
+
+    def __init__(self, keep_free: int = 1) -> None:
+        self.keep_free = keep_free  # one model, one size: one spare buffer is all a publish needs
+        self._free: list[memoryview] = []
+        self._lock = threading.Lock()
+        self.reused = 0
+
+    @property
+    def spare(self) -> int:
+        """Buffers waiting for the next snapshot."""
+        return len(self._free)
+
+    def allocate(self, size: int) -> memoryview:
+        with self._lock:
+            match = next((i for i, buffer in enumerate(self._free) if buffer.nbytes == size), None)
+            if match is not None:
+                self.reused += 1
+                return self._free.pop(match)
+        return fresh_buffer(size)
+
+    def recycle(self, buffer: memoryview) -> None:
+        view = memoryview(buffer).cast("B")
+        if view.readonly or view.nbytes == 0:
+            return
+        with self._lock:
+            self._free.append(view)
+            while len(self._free) > self.keep_free:
+                self._free.pop(0)  # the oldest spare goes: a size no longer published
+
+
 @dataclass(frozen=True)
 class WeightsBlob:
     """One published weights snapshot, served chunk by chunk (one serialization, however many robots fetch it)."""
@@ -268,6 +310,7 @@ class WeightsBlob:
     config_hash: str
     dtype: str = "float32"
     chunk_size: int = DEFAULT_CHUNK_SIZE
+    on_retire: Callable[[memoryview], None] | None = field(default=None, repr=False, compare=False)
     sha256: str = field(init=False)  # the version digest (``version_digest``)
     _chunk_hashes: list[str] = field(init=False, repr=False, compare=False)
 
@@ -293,6 +336,11 @@ class WeightsBlob:
     def chunk_message(self, index: int) -> WeightsChunk:
         data = np.frombuffer(self.chunk(index), dtype=np.uint8)
         return WeightsChunk(version=self.version, chunk=index, sha256=self._chunk_hashes[index], data=data)
+
+    def retire(self) -> None:
+        """No robot can fetch this version any more (the server dropped it): its buffer may be reused."""
+        if self.on_retire is not None and not isinstance(self.data, bytes):
+            self.on_retire(memoryview(self.data))
 
     def announce(self, *, pinned: bool = False) -> WeightsAnnounce:
         return WeightsAnnounce(

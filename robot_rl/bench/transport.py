@@ -495,9 +495,11 @@ def swap_payloads(cfg: TransportBenchConfig) -> list[SwapPayload]:
 
 def zmq_swap(payload: SwapPayload, runner: str, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
     from robot_rl.bridges.zmq.server import ServerConfig, ZmqServer
+    from robot_rl.bridges.zmq.weights import SnapshotBuffers
     from robot_rl.learner.publisher import snapshot
 
     policy = ballast_policy(payload.size_mb, payload.frozen_mb)
+    buffers = SnapshotBuffers()  # as the trainer publishes: a dropped version's buffer holds a later one
     server = ZmqServer(ServerConfig(config_hash=policy.config_hash(), announce_interval_s=2.0), _AckOnly())
     stop = threading.Event()
     serving = threading.Thread(target=server.serve_forever, args=(stop,), daemon=True)
@@ -517,7 +519,7 @@ def zmq_swap(payload: SwapPayload, runner: str, cfg: TransportBenchConfig, workd
         time.sleep(1.0)
         for version in range(1, cfg.swaps + 1):
             t0 = time.time()  # before serialisation: the learner's whole publish is in the latency
-            blob = snapshot(policy, version, policy.config_hash())
+            blob = snapshot(policy, version, policy.config_hash(), buffers=buffers)
             server.publish_weights(blob)
             wire.append(len(blob.data))
             windows.append((t0, reports.wait("in_use", cfg.swap_timeout_s, version=version)))
@@ -689,9 +691,11 @@ def _fanout_edge(robot_id: str, router: str, pub: str, spool: str, size_mb: floa
 
 def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
     from robot_rl.bridges.zmq.server import ServerConfig, ZmqServer
+    from robot_rl.bridges.zmq.weights import SnapshotBuffers
     from robot_rl.learner.publisher import snapshot
 
     policy = ballast_policy(cfg.fanout_mb)
+    buffers = SnapshotBuffers()
     server = ZmqServer(ServerConfig(config_hash=policy.config_hash(), announce_interval_s=2.0), _AckOnly())
     stop_serving = threading.Event()
     serving = threading.Thread(target=server.serve_forever, args=(stop_serving,), daemon=True)
@@ -712,7 +716,7 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
         time.sleep(1.0)
         for version in range(1, cfg.swaps + 1):
             t0 = time.time()
-            server.publish_weights(snapshot(policy, version, policy.config_hash()))
+            server.publish_weights(snapshot(policy, version, policy.config_hash(), buffers=buffers))
             latencies += [reports.wait(f"loaded:{rid}", cfg.swap_timeout_s, version=version) - t0 for rid in ids]
             time.sleep(cfg.swap_gap_s)
     finally:

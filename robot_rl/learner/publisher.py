@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from robot_rl.bridges.zmq.weights import TRANSFER_DTYPES, WeightsBlob, snapshot_buffer
+from robot_rl.bridges.zmq.weights import TRANSFER_DTYPES, SnapshotBuffers, WeightsBlob, snapshot_buffer
 from robot_rl.core.errors import ConfigError
 from robot_rl.learner.checkpoint import non_finite_tensor
 from robot_rl.policies.trainable import published_state
@@ -26,19 +26,22 @@ class NonFiniteWeightsError(ConfigError):
     """Weights holding NaN/inf: a robot would refuse every chunk they compute and hold its arm."""
 
 
-def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_dtype: str = "auto") -> WeightsBlob:
+def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_dtype: str = "auto",
+             buffers: SnapshotBuffers | None = None) -> WeightsBlob:
     """A wire snapshot of what ``policy`` publishes (``published_state``: a frozen part stays home),
     written once into the buffer every robot is served from; floats cast to ``transfer_dtype``
     ("auto": the policy's own float type, so a bf16 policy travels in bf16 and a float32 one loses
-    nothing). NaN/inf weights raise ``NonFiniteWeightsError``: a robot would refuse every chunk."""
+    nothing). NaN/inf weights raise ``NonFiniteWeightsError``: a robot would refuse every chunk.
+    ``buffers``: where the buffer comes from and goes back to once the server drops the version."""
     tensors = published_state(policy)
     bad = non_finite_tensor(tensors)  # one read of what is published, less than writing it below
     if bad is not None:
         raise NonFiniteWeightsError(f"weight {bad!r} holds NaN/inf; weights v{version} are not published")
     dtype = wire_dtype(tensors.values()) if transfer_dtype == "auto" else transfer_dtype
     metadata = {"version": str(version), "config_hash": config_hash}
-    data = snapshot_buffer(tensors, transfer_dtype=dtype, metadata=metadata)
-    return WeightsBlob(version=version, data=data, config_hash=config_hash, dtype=dtype)
+    buffers = buffers or SnapshotBuffers(keep_free=0)  # nothing kept: each snapshot in a fresh buffer
+    data = snapshot_buffer(tensors, transfer_dtype=dtype, metadata=metadata, allocate=buffers.allocate)
+    return WeightsBlob(version=version, data=data, config_hash=config_hash, dtype=dtype, on_retire=buffers.recycle)
 
 
 def wire_dtype(tensors: Iterable[torch.Tensor]) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from robot_rl.bridges.zmq.weights import SnapshotBuffers
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.algorithms.base import Algorithm, NonFiniteUpdateError
@@ -83,6 +84,7 @@ class Trainer:
         self._nonfinite_in_a_row = 0
         self.failure: str | None = None  # why the training thread stopped before it was told to
         self._publish = publish
+        self._snapshot_buffers = SnapshotBuffers()  # a published version's buffer is the next one's once dropped
         self._on_checkpoint = on_checkpoint  # e.g. the Hub pusher; must return at once
         self.logger = logger  # learning curves (TensorBoard); None: not logged
         self._schedule = PublishSchedule(config.publish_every_updates, config.publish_every_s, clock)
@@ -188,8 +190,9 @@ class Trainer:
         """Publish the current weights under the current version (e.g. at service start)."""
         with self._lock:
             if self._publish is not None:
+                # NaN initial weights: the service fails
                 self._publish(snapshot(self.deployed, self.version, self.policy.config_hash(),
-                                       self.config.transfer_dtype))  # NaN initial weights: the service fails
+                                       self.config.transfer_dtype, self._snapshot_buffers))
                 self._schedule.published()
 
     def _publish_locked(self) -> None:
@@ -197,7 +200,8 @@ class Trainer:
         if self._publish is None:
             return
         # NaN/inf weights raise NonFiniteWeightsError: nothing is published, and training stops (they never heal).
-        blob = snapshot(self.deployed, self.version + 1, self.policy.config_hash(), self.config.transfer_dtype)
+        blob = snapshot(self.deployed, self.version + 1, self.policy.config_hash(), self.config.transfer_dtype,
+                        self._snapshot_buffers)
         self.version += 1
         self._publish(blob)
         self.algorithm.set_policy_version(self.version)  # staleness is measured against the newest weights
