@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,21 @@ def test_newer_weights_win_over_ones_not_yet_loaded(process_policy):
         process_policy.stage_weights(version, weights(base))
     episode = node.run_episode(60, "go")
     assert episode.steps[-1].policy_version == 3 and episode.steps[-1].action[0] >= 300.0
+
+
+def test_a_call_made_after_a_load_ended_gets_its_own_answer_and_the_load_still_reaches_the_runner(process_policy):
+    node = EdgeNode(KinematicRobot(), process_policy, WallClock(), EdgeConfig(fps=30))
+    runner = node.worker
+    node.run_episode(10, "go")  # the runner exists: the child loads weights from now on
+    while runner.in_flight:
+        runner.poll(0.0)
+    process_policy.stage_weights(1, weights(100.0))
+    deadline = time.monotonic() + 30
+    while not process_policy.has_message() and time.monotonic() < deadline:  # the load's news came first
+        time.sleep(0.01)
+    assert process_policy.has_message()
+    chunk = process_policy.predict_chunk(OBS, STATE, "go")
+    assert chunk.shape == (20, 6) and 1 in runner.loaded_at
 
 
 def test_a_factory_that_fails_is_one_clear_error():

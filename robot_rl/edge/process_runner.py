@@ -58,6 +58,7 @@ LOADER_NICE = 10  # and within the child, the weights loader yields to inference
 START_TIMEOUT_S = 600.0  # building a VLA from a checkpoint (weights from disk, tokenizer) takes a while
 CALL_TIMEOUT_S = 120.0  # a synchronous call before the robot moves (a cold first inference included)
 _SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+_WEIGHTS_NEWS = ("loaded", "weights_error")  # sent by the child's loader whenever a load ends
 
 
 class PolicyProcessError(RuntimeError):
@@ -337,9 +338,14 @@ class ProcessPolicy:
         if self._runner is not None and self._runner.in_flight:
             raise PolicyProcessError(f"{kind}: the policy process is serving the edge node; call it before")
         self.send(_pack(kind, body, arrays))
-        if not self._conn.poll(CALL_TIMEOUT_S):
-            raise PolicyProcessError(f"the policy process did not answer {kind!r} within {CALL_TIMEOUT_S:.0f} s")
-        reply_kind, reply, reply_arrays = self.receive()
+        while True:
+            if not self._conn.poll(CALL_TIMEOUT_S):
+                raise PolicyProcessError(f"the policy process did not answer {kind!r} within {CALL_TIMEOUT_S:.0f} s")
+            reply_kind, reply, reply_arrays = self.receive()
+            if reply_kind not in _WEIGHTS_NEWS:
+                break
+            if self._runner is not None:  # news of a load that finished meanwhile: the runner's, not the reply
+                self._runner.take(reply_kind, reply, reply_arrays)
         if reply_kind == "error":
             raise PolicyProcessError(f"the policy process refused {kind!r}: {reply['error']}")
         return reply, reply_arrays
@@ -502,7 +508,7 @@ class ProcessRunner:
     def poll(self, now: float) -> InferenceResult | None:
         try:
             while not self._results and self.died is None and self.policy.has_message():
-                self._take(*self.policy.receive())
+                self.take(*self.policy.receive())
         except PolicyProcessError as exc:
             self._lost(str(exc))
         return self._results.popleft() if self._results else None
@@ -523,7 +529,8 @@ class ProcessRunner:
                                                  ready_time_s=now, latency_s=now - request.request_time_s))
         self._requests.clear()
 
-    def _take(self, kind: str, body: dict, arrays: dict[str, np.ndarray]) -> None:
+    def take(self, kind: str, body: dict, arrays: dict[str, np.ndarray]) -> None:
+        """One message of the policy process: a chunk, or news of a weights load."""
         if kind == "loaded":
             self.loaded_at[int(body["version"])] = float(body["wall_s"])
         elif kind == "weights_error":
