@@ -101,3 +101,25 @@ def test_a_dropped_versions_buffer_holds_the_next_snapshot_and_served_versions_k
             assert float(got[5]["weight"].min()) == float(got[5]["weight"].max()) == 5.0
         finally:
             link.stop()
+
+
+def test_a_version_delivered_before_a_pin_and_swapped_in_after_it_is_replaced_by_the_pinned_one(tmp_path):
+    got: list[int] = []
+    with serving(ServerConfig(keep_weight_versions=2, announce_interval_s=0.05)) as server:
+        link = StreamingClient(client_config(server, tmp_path / "a", robot_id="arm-a"),
+                               on_weights=lambda a, data: got.append(a.version)).start()
+        try:
+            assert link.wait_connected(5)
+            server.publish_weights(blob(1))
+            assert wait_until(lambda: got == [1])
+            link.set_policy_version(1)
+            server.publish_weights(blob(2))
+            assert wait_until(lambda: got == [1, 2])  # handed to the loader; the robot still runs v1
+            server.pin(1, "arm-a")  # v1 is in use: nothing to fetch
+            assert not wait_until(lambda: len(got) > 2, timeout_s=0.5), got
+            link.set_policy_version(2)  # the loader swaps in what it was handed before the pin
+            assert wait_until(lambda: got == [1, 2, 1]), got
+            link.set_policy_version(1)
+            assert not wait_until(lambda: len(got) > 3, timeout_s=0.5), got  # back on its pin: fetched once
+        finally:
+            link.stop()

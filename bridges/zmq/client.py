@@ -131,6 +131,7 @@ class ZmqClient:
         self.refusal: str | None = None  # why the learner refused us last (config, key), until it accepts us
         self.latest_announce: WeightsAnnounce | None = None
         self.pinned: int | None = None  # the version the learner pins this robot to (None: the newest)
+        self._pin: WeightsAnnounce | None = None  # the learner's announcement of that pin
         self._learner_busy = False  # said once: the learner answered busy and has acked nothing since
         # More of this robot's state for its heartbeats (the edge's tick lateness, its episode), read on
         # the link's thread; None: the link's own counters only.
@@ -399,6 +400,7 @@ class ZmqClient:
         """Pinned to ``msg.version``, or released (``msg.pinned`` false): a change forgets the download
         under way and what was last delivered, so the version wanted now is fetched whatever it is."""
         pinned = msg.version if msg.pinned else None
+        self._pin = msg if msg.pinned else None
         if pinned == self.pinned:
             return
         log.info("robot %s: %s", self.config.robot_id,
@@ -441,6 +443,9 @@ class ZmqClient:
 
     def _pump_weights(self, now: float) -> None:
         fetch = self._fetch
+        if fetch is None and self.connected:
+            self._back_to_the_pin()
+            fetch = self._fetch
         if fetch is None or not self.connected:
             return
         cfg = self.config
@@ -461,6 +466,18 @@ class ZmqClient:
                 return
             fetch.requested[chunk] = now
             fetch.attempts[chunk] += 1
+
+    def _back_to_the_pin(self) -> None:
+        """A version delivered to the loader before a pin came can be swapped in after it: the robot
+        then runs a version it is not pinned to, and no announcement would tell it again. Fetch the
+        pinned version once more (bounded by ``weights_download_attempts`` like any download)."""
+        pin = self._pin
+        if pin is None or pin.version in (self.policy_version, self._delivered_version):
+            return
+        self._on_announce(pin, direct=True)
+        if self._fetch is not None:
+            log.info("robot %s: running v%d while pinned to v%d; fetching v%d again", self.config.robot_id,
+                     self.policy_version, pin.version, pin.version)
 
     def _download_failed(self, version: int, reason: str) -> None:
         self.stats.weights_rejected += 1
