@@ -61,8 +61,8 @@ def test_staged_weights_are_swapped_in_between_chunks_and_bad_ones_refused(proce
     node.run_episode(10, "go")
     buffer = process_policy.allocate_weights(len(weights(100.0)))
     buffer[:] = weights(100.0)
-    shared = sorted(Path(p) for p in process_policy._weights_files.values())
     process_policy.stage_weights(1, buffer)
+    [shared] = [Path(p) for p in process_policy._weights_files._staged]
     episode = node.run_episode(90, "go")
     assert 1 in runner.loaded_at and versions_of(episode)[-1] == 1 and node.stats.swaps == 1
     process_policy.stage_weights(2, serialize_tensors({"other": torch.zeros(3)}))  # does not fit: refused
@@ -75,7 +75,12 @@ def test_staged_weights_are_swapped_in_between_chunks_and_bad_ones_refused(proce
     steps = episode.steps
     changes = [b for a, b in zip(steps, steps[1:], strict=False) if a.policy_version != b.policy_version]
     assert all(s.chunk_index == 0 or s.chunk_id == -1 for s in changes)
-    assert shared and not any(p.exists() for p in shared)  # the child unlinked the file it loaded
+    # The child released the file it loaded: the next download of that size is assembled in it, and
+    # closing the policy removes it.
+    again = process_policy.allocate_weights(len(weights(100.0)))
+    assert process_policy._weights_files.reused == 1 and process_policy._weights_files.stage(again) == shared
+    process_policy.close()
+    assert not shared.exists()
 
 
 def test_newer_weights_win_over_ones_not_yet_loaded(process_policy):

@@ -16,7 +16,9 @@ serves over one pipe, in messages of msgpack plus raw array bytes (never unpickl
   computed it, and whether new weights were swapped in right before it;
 * ``weights``: a verified safetensors payload in a file under /dev/shm (the link's chunk
   assembler writes the download straight into it, see ``allocate_weights``), copied once into the
-  child's shadow policy by ``load_weights_into`` and swapped in between two chunks;
+  child's shadow policy by ``load_weights_into`` and swapped in between two chunks; the child
+  answers ``loaded`` (or ``weights_error``) and ``released``, after which the file holds a later
+  download (``robot_rl.edge.weights_files``);
 * calls made before the robot moves: ``bind_joints``, a synchronous ``predict_chunk`` (the warm-up),
   ``save_pretrained``.
 
@@ -48,6 +50,7 @@ import numpy as np
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRunner, PolicySwap
+from robot_rl.edge.weights_files import PREFIX, SHM_DIR, WeightsFilePool
 from robot_rl.policies.base import ChunkPolicy
 
 log = logging.getLogger(__name__)
@@ -57,8 +60,7 @@ INFERENCE_NICE = 5  # the child yields the CPU to the control process whenever b
 LOADER_NICE = 10  # and within the child, the weights loader yields to inference
 START_TIMEOUT_S = 600.0  # building a VLA from a checkpoint (weights from disk, tokenizer) takes a while
 CALL_TIMEOUT_S = 120.0  # a synchronous call before the robot moves (a cold first inference included)
-_SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-_WEIGHTS_NEWS = ("loaded", "weights_error")  # sent by the child's loader whenever a load ends
+_WEIGHTS_NEWS = ("loaded", "weights_error", "released")  # sent by the child's loader whenever a load ends
 
 
 class PolicyProcessError(RuntimeError):
@@ -212,8 +214,7 @@ class _PolicyServer:
         while True:
             version, path, size = self._weights.get()
             while not self._weights.empty():  # newer weights win; the older files are dropped unread
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                self.send("released", {"path": path})
                 version, path, size = self._weights.get()
             try:
                 if self._shadow is None:
@@ -230,8 +231,7 @@ class _PolicyServer:
                 self.send("weights_error", {"version": version, "error": f"{type(exc).__name__}: {exc}"})
                 continue
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                self.send("released", {"path": path})  # the control process reuses or removes the file
             with self._swap_lock:
                 self._pending = PolicySwap(version=version, policy=shadow)
             self.send("loaded", {"version": version, "bytes": size, "wall_s": time.time()})
@@ -285,7 +285,7 @@ class ProcessPolicy:
         self._info = dict(info)
         self.version = version
         self._send_lock = threading.Lock()
-        self._weights_files: dict[int, Path] = {}  # id(mapping) -> its file, for buffers from allocate_weights
+        self._weights_files = WeightsFilePool()  # where downloads are assembled, reused between versions
         self._closed = False
         self._runner: ProcessRunner | None = None
 
@@ -363,26 +363,23 @@ class ProcessPolicy:
 
     def allocate_weights(self, size: int) -> memoryview:
         """A buffer for a download of ``size`` bytes, in a file the child maps (``stage_weights``
-        then sends only its name: no copy between the processes)."""
-        path = Path(tempfile.mkstemp(prefix=f"robot_rl-weights-{os.getpid()}-", dir=_SHM_DIR)[1])
-        with open(path, "r+b") as file:
-            file.truncate(size)
-            mapping = mmap.mmap(file.fileno(), size) if size else None
-        if mapping is None:
-            return memoryview(bytearray())
-        self._weights_files[id(mapping)] = path
-        return memoryview(mapping)
+        then sends only its name: no copy between the processes); the file the child released last
+        when one of that size is free (``robot_rl.edge.weights_files``)."""
+        return self._weights_files.allocate(size)
 
     def stage_weights(self, version: int, data: bytes | bytearray | memoryview) -> None:
         """Hand verified weights to the child, which loads them into its shadow and swaps them in
         between two chunks. Never blocks on the load; ``loaded_at`` / ``weights_errors`` report it."""
         view = memoryview(data)
-        path = self._weights_files.pop(id(view.obj), None)
+        path = self._weights_files.stage(view)
         if path is None:  # not a buffer of ours: written to a file once (the write releases the GIL)
-            path = Path(tempfile.mkstemp(prefix=f"robot_rl-weights-{os.getpid()}-", dir=_SHM_DIR)[1])
+            path = Path(tempfile.mkstemp(prefix=f"{PREFIX}{os.getpid()}-", dir=SHM_DIR)[1])
             path.write_bytes(view)
-        # (a buffer of ours stays mapped here until the link drops it; the child unlinks the file)
+        # The child answers "released" once it is done with the file: then it is reused or removed.
         self.send(_pack("weights", {"version": int(version), "path": str(path), "size": view.nbytes}))
+
+    def release_weights_file(self, path: str) -> None:
+        self._weights_files.release(path)
 
     # ------------------------------------------------------------ plumbing
 
@@ -418,9 +415,7 @@ class ProcessPolicy:
             self._process.terminate()
             self._process.join(timeout_s)
         self._conn.close()
-        for path in self._weights_files.values():
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        self._weights_files.close()
 
 
 class GuidedProcessPolicy(ProcessPolicy):
@@ -536,6 +531,8 @@ class ProcessRunner:
         elif kind == "weights_error":
             self.weights_errors.append((int(body["version"]), str(body["error"])))
             log.error("weights v%d refused by the policy process: %s", body["version"], body["error"])
+        elif kind == "released":
+            self.policy.release_weights_file(str(body["path"]))
         elif kind == "result":
             self._results.append(self._result(body, arrays))
         else:
