@@ -6,6 +6,7 @@ which chunk (call) and index every executed action came from.
 """
 
 import threading
+import time
 from itertools import pairwise
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from robot_rl.core.clock import VirtualClock, WallClock
 from robot_rl.edge import EdgeConfig, EdgeNode, PolicyRunner, VirtualLatencyRunner, at_tick
-from robot_rl.edge.inference import InferenceRequest, ThreadedRunner
+from robot_rl.edge.inference import InferenceRequest, PolicySwap, ThreadedRunner
 from tests.edge_fakes import (
     CountingTask,
     EncodingPolicy,
@@ -506,6 +507,56 @@ def test_a_swap_waits_until_no_prediction_is_running():
         assert not swapped.wait(timeout=0.2)  # blocked while the prediction runs
     thread.join(timeout=5.0)
     assert swapped.is_set()
+
+
+class FirstCallWaits(EncodingPolicy):
+    """EncodingPolicy whose first prediction runs until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__(chunk_size=4)
+        self.first_started, self.finish_first = threading.Event(), threading.Event()
+        self._first_lock = threading.Lock()
+
+    def predict_chunk(self, observation, state, instruction):
+        with self._first_lock:
+            first = not self.first_started.is_set()
+            self.first_started.set()
+        if first:
+            assert self.finish_first.wait(timeout=10.0)
+        return super().predict_chunk(observation, state, instruction)
+
+
+def test_a_chunk_requested_after_a_swap_is_computed_with_the_new_weights_whatever_thread_takes_it():
+    policy = FirstCallWaits()
+    runner = ThreadedRunner(PolicyRunner(policy, 0, 6), WallClock().now, max_inflight=3)
+
+    def request(chunk_id: int, swap: PolicySwap | None = None) -> InferenceRequest:
+        return InferenceRequest(chunk_id=chunk_id, request_tick=0, request_time_s=0.0, images={},
+                                state=np.zeros(6, np.float32), instruction="", executed_index=-1, delay_ticks=0,
+                                delay_estimate=0, start_tick=None, rolled_state=None, generation=0, swap=swap)
+
+    try:
+        runner.submit(request(0))
+        assert policy.first_started.wait(timeout=5.0)  # chunk 0 runs; the swap below must wait for it
+        runner.submit(request(1, PolicySwap(version=1, state_dict={"base": 1000.0})))
+        runner.submit(request(2))  # a third thread is free to take it at once
+        results = {}
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:  # chunk 2 must not be computed before the swap
+            result = runner.poll(0.0)
+            if result is not None:
+                results[result.request.chunk_id] = result
+        policy.finish_first.set()
+        deadline = time.monotonic() + 10.0
+        while len(results) < 3 and time.monotonic() < deadline:
+            result = runner.poll(0.0)
+            if result is not None:
+                results[result.request.chunk_id] = result
+        assert {chunk: r.policy_version for chunk, r in results.items()} == {0: 0, 1: 1, 2: 1}
+        assert results[2].chunk is not None and results[2].chunk.actions[0, 0] >= 1000.0
+    finally:
+        policy.finish_first.set()
+        runner.close()
 
 
 def test_failing_teleop_holds_and_failing_sink_does_not_stop_the_robot():

@@ -102,6 +102,10 @@ class PolicyRunner:
         self.action_dim = action_dim
         self._gate = _SwapGate()
 
+    def announce_swap(self) -> None:
+        """A request carrying a swap was handed to a thread: predictions that start later wait for it."""
+        self._gate.announce()
+
     def run(self, request: InferenceRequest) -> InferenceResult:
         swap_error = None
         if request.swap is not None:
@@ -166,15 +170,27 @@ class PolicyRunner:
 
 
 class _SwapGate:
-    """Predictions may run side by side; a weight swap waits until none is running."""
+    """Predictions may run side by side; a weight swap waits until none is running.
+
+    A swap is announced when its request is handed to an inference thread (``announce``), and a
+    prediction that starts after that waits for it: otherwise a thread holding a later request could
+    start on the old weights while the swap waits, and its chunk, computed by the weights just
+    replaced, would be executed after the first chunk of the new ones.
+    """
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._predicting = 0
+        self._announced = 0
+
+    def announce(self) -> None:
+        with self._condition:
+            self._announced += 1
 
     @contextmanager
     def predicting(self) -> Iterator[None]:
         with self._condition:
+            self._condition.wait_for(lambda: self._announced == 0)
             self._predicting += 1
         try:
             yield
@@ -187,7 +203,11 @@ class _SwapGate:
     def swapping(self) -> Iterator[None]:
         with self._condition:
             self._condition.wait_for(lambda: self._predicting == 0)
-            yield
+            try:
+                yield
+            finally:
+                self._announced = max(0, self._announced - 1)  # a runner of one thread announces nothing
+                self._condition.notify_all()
 
 
 class InferenceWorker(Protocol):
@@ -309,6 +329,8 @@ class ThreadedRunner:
         if self._in_flight >= self.max_inflight:
             raise RuntimeError(f"{self._in_flight} inferences already in flight (max {self.max_inflight}); poll first")
         self._in_flight += 1
+        if request.swap is not None:
+            self.runner.announce_swap()  # before any thread can take a later request
         self._requests.put(request)
 
     def poll(self, now: float) -> InferenceResult | None:

@@ -200,10 +200,12 @@ class _PolicyServer:
                       {"chunk": chunk})
 
     def _take_swap(self) -> PolicySwap | None:
+        assert self.runner is not None  # made before any worker thread starts
         with self._swap_lock:
             swap, self._pending = self._pending, None
             if swap is not None:
                 self._taken = swap.policy
+                self.runner.announce_swap()  # a request another thread takes later waits for this swap
             return swap
 
     def _load_loop(self) -> None:
