@@ -538,6 +538,7 @@ def zmq_swap(payload: SwapPayload, runner: str, cfg: TransportBenchConfig, workd
     in_swaps = sum(any(a <= t <= b + 1 / 30 for a, b in windows) for t in late)
     loaded_pct, in_use = _percentiles(loaded), _percentiles(latencies)
     return {"loaded_p50_s": loaded_pct["p50_s"], "loaded_p95_s": loaded_pct["p95_s"],
+            "loaded_s": [round(t, 4) for t in loaded],  # in publish order: the first ones touch fresh buffers
             "in_use_p50_s": in_use["p50_s"], "in_use_p95_s": in_use["p95_s"],
             "late_ticks": in_swaps, "late_ticks_outside_swaps": len(late) - in_swaps,
             "bytes_on_wire": float(np.mean(wire)) if wire else float("nan"), "swaps": len(latencies),
@@ -657,6 +658,7 @@ def grpc_swap(payload: SwapPayload, cfg: TransportBenchConfig) -> dict[str, Any]
         server.stop(2)
     loaded = _percentiles(latencies)
     return {"loaded_p50_s": loaded["p50_s"], "loaded_p95_s": loaded["p95_s"], "swaps": len(latencies),
+            "loaded_s": [round(t, 4) for t in latencies],
             "bytes_on_wire": float(np.mean(wire)) if wire else float("nan"), "payload_mb": _state_mb(policy)}
 
 
