@@ -61,6 +61,21 @@ def test_a_pinned_robot_loads_the_older_version_ignores_newer_ones_until_release
                 link.stop()
 
 
+def test_a_recycled_buffer_is_the_next_one_of_its_size_and_no_spare_is_prepared_beside_it():
+    from robot_rl.bridges.zmq.weights import SnapshotBuffers
+
+    buffers = SnapshotBuffers()
+    first = buffers.allocate(1 << 20)
+    assert wait_until(lambda: buffers.spare == 1)  # prepared in the background for the next publish
+    spare = buffers.allocate(1 << 20)
+    assert wait_until(lambda: buffers.spare == 1)  # and the next one
+    buffers.recycle(first)  # the server dropped the first version: recycling supplies buffers from now on
+    assert buffers.spare == 1 and buffers.allocate(1 << 20).obj is first.obj  # one kept: the newest
+    assert not wait_until(lambda: buffers.spare > 0, timeout_s=0.3)  # no spare prepared any more
+    assert spare.nbytes == 1 << 20 and (buffers.fresh, buffers.reused) == (1, 2)
+    assert buffers.allocate(2 << 20).nbytes == 2 << 20 and buffers.fresh == 2  # another size: fresh
+
+
 def test_a_dropped_versions_buffer_holds_the_next_snapshot_and_served_versions_keep_their_bytes(tmp_path):
     import torch
 
@@ -86,12 +101,10 @@ def test_a_dropped_versions_buffer_holds_the_next_snapshot_and_served_versions_k
             blobs = {1: publish(server, 1)}
             assert wait_until(lambda: server.served_versions() == [1])
             server.pin(1, "arm-a")
-            for version in (2, 3, 4):
+            for version in (2, 3, 4, 5):  # a spare prepared meanwhile, then v2's buffer once dropped
+                assert wait_until(lambda: buffers.spare == 1)
                 blobs[version] = publish(server, version)
-            assert wait_until(lambda: server.served_versions() == [1, 3, 4] and buffers.spare == 1)
-            assert buffers.reused == 0  # v2 was dropped, after v4's snapshot was written
-            blobs[5] = publish(server, 5)
-            assert buffers.reused == 1 and memoryview(blobs[5].data).obj is memoryview(blobs[2].data).obj
+            assert (buffers.fresh, buffers.reused) == (1, 4)  # only v1 faulted in its pages while publishing
             assert wait_until(lambda: server.served_versions() == [1, 4, 5])
             for version in (1, 4, 5):  # what is served still hashes to what was announced
                 assert WeightsBlob(version, blobs[version].data, "").sha256 == blobs[version].sha256

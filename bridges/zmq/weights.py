@@ -44,6 +44,9 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 _META_DTYPE = "robot_rl.transfer_dtype"
 
 
+SPARE_NICE = 10  # the spare snapshot buffer is faulted in behind training and serving
+SPARE_TOUCH_BYTES = 16 << 20  # per zero_ call of the spare: the lock is offered back between calls
+
 BufferAllocator = Callable[[int], memoryview]  # size -> a writable byte buffer of that size
 
 
@@ -261,22 +264,28 @@ def tensor_views(data: bytes | bytearray | memoryview) -> dict[str, TensorView]:
 
 
 class SnapshotBuffers:
-    """The learner's snapshot buffers, each taken back when the server stops serving its version.
+    """The learner's snapshot buffers: each taken back when the server stops serving its version,
+    and one spare prepared in the background while none is free.
 
-    Why: a fresh buffer's pages are faulted in by the snapshot's copy, about 0.5 s per GB on a
-    machine without transparent huge pages, against 0.1 s for the copy into pages already
-    touched. A model's versions all have one size, so the buffer of the version the server just
-    dropped is the next snapshot's. A chunk of a dropped version still queued in ZeroMQ when the
-    buffer is written again would reach its robot corrupt and be refused by its sha256 (the
-    version is no longer served either way). Thread-safe: the trainer allocates, the server's
-    thread recycles.
+    Why: a fresh buffer's pages are faulted in by the snapshot's copy, 0.5 to 2.5 s per GB on this
+    machine (no transparent huge pages; more while the kernel reclaims), against 0.1 s for the copy
+    into pages already touched. A model's versions all have one size, so the buffer of the version
+    the server just dropped is the next snapshot's; until the server drops one (it keeps
+    ``keep_weight_versions``), a thread of low priority faults in a spare between two publishes,
+    with the interpreter lock released. A chunk of a dropped version still queued in ZeroMQ when the
+    buffer is written again would reach its robot corrupt and be refused by its sha256 (the version
+    is no longer served either way). Thread-safe: the trainer allocates, the server's thread
+    recycles, the spare's thread adds.
     """
 
     def __init__(self, keep_free: int = 1) -> None:
         self.keep_free = keep_free  # one model, one size: one spare buffer is all a publish needs
         self._free: list[memoryview] = []
         self._lock = threading.Lock()
-        self.reused = 0
+        self._preparing = False
+        self._recycling = False
+        self.reused = 0  # snapshots written into a buffer touched before (recycled or prepared)
+        self.fresh = 0  # snapshots that had to fault in fresh pages on the publishing thread
 
     @property
     def spare(self) -> int:
@@ -286,19 +295,49 @@ class SnapshotBuffers:
     def allocate(self, size: int) -> memoryview:
         with self._lock:
             match = next((i for i, buffer in enumerate(self._free) if buffer.nbytes == size), None)
-            if match is not None:
-                self.reused += 1
-                return self._free.pop(match)
-        return fresh_buffer(size)
+            buffer = self._free.pop(match) if match is not None else None
+            self.reused += buffer is not None
+            self.fresh += buffer is None
+        self._prepare_spare(size)
+        return buffer if buffer is not None else fresh_buffer(size)
 
     def recycle(self, buffer: memoryview) -> None:
         view = memoryview(buffer).cast("B")
         if view.readonly or view.nbytes == 0:
             return
+        self._recycling = True  # the server drops versions now: no spare needs preparing any more
+        self._keep(view)
+
+    def _keep(self, view: memoryview) -> None:
         with self._lock:
             self._free.append(view)
             while len(self._free) > self.keep_free:
                 self._free.pop(0)  # the oldest spare goes: a size no longer published
+
+    def _prepare_spare(self, size: int) -> None:
+        with self._lock:
+            if (self.keep_free == 0 or size == 0 or self._preparing or self._recycling
+                    or any(buffer.nbytes == size for buffer in self._free)):
+                return
+            self._preparing = True
+        threading.Thread(target=self._fault_in_spare, args=(size,), name="snapshot-spare", daemon=True).start()
+
+    def _fault_in_spare(self, size: int) -> None:
+        import torch
+
+        from robot_rl.core.priority import lower_own_priority
+
+        lower_own_priority(SPARE_NICE)
+        try:
+            buffer = fresh_buffer(size)
+            pages = torch.frombuffer(buffer, dtype=torch.uint8)
+            for start in range(0, size, SPARE_TOUCH_BYTES):  # torch releases the interpreter lock in zero_
+                pages[start:start + SPARE_TOUCH_BYTES].zero_()
+            del pages
+            self._keep(buffer)
+        finally:
+            with self._lock:
+                self._preparing = False
 
 
 @dataclass(frozen=True)
