@@ -21,6 +21,7 @@ from robot_rl.bridges.zmq import (
     ClientConfig,
     ClientCurve,
     Error,
+    Heartbeat,
     Hello,
     HelloOk,
     ImageEncoding,
@@ -126,6 +127,32 @@ def test_streamed_segments_are_acked_stored_and_exact(tmp_path):
         assert np.array_equal(got[5].state, np.full(6, 1, np.float32))
         assert np.array_equal(got[5].images["front"], make_steps(1)[0].images["front"])
         assert stats["segments_acked"] == 3 and stats["pending"] == 0 and stats["queue_rejections"] == 0
+
+
+def test_a_stop_that_comes_just_before_the_link_drains_its_wakeups_still_ends_it_at_once(tmp_path, monkeypatch):
+    """The stop's wake-up byte may be drained in the same loop turn that read the flag as unset: the
+    flag must be read after the drain, or the link sleeps a whole poll interval (here ten minutes)."""
+    drain = StreamingClient._drain_wakeups
+    stopped = threading.Event()
+
+    def stop_arrives_now(self):  # the other thread's stop lands between the loop's check and its drain
+        if stopped.is_set() and not self._stop.is_set():
+            self._stop.set()
+            self._wake()
+        drain(self)
+
+    monkeypatch.setattr(StreamingClient, "_drain_wakeups", stop_arrives_now)
+    with serving() as server:
+        config = client_config(server, tmp_path, heartbeat_interval_s=1200.0, server_timeout_s=1200.0)
+        link = StreamingClient(config, poll_interval_ms=600_000).start()
+        assert link.wait_connected(10)
+        stopped.set()
+        link._wake()  # one more turn of the loop, in which the stop lands
+        thread = link._thread
+        assert thread is not None
+        thread.join(5.0)
+        assert not thread.is_alive()
+        link.stop(timeout_s=1)
 
 
 def test_a_submit_and_a_stop_wake_the_idle_link_thread(tmp_path, caplog):
@@ -450,8 +477,11 @@ def test_a_robot_with_a_valid_key_cannot_write_on_another_robots_session(tmp_pat
         try:
             forged = encode_segment("so101-a", 7, 0, make_steps(3))
             attacker.send_multipart(encode_message(forged), copy=False)
-            assert attacker.poll(5000), "the learner did not answer the forged segment"
-            reply = decode_message(attacker.recv_multipart())
+            reply = None
+            while not isinstance(reply, Error):  # a heartbeat to a's session may reach the taker first
+                assert attacker.poll(5000), "the learner did not answer the forged segment"
+                reply = decode_message(attacker.recv_multipart())
+                assert isinstance(reply, Error | Heartbeat), reply
         finally:
             attacker.close()
             ctx.term()
@@ -532,8 +562,6 @@ def hello_frames(robot_id: str) -> list[bytes]:
 
 
 def heartbeat_frames() -> list[bytes]:
-    from robot_rl.bridges.zmq import Heartbeat
-
     return frames_of(Heartbeat(sender="x", policy_version=-1, time_s=0.0, stats={}))
 
 

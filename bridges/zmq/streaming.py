@@ -214,8 +214,12 @@ class StreamingClient:
         client.wake_on(self._wake_r)
         self._started.set()
         try:
-            while not self._stop.is_set():
-                self._drain_wakeups()  # before taking jobs: a job submitted from here on wakes the next poll
+            while True:
+                # Drained before the stop flag and the jobs are read: a stop or a job that comes after
+                # this leaves its byte for the next poll, which then returns at once.
+                self._drain_wakeups()
+                if self._stop.is_set():
+                    break
                 self._spool_queued(client, budget=8)
                 client.policy_version = self._policy_version
                 # Straight on while jobs wait, unless the spool refuses them: then retry at the timer's pace.
