@@ -267,9 +267,9 @@ class SnapshotBuffers:
     """The learner's snapshot buffers: each taken back when the server stops serving its version,
     and one spare prepared in the background while none is free.
 
-    Why: a fresh buffer's pages are faulted in by the snapshot's copy, 0.5 to 2.5 s per GB on this
-    machine (no transparent huge pages; more while the kernel reclaims), against 0.1 s for the copy
-    into pages already touched. A model's versions all have one size, so the buffer of the version
+    Why: a fresh buffer's pages are faulted in by the snapshot's copy, 0.5 to 2.5 s per GB where
+    transparent huge pages are off (more while the kernel reclaims memory), against 0.1 s for the
+    copy into pages already touched. A model's versions all have one size, so the buffer of the version
     the server just dropped is the next snapshot's; until the server drops one (it keeps
     ``keep_weight_versions``), a thread of low priority faults in a spare between two publishes,
     with the interpreter lock released. A chunk of a dropped version still queued in ZeroMQ when the
@@ -305,7 +305,8 @@ class SnapshotBuffers:
         view = memoryview(buffer).cast("B")
         if view.readonly or view.nbytes == 0:
             return
-        self._recycling = True  # the server drops versions now: no spare needs preparing any more
+        with self._lock:
+            self._recycling = True  # the server drops versions now: no spare needs preparing any more
         self._keep(view)
 
     def _keep(self, view: memoryview) -> None:
