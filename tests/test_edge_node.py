@@ -559,6 +559,16 @@ def test_a_chunk_requested_after_a_swap_is_computed_with_the_new_weights_whateve
         runner.close()
 
 
+def test_announcing_a_swap_never_waits_for_one_being_applied():
+    runner = PolicyRunner(EncodingPolicy(chunk_size=4), 0, 6)
+    with runner._gate.swapping():  # a swap's load holds the gate
+        announced = threading.Event()
+        thread = threading.Thread(target=lambda: (runner.announce_swap(), announced.set()))
+        thread.start()
+        assert announced.wait(timeout=2.0)  # the control thread's submit goes on meanwhile
+    thread.join(timeout=5.0)
+
+
 def test_failing_teleop_holds_and_failing_sink_does_not_stop_the_robot():
     node, robot, _ = make_node(latency_ms=0.0)
     run(node, 5)

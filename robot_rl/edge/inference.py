@@ -179,12 +179,14 @@ class _SwapGate:
     """
 
     def __init__(self) -> None:
-        self._condition = threading.Condition()
+        self._condition = threading.Condition()  # held through a swap's whole load
         self._predicting = 0
         self._announced = 0
+        self._announce_lock = threading.Lock()  # never held long: the control thread announces
 
     def announce(self) -> None:
-        with self._condition:
+        """Called by the control thread as it submits; it must not wait for a swap being applied."""
+        with self._announce_lock:
             self._announced += 1
 
     @contextmanager
@@ -206,7 +208,8 @@ class _SwapGate:
             try:
                 yield
             finally:
-                self._announced = max(0, self._announced - 1)  # a runner of one thread announces nothing
+                with self._announce_lock:
+                    self._announced = max(0, self._announced - 1)  # a runner of one thread announces nothing
                 self._condition.notify_all()
 
 
