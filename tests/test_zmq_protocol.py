@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
 import numpy as np
@@ -349,13 +350,19 @@ def test_the_version_digest_covers_every_chunk_and_the_chunking():
 
 
 def _reassemble(blob: WeightsBlob, tamper: dict[int, bytes] | None = None) -> ChunkAssembler:
+    """Every chunk received, then verified on two threads at once, as the link does."""
     asm = ChunkAssembler(blob.announce())
     for i in range(blob.num_chunks):
         chunk = blob.chunk_message(i)
         if tamper and i in tamper:
             chunk = WeightsChunk(version=chunk.version, chunk=i, sha256=chunk.sha256,
                                  data=np.frombuffer(tamper[i], np.uint8))
-        asm.add(chunk)
+        asm.receive(chunk)
+    assert asm.missing() == [] and asm.received == blob.num_chunks  # none is requested again meanwhile
+    with ThreadPoolExecutor(2) as workers:
+        errors = asm.store_received(workers)
+    if errors:
+        raise errors[0]
     return asm
 
 
@@ -374,12 +381,41 @@ def test_corrupted_chunk_is_refused():
         _reassemble(blob, {1: bytes(bad)})
 
 
+def test_a_corrupt_chunk_verified_beside_good_ones_is_the_only_one_missing_and_its_refetch_completes():
+    blob = WeightsBlob(version=2, data=os.urandom(10_000), config_hash="h", chunk_size=3000)
+    asm = ChunkAssembler(blob.announce())
+    tampered = blob.chunk_message(1)
+    tampered = WeightsChunk(version=2, chunk=1, sha256=tampered.sha256,
+                            data=np.frombuffer(bytes(b ^ 1 for b in blob.chunk(1)), np.uint8))
+    for chunk in (blob.chunk_message(0), tampered, blob.chunk_message(2), blob.chunk_message(3)):
+        asm.receive(chunk)
+    with ThreadPoolExecutor(2) as workers:
+        errors = asm.store_received(workers)
+        assert [str(e) for e in errors] == ["weights v2 chunk 1: sha256 mismatch (corrupted in transit); refetch it"]
+        assert asm.missing() == [1] and not asm.complete
+        asm.receive(blob.chunk_message(1))
+        assert asm.missing() == [] and asm.store_received(workers) == []
+    assert asm.complete and bytes(asm.result()) == bytes(blob.data)
+
+
+def test_a_chunk_of_the_wrong_length_or_version_is_refused_when_it_arrives():
+    blob = WeightsBlob(version=2, data=os.urandom(10_000), config_hash="h", chunk_size=3000)
+    asm = ChunkAssembler(blob.announce())
+    good = blob.chunk_message(0)
+    with pytest.raises(WeightsError, match="2999 bytes, expected 3000"):
+        asm.receive(WeightsChunk(version=2, chunk=0, sha256=good.sha256, data=good.data[:-1]))
+    with pytest.raises(WeightsError, match="does not belong to v2"):
+        asm.receive(WeightsChunk(version=3, chunk=0, sha256=good.sha256, data=good.data))
+    assert asm.received == 0 and asm.missing() == [0, 1, 2, 3]
+
+
 def test_payload_not_matching_announced_sha256_is_refused():
     blob = WeightsBlob(version=2, data=os.urandom(5000), config_hash="h", chunk_size=3000)
     lying = WeightsAnnounce(**{**blob.announce().__dict__, "sha256": "00" * 32})
     asm = ChunkAssembler(lying)
     for i in range(blob.num_chunks):
-        asm.add(blob.chunk_message(i))
+        asm.receive(blob.chunk_message(i))
+    assert asm.store_received() == []
     with pytest.raises(WeightsError, match="differs from announced"):
         asm.result()
     with pytest.raises(WeightsError, match="inconsistent announce"):
