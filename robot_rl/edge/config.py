@@ -127,6 +127,13 @@ class EdgeConfig:
 
     # A tick that starts more than this after its scheduled time counts as late.
     late_threshold_ms: float = 5.0
+    # On the wall clock the control loop's thread runs under SCHED_FIFO at this priority while it
+    # ticks, ahead of every thread of normal priority (the link, the recorder, a learner on the
+    # same machine), as ros2_control's controller thread does; below the 50 of PREEMPT_RT's
+    # interrupt threads, so the motor bus's USB interrupts still come first. Where the OS refuses
+    # (no CAP_SYS_NICE, no rtprio limit) the loop runs at normal priority and says so once.
+    # 0: never ask (robot_rl.core.priority.realtime_thread).
+    realtime_priority: int = 40
 
     def __post_init__(self) -> None:
         problems = []
@@ -169,6 +176,9 @@ class EdgeConfig:
             problems.append(
                 f"latency_distribution must be one of {LATENCY_DISTRIBUTIONS}, got {self.latency_distribution!r}"
             )
+        if not 0 <= self.realtime_priority <= 99:
+            problems.append(f"realtime_priority must be 0 (off) or a SCHED_FIFO priority 1-99, got "
+                            f"{self.realtime_priority}")
         if self.inference_runner not in INFERENCE_RUNNERS:
             problems.append(f"inference_runner must be one of {INFERENCE_RUNNERS}, got {self.inference_runner!r}")
         if problems:

@@ -33,6 +33,7 @@ starts at index 0 on arrival and nothing is stale.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -45,6 +46,7 @@ import numpy as np
 
 from robot_rl.core.clock import Clock
 from robot_rl.core.motion_limits import JointDeltaClamp, step_limit_per_tick
+from robot_rl.core.priority import realtime_thread
 from robot_rl.core.types import ActionChunk, Episode, Step
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction
 from robot_rl.edge.config import EdgeConfig
@@ -336,13 +338,20 @@ class EdgeNode:
         self.reset_episode(instruction, seed)
         self._episode_limit = max_steps
         episode = Episode(self.robot_id, episode_id, instruction, task_family=task_family, seed=seed)
-        for _ in range(max_steps):
-            step = self.tick()
-            episode.steps.append(step)
-            if step.done:
-                break
+        with self.realtime():
+            for _ in range(max_steps):
+                step = self.tick()
+                episode.steps.append(step)
+                if step.done:
+                    break
         episode.success = any(s.success for s in episode.steps)
         return episode
+
+    def realtime(self) -> contextlib.AbstractContextManager[bool]:
+        """Around a loop of ticks: on the wall clock the calling thread runs under SCHED_FIFO at
+        ``edge.realtime_priority`` (where the OS permits; yields whether it does), so no thread of
+        normal priority delays a tick; on a virtual clock, which never waits, nothing changes."""
+        return realtime_thread(0 if self.clock.is_virtual else self.config.realtime_priority)
 
     def close(self) -> None:
         """Stop the inference worker (joins its thread, if any)."""

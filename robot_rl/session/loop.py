@@ -211,23 +211,11 @@ class OperatorSession:
             return "aborted"
 
     def _control(self, episode: int, instruction: str, steps: list[Step]) -> str:
-        verdict: str | None = None
-        for tick in range(self.config.max_episode_steps):
-            for command in self._commands(episode, tick):
-                self._apply(command)
-            step = self._tick()
-            steps.append(step)
-            events = self.hook.drain_events()
-            if TeleopEvent.ESTOP in events:
-                self.estop(steps, episode, instruction)
-                return "estop"
-            verdict = next((_VERDICTS[e] for e in events if e in _VERDICTS), None)
-            self._show(episode, tick)
-            if verdict is not None:
-                break
-            if step.success:
-                verdict = "success"
-                break
+        with self.node.realtime():  # the ticks only: stopping, asking and saving run at normal priority
+            verdict = self._tick_until_verdict(episode, steps)
+        if verdict == "estop":
+            self.estop(steps, episode, instruction)
+            return "estop"
         self._hold_arm()
         if verdict is None:
             verdict = self._ask_verdict(episode)
@@ -236,6 +224,25 @@ class OperatorSession:
                 return "estop"
         self._write(episode, instruction, steps, verdict)
         return verdict
+
+    def _tick_until_verdict(self, episode: int, steps: list[Step]) -> str | None:
+        """Tick until the operator's verdict, an e-stop ("estop"), the task's success, or the
+        episode's last tick (None: no verdict yet)."""
+        for tick in range(self.config.max_episode_steps):
+            for command in self._commands(episode, tick):
+                self._apply(command)
+            step = self._tick()
+            steps.append(step)
+            events = self.hook.drain_events()
+            if TeleopEvent.ESTOP in events:
+                return "estop"
+            verdict = next((_VERDICTS[e] for e in events if e in _VERDICTS), None)
+            self._show(episode, tick)
+            if verdict is not None:
+                return verdict
+            if step.success:
+                return "success"
+        return None
 
     def _hold_arm(self) -> None:
         """The episode is over: forget the plan and command the last target alone, so the arm
