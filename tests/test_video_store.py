@@ -4,6 +4,7 @@ for frame and episode for episode, and a writer killed mid-batch loses nothing a
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,30 @@ def test_video_frames_read_back_per_episode_and_tick(tmp_path):
     # Only some episodes, as the learner's index reads a store's tail.
     [middle] = load_episode_arrays(root, episodes=[1])
     assert_frames_match(middle, episodes[1])
+
+
+def test_an_encoder_that_stalls_loses_no_frame(tmp_path, monkeypatch):
+    """LeRobot's streaming encoder drops a frame (a warning, nothing more) when its queue stays full
+    for 0.1 s: an encoder thread starved that long on a loaded learner (a trainer and four robots'
+    ingest on a few cores) would leave the video shorter than the episode's rows."""
+    from lerobot.datasets import video_utils
+
+    real = video_utils.Image.fromarray
+    stalled: list[bool] = []
+
+    def stall_once(*args, **kwargs):  # the encoder thread's first frame: descheduled for 0.4 s
+        if not stalled:
+            stalled.append(True)
+            time.sleep(0.4)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(video_utils.Image, "fromarray", stall_once)
+    episode = video_episode(0, 70)  # more frames than LeRobot's default queue of 30 holds
+    with EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS, frames=VIDEO) as rec:
+        rec.write_episode(episode)
+    assert stalled
+    [stored] = load_episode_arrays(tmp_path / "ds")
+    assert_frames_match(stored, episode)
 
 
 def test_auto_stores_camera_size_frames_as_video_and_small_ones_as_png(tmp_path):

@@ -136,8 +136,12 @@ class EpisodeRecorder:
 
         if self.use_videos:
             _quiet_encoder_logs()
-        # Video frames go to the encoder as they are added, not through PNG files on disk first.
-        video = {"rgb_encoder": self.frames.rgb_encoder(), "streaming_encoding": True} if self.use_videos else {}
+        # Video frames go to the encoder as they are added, not through PNG files on disk first. Its
+        # queue is unbounded (0): LeRobot drops a frame when a bounded one stays full for 0.1 s, and an
+        # encoder thread starved that long on a loaded learner would leave the video shorter than the
+        # episode. What it holds is bounded anyway: one episode's frames, already in memory here.
+        video = ({"rgb_encoder": self.frames.rgb_encoder(), "streaming_encoding": True, "encoder_queue_maxsize": 0}
+                 if self.use_videos else {})
         if (self.root / "meta" / "info.json").exists():
             return LeRobotDataset.resume(self.repo_id, root=self.root, **video)
         self.root.parent.mkdir(parents=True, exist_ok=True)
