@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def test_a_short_soak_swaps_weights_from_a_training_learner_and_reports_every_tick(tmp_path):
     cfg = RealtimeBenchConfig(duration_s=6.0, robots=1, swap_every_s=1.0, runners=["process"])
     report = soak("process", cfg, tmp_path / "soak", progress=lambda _msg: None)
-    assert report["runner"] == "process" and report["robots"] == 1
+    assert report["runner"] == "process" and report["scheduling"] == "realtime" and report["robots"] == 1
     assert report["learner_updates"] > 0 and report["swaps"] >= 1  # trained on the stream, swapped in at the edge
     assert report["ticks"] > 0
     late = report["lateness_ms"]

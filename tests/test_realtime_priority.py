@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 import pytest
@@ -80,15 +81,31 @@ def test_a_refused_policy_leaves_the_thread_as_it_was_and_warns_once(monkeypatch
 
 
 class _PolicyRecordingRobot(KinematicRobot):
-    """Notes the scheduling policy of the thread that reads each observation: the tick's."""
+    """Notes the scheduling policy of the thread that reads each observation (the tick's) and the
+    interpreter's switch interval then."""
 
     def __init__(self) -> None:
         super().__init__(fps=50)
         self.policies: list[int] = []
+        self.switch_intervals: set[float] = set()
 
     def get_observation(self):
         self.policies.append(_policy())
+        self.switch_intervals.add(sys.getswitchinterval())
         return super().get_observation()
+
+
+def test_the_edge_node_hands_the_interpreter_lock_round_every_ms_while_it_ticks_on_the_wall_clock():
+    before = sys.getswitchinterval()
+    robot = _PolicyRecordingRobot()
+    with EdgeNode(robot, EncodingPolicy(chunk_size=10), WallClock(), EdgeConfig(fps=50, realtime_priority=0)) as node:
+        node.run_episode(5)
+    assert robot.switch_intervals == {0.001}  # a busy link thread delays a waking tick by at most this
+    assert sys.getswitchinterval() == before
+    robot = _PolicyRecordingRobot()
+    with EdgeNode(robot, EncodingPolicy(chunk_size=10), VirtualClock(), EdgeConfig(fps=50)) as node:
+        node.run_episode(5)
+    assert robot.switch_intervals == {before}
 
 
 @needs_fifo

@@ -67,10 +67,16 @@ class RealtimeBenchConfig:
     swap_every_s: float = 10.0  # the learner publishes new weights this often (trainer.publish_every_s)
     # Where each edge runs inference and loads weights; one soak per entry, one after the other.
     runners: list[str] = field(default_factory=lambda: ["process", "thread"])
+    # How each edge's control loop is scheduled, one soak per entry and runner: "realtime" (the edge's
+    # defaults: SCHED_FIFO where permitted, the interpreter lock handed over every 1 ms), "normal"
+    # (edge.realtime_priority=0 edge.switch_interval_ms=0: Linux's and Python's defaults).
+    scheduling: list[str] = field(default_factory=lambda: ["realtime"])
 
     def __post_init__(self) -> None:
         if not self.runners or any(r not in ("process", "thread") for r in self.runners):
             raise ValueError(f"bench realtime: runners must be process and/or thread, got {self.runners}")
+        if not self.scheduling or any(s not in ("realtime", "normal") for s in self.scheduling):
+            raise ValueError(f"bench realtime: scheduling must be realtime and/or normal, got {self.scheduling}")
         if self.duration_s <= 0 or self.robots < 1 or self.swap_every_s <= 0:
             raise ValueError("bench realtime: duration_s and swap_every_s must be > 0, robots >= 1")
 

@@ -8,7 +8,9 @@ file. Every tick's lateness (start time minus its scheduled time) is recorded fr
 learner has published its first trained weights (so every measured tick runs under the full load). The soak runs once
 per ``bench.runners`` entry, one after the other on the same machine: where inference and the
 weights loader run ("process": the policy's own process, the default of a session on the wall
-clock; "thread": threads of the control process, as before).
+clock; "thread": threads of the control process, as before), and per ``bench.scheduling`` entry:
+the control loop under SCHED_FIFO with the interpreter lock handed over every 1 ms (the edge's
+defaults, "realtime") or under Linux's and Python's defaults ("normal").
 
 Reported per runner: ``lateness_ms`` {p50, p99, max} over all ticks of all robots,
 ``ticks_over_5ms``, ``ticks_over_period`` (33 ms at 30 fps), ticks, swaps seen, learner updates,
@@ -18,6 +20,7 @@ count that grows says the learner cannot keep up; stopping writes them all, whic
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import multiprocessing as mp
@@ -46,8 +49,8 @@ OVER_MS = 5.0
 FIRST_WEIGHTS_TIMEOUT_S = 300.0  # filling the store to min_steps_to_train takes seconds; a busy CI box, more
 
 
-def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, start: Any, stop: Any,
-               out: mp.Queue) -> None:
+def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, scheduling: str, start: Any,
+               stop: Any, out: mp.Queue) -> None:
     """Edge process: episodes on the wall clock until ``stop`` is set; send the lateness of every
     tick between ``start`` (every edge is running) and ``stop``."""
     import torch
@@ -72,7 +75,10 @@ def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, sta
                           spool_dir=f"{workdir}/spool-{index}-{runner}", config_hash=policy.config_hash(),
                           heartbeat_interval_s=0.5, features=RecordedLayout.of_robot(arm).to_document())
     streamer = EdgeStreamer(config, policy, image_encoding=ImageEncoding())
-    node = EdgeNode(arm, policy, WallClock(), EdgeConfig(fps=FPS, inference_runner=runner), robot_id=robot_id)
+    edge = EdgeConfig(fps=FPS, inference_runner=runner)
+    if scheduling == "normal":  # Linux's and Python's defaults
+        edge = dataclasses.replace(edge, realtime_priority=0, switch_interval_ms=0.0)
+    node = EdgeNode(arm, policy, WallClock(), edge, robot_id=robot_id)
     streamer.attach(node).start()
     lateness: list[float] = []
     forward = node.step_sink
@@ -100,7 +106,8 @@ def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, sta
                              "swaps": node.stats.swaps, "version": node.policy_version}))
 
 
-def soak(runner: str, cfg: RealtimeBenchConfig, workdir: Path, progress: Callable[[str], None]) -> dict[str, Any]:
+def soak(runner: str, cfg: RealtimeBenchConfig, workdir: Path, progress: Callable[[str], None],
+         scheduling: str = "realtime") -> dict[str, Any]:
     from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig, TrainerConfig
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -123,7 +130,7 @@ def soak(runner: str, cfg: RealtimeBenchConfig, workdir: Path, progress: Callabl
     project.setLevel(logging.INFO)
     project.propagate = False  # to the file only: the console shows the bench's progress
     try:
-        return _soak_with_learner(runner, cfg, workdir, config, policy, ctx, out, progress)
+        return _soak_with_learner(runner, scheduling, cfg, workdir, config, policy, ctx, out, progress)
     finally:
         project.removeHandler(learner_log)
         project.setLevel(level)
@@ -131,15 +138,15 @@ def soak(runner: str, cfg: RealtimeBenchConfig, workdir: Path, progress: Callabl
         learner_log.close()
 
 
-def _soak_with_learner(runner: str, cfg: RealtimeBenchConfig, workdir: Path, config: Any, policy: Any, ctx: Any,
-                       out: mp.Queue, progress: Callable[[str], None]) -> dict[str, Any]:
+def _soak_with_learner(runner: str, scheduling: str, cfg: RealtimeBenchConfig, workdir: Path, config: Any,
+                       policy: Any, ctx: Any, out: mp.Queue, progress: Callable[[str], None]) -> dict[str, Any]:
     from robot_rl.learner.service import LearnerService
 
     with LearnerService(config, policy, train=True) as learner:
         learner.start()
         start, stop = ctx.Event(), ctx.Event()
         edges = [ctx.Process(target=_soak_edge, args=(i, learner.router_endpoint, learner.pub_endpoint,
-                                                       str(workdir), runner, start, stop, out))
+                                                       str(workdir), runner, scheduling, start, stop, out))
                  for i in range(cfg.robots)]
         for edge in edges:
             edge.start()
@@ -149,7 +156,8 @@ def _soak_with_learner(runner: str, cfg: RealtimeBenchConfig, workdir: Path, con
                 _expect(out, "ready", 120.0 + 30.0 * cfg.robots, runner)
             _await_first_trained_weights(learner, FIRST_WEIGHTS_TIMEOUT_S, runner)
             start.set()
-            progress(f"{runner}: {cfg.robots} edges running; soaking for {cfg.duration_s:.0f} s")
+            progress(f"{runner}, {scheduling} scheduling: {cfg.robots} edges running; soaking for "
+                     f"{cfg.duration_s:.0f} s")
             updates_before = learner.trainer.step
             time.sleep(cfg.duration_s)
             updates = learner.trainer.step - updates_before
@@ -162,7 +170,7 @@ def _soak_with_learner(runner: str, cfg: RealtimeBenchConfig, workdir: Path, con
             stop_processes(stop, edges, 30)
     lateness_ms = np.concatenate([np.asarray(r["lateness_s"]) for r in results.values()]) * 1000.0
     period_ms = 1000.0 / FPS
-    return {"runner": runner, "robots": cfg.robots, "ticks": int(lateness_ms.size),
+    return {"runner": runner, "scheduling": scheduling, "robots": cfg.robots, "ticks": int(lateness_ms.size),
             "lateness_ms": {"p50": float(np.percentile(lateness_ms, 50)), "p99": float(np.percentile(lateness_ms, 99)),
                             "max": float(lateness_ms.max())},
             "ticks_over_5ms": int((lateness_ms > OVER_MS).sum()),
@@ -198,14 +206,24 @@ def run_realtime_bench(cfg: RealtimeBenchConfig, progress: Callable[[str], None]
     report: dict[str, Any] = {"by_runner": {},
                               "config": {"duration_s": cfg.duration_s, "robots": cfg.robots,
                                          "swap_every_s": cfg.swap_every_s, "runners": list(cfg.runners),
+                                         "scheduling": list(cfg.scheduling),
                                          "fps": FPS, "cameras": f"{len(CAMERAS)} x {IMAGE}x{IMAGE}"}}
     with tempfile.TemporaryDirectory(prefix="bench-realtime-") as tmp:
         for runner in cfg.runners:
-            progress(f"soak, inference and loader in a {runner}: {cfg.robots} edges, {cfg.duration_s:.0f} s")
-            report["by_runner"][runner] = soak(runner, cfg, Path(tmp) / runner, progress)
-    first = report["by_runner"][cfg.runners[0]]
+            for scheduling in cfg.scheduling:
+                key = soak_key(runner, scheduling)
+                progress(f"soak, inference and loader in a {runner}, {scheduling} scheduling: {cfg.robots} edges, "
+                         f"{cfg.duration_s:.0f} s")
+                report["by_runner"][key] = soak(runner, cfg, Path(tmp) / f"{runner}-{scheduling}", progress,
+                                                scheduling)
+    first = report["by_runner"][soak_key(cfg.runners[0], cfg.scheduling[0])]
     report.update({key: first[key] for key in ("lateness_ms", "ticks_over_5ms", "ticks_over_period", "runner")})
     return report
+
+
+def soak_key(runner: str, scheduling: str) -> str:
+    """A soak's row in the report: the runner, and how its loop was scheduled unless it is the default."""
+    return runner if scheduling == "realtime" else f"{runner}, normal scheduling"
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -134,6 +134,11 @@ class EdgeConfig:
     # (no CAP_SYS_NICE, no rtprio limit) the loop runs at normal priority and says so once.
     # 0: never ask (robot_rl.core.priority.realtime_thread).
     realtime_priority: int = 40
+    # On the wall clock, while the loop ticks, the interpreter hands its lock to a waiting thread after
+    # this long (sys.setswitchinterval; Python's default is 5 ms): a waking tick waits at most about
+    # this for another thread of the control process that runs Python code (the link, the recorder).
+    # 0: Python's default.
+    switch_interval_ms: float = 1.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -179,6 +184,9 @@ class EdgeConfig:
         if not 0 <= self.realtime_priority <= 99:
             problems.append(f"realtime_priority must be 0 (off) or a SCHED_FIFO priority 1-99, got "
                             f"{self.realtime_priority}")
+        if not 0 <= self.switch_interval_ms <= 5:
+            problems.append(f"switch_interval_ms must be in [0, 5] (0: Python's default), "
+                            f"got {self.switch_interval_ms}")
         if self.inference_runner not in INFERENCE_RUNNERS:
             problems.append(f"inference_runner must be one of {INFERENCE_RUNNERS}, got {self.inference_runner!r}")
         if problems:

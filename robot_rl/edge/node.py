@@ -38,7 +38,7 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -46,7 +46,7 @@ import numpy as np
 
 from robot_rl.core.clock import Clock
 from robot_rl.core.motion_limits import JointDeltaClamp, step_limit_per_tick
-from robot_rl.core.priority import realtime_thread
+from robot_rl.core.priority import interpreter_switch_interval, realtime_thread
 from robot_rl.core.types import ActionChunk, Episode, Step
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction
 from robot_rl.edge.config import EdgeConfig
@@ -347,11 +347,19 @@ class EdgeNode:
         episode.success = any(s.success for s in episode.steps)
         return episode
 
-    def realtime(self) -> contextlib.AbstractContextManager[bool]:
+    @contextlib.contextmanager
+    def realtime(self) -> Iterator[bool]:
         """Around a loop of ticks: on the wall clock the calling thread runs under SCHED_FIFO at
         ``edge.realtime_priority`` (where the OS permits; yields whether it does), so no thread of
-        normal priority delays a tick; on a virtual clock, which never waits, nothing changes."""
-        return realtime_thread(0 if self.clock.is_virtual else self.config.realtime_priority)
+        normal priority delays a tick, and the interpreter lock changes hands after
+        ``edge.switch_interval_ms``, so no thread of this process holds it from a waking tick for
+        longer; on a virtual clock, which never waits, nothing changes."""
+        if self.clock.is_virtual:
+            yield False
+            return
+        with (interpreter_switch_interval(self.config.switch_interval_ms / 1000.0),
+              realtime_thread(self.config.realtime_priority) as applied):
+            yield applied
 
     def close(self) -> None:
         """Stop the inference worker (joins its thread, if any)."""
