@@ -83,6 +83,35 @@ def test_staged_weights_are_swapped_in_between_chunks_and_bad_ones_refused(proce
     assert not shared.exists()
 
 
+def test_the_first_weights_go_into_a_file_and_a_shadow_prepared_before_them(process_policy):
+    node = EdgeNode(KinematicRobot(), process_policy, WallClock(), EdgeConfig(fps=30))
+    process_policy.prepare_for_weights()  # what the streamer does when its link starts
+    files = process_policy._weights_files
+    deadline = time.monotonic() + 10
+    while files.free == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    payload = weights(100.0)
+    buffer = process_policy.allocate_weights(len(payload))
+    assert files.reused == 1  # the prepared file: its pages are in already
+    buffer[:] = payload
+    process_policy.stage_weights(1, buffer)
+    episode = node.run_episode(90, "go")
+    assert versions_of(episode)[-1] == 1 and episode.steps[-1].action[0] >= 100.0
+
+
+def test_the_child_builds_its_shadow_once_with_published_tensors_of_its_own():
+    from robot_rl.edge.process_runner import _PolicyServer
+
+    policy = TorchEncodingPolicy(base=5.0)
+    server = _PolicyServer(policy, conn=None, version=0)
+    server._prepare_shadow()
+    shadow = server._shadow
+    assert shadow is not policy and shadow.base.data_ptr() != policy.base.data_ptr()
+    assert float(shadow.base) == 5.0
+    server._prepare_shadow()  # the loader asks again with the first weights: the same shadow
+    assert server._shadow is shadow
+
+
 def test_newer_weights_win_over_ones_not_yet_loaded(process_policy):
     node = EdgeNode(KinematicRobot(), process_policy, WallClock(), EdgeConfig(fps=30))
     for version, base in ((1, 100.0), (2, 200.0), (3, 300.0)):

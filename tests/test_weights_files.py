@@ -4,8 +4,40 @@ them, bounded, and removed when the edge stops or after it crashed."""
 import os
 import subprocess
 import sys
+import time
 
-from robot_rl.edge.weights_files import KEEP_FREE, PREFIX, WeightsFilePool, remove_stale_files
+from robot_rl.edge.weights_files import HEADER_ROOM, KEEP_FREE, PREFIX, WeightsFilePool, remove_stale_files
+
+
+def _wait_for_a_free_file(pool: WeightsFilePool) -> None:
+    deadline = time.monotonic() + 10
+    while pool.free == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.free == 1
+
+
+def test_a_prepared_file_serves_the_first_download_that_fits_in_it(tmp_path):
+    pool = WeightsFilePool(tmp_path)
+    pool.prepare(1000 + HEADER_ROOM)  # the published tensors, and room for any header
+    _wait_for_a_free_file(pool)
+    [prepared] = list(tmp_path.iterdir())
+    view = pool.allocate(1000 + 120)  # what arrives: the tensors behind a 120-byte header
+    assert view.nbytes == 1120 and pool.reused == 1 and pool.stage(view) == prepared
+    pool.release(str(prepared))
+    again = pool.allocate(1120)  # the released file, whose pages are in, serves the next version too
+    assert pool.reused == 2 and pool.stage(again) == prepared
+    pool.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_download_of_another_model_removes_the_free_files_of_the_old_one(tmp_path):
+    pool = WeightsFilePool(tmp_path)
+    pool.prepare(1000 + HEADER_ROOM)
+    _wait_for_a_free_file(pool)
+    small = pool.allocate(100)  # far smaller: a 1 MB file holding a 100-byte download would be waste
+    path = pool.stage(small)
+    assert pool.reused == 0 and pool.free == 0 and list(tmp_path.iterdir()) == [path]
+    pool.close()
 
 
 def test_a_released_file_is_the_next_download_of_its_size(tmp_path):

@@ -19,6 +19,9 @@ serves over one pipe, in messages of msgpack plus raw array bytes (never unpickl
   child's shadow policy by ``load_weights_into`` and swapped in between two chunks; the child
   answers ``loaded`` (or ``weights_error``) and ``released``, after which the file holds a later
   download (``robot_rl.edge.weights_files``);
+* ``prepare``: a learner link will send weights; the child builds its shadow now, at the loader's
+  low priority, as the in-process streamer does at its start, so the first swap costs what later
+  ones do (``ProcessPolicy.prepare_for_weights`` also has a download file faulted in);
 * calls made before the robot moves: ``bind_joints``, a synchronous ``predict_chunk`` (the warm-up),
   ``save_pretrained``.
 
@@ -50,7 +53,7 @@ import numpy as np
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRunner, PolicySwap
-from robot_rl.edge.weights_files import PREFIX, SHM_DIR, WeightsFilePool
+from robot_rl.edge.weights_files import HEADER_ROOM, PREFIX, SHM_DIR, WeightsFilePool
 from robot_rl.policies.base import ChunkPolicy
 
 log = logging.getLogger(__name__)
@@ -111,7 +114,10 @@ class _PolicyServer:
         self._swap_lock = threading.Lock()
         self._pending: PolicySwap | None = None  # loaded into the shadow, not taken by an inference yet
         self._taken: object | None = None  # a shadow an inference thread is swapping in right now
-        self._shadow: Any = None  # allocated with the first weights, so a run without swaps never pays for it
+        # Allocated on "prepare" (a learner link started) or with the first weights, so a run without a
+        # learner never pays for it.
+        self._shadow: Any = None
+        self._shadow_lock = threading.Lock()
         self._requests: queue.SimpleQueue[tuple[dict, dict] | None] = queue.SimpleQueue()
         self._weights: queue.Queue[tuple[int, str, int]] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -140,6 +146,9 @@ class _PolicyServer:
                 self._requests.put((body, arrays))
             elif kind == "weights":
                 self._weights.put((int(body["version"]), str(body["path"]), int(body["size"])))
+            elif kind == "prepare":
+                threading.Thread(target=self._prepare_shadow, args=(LOADER_NICE,), name="policy-shadow",
+                                 daemon=True).start()
             else:
                 self._call(kind, body, arrays)
 
@@ -209,7 +218,7 @@ class _PolicyServer:
             return swap
 
     def _load_loop(self) -> None:
-        from robot_rl.edge.streaming import load_weights_into, shadow_of
+        from robot_rl.edge.streaming import load_weights_into
 
         while self.runner is None:  # weights come only once the edge node runs the policy
             time.sleep(0.01)
@@ -219,8 +228,7 @@ class _PolicyServer:
                 self.send("released", {"path": path})
                 version, path, size = self._weights.get()
             try:
-                if self._shadow is None:
-                    self._shadow = shadow_of(cast(Any, self.runner.policy))  # a torch module: it took weights
+                self._prepare_shadow()
                 shadow = self._free_shadow()
                 with open(path, "rb") as file:
                     # A private copy-on-write view: writable (torch.frombuffer wants that), never written.
@@ -237,6 +245,17 @@ class _PolicyServer:
             with self._swap_lock:
                 self._pending = PolicySwap(version=version, policy=shadow)
             self.send("loaded", {"version": version, "bytes": size, "wall_s": time.time()})
+
+    def _prepare_shadow(self, nice: int = 0) -> None:
+        """Allocate the shadow the weights are loaded into, once (its tensors that never travel are
+        the live policy's, shared). Before the first swap the live policy is the one it was built as."""
+        from robot_rl.core.priority import lower_own_priority
+        from robot_rl.edge.streaming import shadow_of
+
+        lower_own_priority(nice)
+        with self._shadow_lock:
+            if self._shadow is None:
+                self._shadow = shadow_of(cast(Any, self.policy))  # a torch module: it takes weights
 
     def _free_shadow(self) -> Any:
         """The shadow, once nothing else can read it: a pending swap of it is withdrawn (newer
@@ -264,10 +283,20 @@ def _child_main(factory: PolicyFactory, conn: Any, version: int) -> None:
     info = {"action_dim": None if action_dim is None else int(action_dim), "chunk_size": int(policy.chunk_size),
             "cameras": list(getattr(policy, "cameras", ())), "guided": hasattr(policy, "predict_chunk_guided"),
             "config_hash": policy.config_hash() if hasattr(policy, "config_hash") else "",
-            "swappable": hasattr(policy, "parameters"), "name": type(policy).__name__}
+            "swappable": hasattr(policy, "parameters"), "name": type(policy).__name__,
+            "published_bytes": _published_bytes(policy)}
     server = _PolicyServer(policy, conn, version)
     server.send("ready", info)
     server.serve()
+
+
+def _published_bytes(policy: Any) -> int:
+    """Bytes of the tensors a learner publishes for ``policy`` (0: it takes no weights)."""
+    if not hasattr(policy, "parameters"):
+        return 0
+    from robot_rl.policies.trainable import published_state
+
+    return sum(t.numel() * t.element_size() for t in published_state(policy).values())
 
 
 # ---------------------------------------------------------------- the control process's side
@@ -362,6 +391,15 @@ class ProcessPolicy:
         return self._runner
 
     # ------------------------------------------------------------ weights
+
+    def prepare_for_weights(self) -> None:
+        """A learner link starts: the child builds its shadow and a download file of the published
+        size is faulted in, both in the background at low priority, so the first swap does not pay for
+        fresh memory (~0.9 s per GB on this box) on top of the transfer."""
+        if not self.swappable:
+            return
+        self.send(_pack("prepare"))
+        self._weights_files.prepare(int(self._info.get("published_bytes", 0)) + HEADER_ROOM)
 
     def allocate_weights(self, size: int) -> memoryview:
         """A buffer for a download of ``size`` bytes, in a file the child maps (``stage_weights``

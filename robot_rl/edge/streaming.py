@@ -209,6 +209,8 @@ class EdgeStreamer:
         return self
 
     def start(self) -> EdgeStreamer:
+        if self._remote is not None:
+            self._remote.prepare_for_weights()  # its shadow and a download file, as ours are made up front
         self.link.start()
         self._loader.start()
         link_thread = getattr(self.link, "_thread", None)

@@ -7,6 +7,11 @@ so the file the policy process has finished loading is the next download's buffe
 process maps a file only between ``stage`` and ``release``; the link writes one only between
 ``allocate`` and ``stage``, so no file is ever written while it is read.
 
+Before the first download there is no released file yet, so ``prepare`` faults in one of the policy's
+published size (plus room for the safetensors header) in the background, at low priority: the first
+swap of a session then costs what later ones do. A file serves any download that fits in it with at
+most ``HEADER_ROOM`` to spare (the policy process maps only the download's bytes of it).
+
 Files are named after the control process's pid; one a crashed edge left behind (its pid gone) is
 removed when the next pool starts.
 """
@@ -23,6 +28,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from robot_rl.core.priority import lower_own_priority
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -30,6 +39,11 @@ PREFIX = "robot_rl-weights-"
 # Free files kept for reuse: the one the policy process just released and the one before. A
 # download is assembled while the previous version loads, so two alternate; more would only hold memory.
 KEEP_FREE = 2
+# A safetensors header is ~100 bytes a tensor: a thousand tensors (pi0) take ~0.1 MB. A file this much
+# larger than a download still serves it; a download of another model never fits.
+HEADER_ROOM = 1 << 20
+PREPARE_NICE = 10  # the prepared file is faulted in behind the control loop and the link
+PREPARE_TOUCH_BYTES = 16 << 20  # per write of zeros: the interpreter lock is released during each
 _NAME = re.compile(rf"^{re.escape(PREFIX)}(\d+)-")
 
 
@@ -50,22 +64,67 @@ class WeightsFilePool:
         self._free: list[_File] = []
         self._lent: dict[int, _File] = {}  # id(mapping) -> file, being written by the link
         self._staged: dict[str, _File] = {}  # path -> file, being read by the policy process
-        self.reused = 0  # allocations served by a file already written once
+        self.reused = 0  # allocations served by a file already written once (or prepared)
+        self._preparing = False
+        self._closed = False
         remove_stale_files(directory)
+
+    @property
+    def free(self) -> int:
+        """Files ready for the next download."""
+        return len(self._free)
 
     def allocate(self, size: int) -> memoryview:
         """A writable buffer of ``size`` bytes backed by a file the policy process can map."""
         with self._lock:
-            match = next((f for f in self._free if f.mapping is not None and len(f.mapping) == size), None)
+            match = next((f for f in self._free if _fits(f, size)), None)
             if match is not None:
                 self._free.remove(match)
                 self.reused += 1
+                misfits: list[_File] = []
+            else:  # another size: the model changed, and the free files of the old one go
+                misfits, self._free = self._free, []
+        for file in misfits:
+            with contextlib.suppress(FileNotFoundError):
+                file.path.unlink()
         file = match or self._create(size)
         if file.mapping is None:
             return memoryview(bytearray())
         with self._lock:
             self._lent[id(file.mapping)] = file
-        return memoryview(file.mapping)
+        return memoryview(file.mapping)[:size]
+
+    def prepare(self, size: int) -> None:
+        """Fault in a file of ``size`` bytes for the next download, on a thread of low priority (at most
+        one at a time; nothing if a file is free already)."""
+        with self._lock:
+            if size <= 0 or self._preparing or self._free:
+                return
+            self._preparing = True
+        threading.Thread(target=self._fault_in, args=(size,), name="weights-file-prepare", daemon=True).start()
+
+    def _fault_in(self, size: int) -> None:
+        lower_own_priority(PREPARE_NICE)
+        file: _File | None = None
+        try:
+            file = self._create(size)
+            assert file.mapping is not None
+            pages = np.frombuffer(file.mapping, dtype=np.uint8)
+            for start in range(0, size, PREPARE_TOUCH_BYTES):
+                pages[start:start + PREPARE_TOUCH_BYTES] = 0  # numpy fills without the interpreter lock
+            del pages
+            with self._lock:
+                if not self._closed:
+                    self._free.append(file)
+                    file = None
+        except (OSError, ValueError) as exc:  # /dev/shm full: the first download faults its own pages in
+            log.warning("could not prepare a %d-byte weights file in %s: %s", size, self.directory, exc)
+        finally:
+            with self._lock:
+                self._preparing = False
+            if file is not None:  # not kept: closed meanwhile, or failed half-way
+                with contextlib.suppress(FileNotFoundError):
+                    file.path.unlink()
 
     def stage(self, view: memoryview) -> Path | None:
         """The file behind a buffer from ``allocate`` (None if it is not one), now the policy process's to read."""
@@ -90,6 +149,7 @@ class WeightsFilePool:
     def close(self) -> None:
         """Remove every file (the policy process is gone or going)."""
         with self._lock:
+            self._closed = True  # a file still being prepared is removed when it is done
             files = self._free + list(self._lent.values()) + list(self._staged.values())
             self._free, self._lent, self._staged = [], {}, {}
         for file in files:
@@ -102,6 +162,10 @@ class WeightsFilePool:
             handle.truncate(size)
             mapping = mmap.mmap(handle.fileno(), size) if size else None
         return _File(path, mapping)
+
+
+def _fits(file: _File, size: int) -> bool:
+    return file.mapping is not None and size <= len(file.mapping) <= size + HEADER_ROOM
 
 
 def remove_stale_files(directory: Path) -> list[Path]:
