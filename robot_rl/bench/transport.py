@@ -42,6 +42,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import resource
 import shutil
 import tempfile
 import threading
@@ -546,7 +547,8 @@ def zmq_swap(payload: SwapPayload, runner: str, cfg: TransportBenchConfig, workd
 
 
 class EdgeReports:
-    """Messages from an edge process: ("ready"|"in_use"|"late_tick"|"loaded", n, wall time)."""
+    """Messages from an edge process: ("ready"|"in_use"|"late_tick"|"loaded", n, wall time), and a fan-out
+    edge's ("cpu:ROBOT", 0, CPU seconds)."""
 
     def __init__(self, out: mp.Queue) -> None:
         self.out = out
@@ -566,6 +568,10 @@ class EdgeReports:
                 continue
         return self._seen[(kind, version)]
 
+    def get(self, kind: str, version: int = 0) -> float:
+        """The value of message (kind, version) received so far (``wait`` for one still to come)."""
+        return self._seen[(kind, version)]
+
     def drain(self) -> None:
         while True:
             try:
@@ -579,6 +585,12 @@ class EdgeReports:
             self.late_tick_times.append(t)
         else:
             self._seen.setdefault((kind, n), t)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, every thread, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -688,7 +700,9 @@ def _fanout_edge(robot_id: str, router: str, pub: str, spool: str, size_mb: floa
     with StreamingClient(config, on_weights=on_weights) as link:
         link.wait_connected(120)
         out.put((f"ready:{robot_id}", 0, time.time()))
+        cpu_at_ready = cpu_seconds()
         stop.wait()
+    out.put((f"cpu:{robot_id}", 0, cpu_seconds() - cpu_at_ready))  # the parent reads it when the swaps are over
 
 
 def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
@@ -716,19 +730,28 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
         for rid in ids:
             reports.wait(f"ready:{rid}", 120 + 10 * robots)
         time.sleep(1.0)
+        learner_cpu = cpu_seconds()
         for version in range(1, cfg.swaps + 1):
             t0 = time.time()
             server.publish_weights(snapshot(policy, version, policy.config_hash(), buffers=buffers))
             latencies += [reports.wait(f"loaded:{rid}", cfg.swap_timeout_s, version=version) - t0 for rid in ids]
             time.sleep(cfg.swap_gap_s)
+        learner_cpu = cpu_seconds() - learner_cpu
     finally:
         stop_processes(stop, edges, 10)
         stop_serving.set()
         serving.join(5)
         server.close()
+    reports.drain()
+    edge_cpu = sum(reports.get(f"cpu:{rid}") for rid in ids)
     loaded = _percentiles(latencies)
+    # Each robot's computer does its own share in a fleet; here all share this machine's cores, and the
+    # time a version takes to reach every robot cannot be shorter than all of that work spread on them.
+    cpu_per_version = (edge_cpu + learner_cpu) / cfg.swaps
     return {"loaded_p50_s": loaded["p50_s"], "loaded_p95_s": loaded["p95_s"], "swaps": cfg.swaps,
-            "payload_mb": _state_mb(policy)}
+            "payload_mb": _state_mb(policy), "edge_cpu_s_per_version": edge_cpu / cfg.swaps,
+            "learner_cpu_s_per_version": learner_cpu / cfg.swaps,
+            "cpu_floor_s": cpu_per_version / (os.cpu_count() or 1), "cores": os.cpu_count() or 1}
 
 
 # ============================================================== the run, the table
@@ -811,13 +834,17 @@ def print_table(report: dict[str, Any]) -> None:
                          f"{ratio:.2f}x")
     console.print(swap)
     if report["fanout"]:
-        fanout = Table(title="Weight fan-out: publish -> loaded at every robot (s)")
-        for col in ("robots", "MB", "loaded p50", "loaded p95", "p95 / 1 robot"):
+        fanout = Table(title="Weight fan-out: publish -> loaded at every robot (s); CPU per version: every edge "
+                             "process and the learner, all on this machine's cores")
+        for col in ("robots", "MB", "loaded p50", "loaded p95", "p95 / 1 robot", "edge CPU s", "learner CPU s",
+                    "CPU floor s"):
             fanout.add_column(col, justify="right")
         one = report["fanout"].get("1", {}).get("loaded_p95_s")
         for robots, row in report["fanout"].items():
             fanout.add_row(robots, f"{row['payload_mb']:.0f}", f"{row['loaded_p50_s']:.3f}",
-                           f"{row['loaded_p95_s']:.3f}", f"{row['loaded_p95_s'] / one:.2f}x" if one else "-")
+                           f"{row['loaded_p95_s']:.3f}", f"{row['loaded_p95_s'] / one:.2f}x" if one else "-",
+                           f"{row['edge_cpu_s_per_version']:.3f}", f"{row['learner_cpu_s_per_version']:.3f}",
+                           f"{row['cpu_floor_s']:.3f} on {row['cores']}")
         console.print(fanout)
 
 
