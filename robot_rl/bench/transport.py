@@ -502,6 +502,7 @@ def zmq_swap(payload: SwapPayload, runner: str, cfg: TransportBenchConfig, workd
     policy = ballast_policy(payload.size_mb, payload.frozen_mb)
     buffers = SnapshotBuffers()  # as the trainer publishes: a dropped version's buffer holds a later one
     server = ZmqServer(ServerConfig(config_hash=policy.config_hash(), announce_interval_s=2.0), _AckOnly())
+    publish_initial_weights(server, policy, buffers)
     stop = threading.Event()
     serving = threading.Thread(target=server.serve_forever, args=(stop,), daemon=True)
     serving.start()
@@ -544,6 +545,15 @@ def zmq_swap(payload: SwapPayload, runner: str, cfg: TransportBenchConfig, workd
             "late_ticks": in_swaps, "late_ticks_outside_swaps": len(late) - in_swaps,
             "bytes_on_wire": float(np.mean(wire)) if wire else float("nan"), "swaps": len(latencies),
             "payload_mb": _state_mb(policy), "model_mb": _state_mb(policy) + payload.frozen_mb, "runner": runner}
+
+
+def publish_initial_weights(server: Any, policy: Any, buffers: Any) -> None:
+    """Version 0, before any robot connects, as ``LearnerService.start`` publishes the weights it starts
+    from: the robots start on them too (``policy_version`` 0), and the versions measured are the trained
+    ones that follow."""
+    from robot_rl.learner.publisher import snapshot
+
+    server.publish_weights(snapshot(policy, 0, policy.config_hash(), buffers=buffers))
 
 
 class EdgeReports:
@@ -713,6 +723,7 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
     policy = ballast_policy(cfg.fanout_mb)
     buffers = SnapshotBuffers()
     server = ZmqServer(ServerConfig(config_hash=policy.config_hash(), announce_interval_s=2.0), _AckOnly())
+    publish_initial_weights(server, policy, buffers)
     stop_serving = threading.Event()
     serving = threading.Thread(target=server.serve_forever, args=(stop_serving,), daemon=True)
     serving.start()
