@@ -557,8 +557,7 @@ def publish_initial_weights(server: Any, policy: Any, buffers: Any) -> None:
 
 
 class EdgeReports:
-    """Messages from an edge process: ("ready"|"in_use"|"late_tick"|"loaded", n, wall time), and a fan-out
-    edge's ("cpu:ROBOT", 0, CPU seconds)."""
+    """Messages from an edge process: ("ready"|"in_use"|"late_tick"|"loaded", n, wall time)."""
 
     def __init__(self, out: mp.Queue) -> None:
         self.out = out
@@ -576,10 +575,6 @@ class EdgeReports:
                 self._take(self.out.get(timeout=min(remaining, 1.0)))
             except queue.Empty:
                 continue
-        return self._seen[(kind, version)]
-
-    def get(self, kind: str, version: int = 0) -> float:
-        """The value of message (kind, version) received so far (``wait`` for one still to come)."""
         return self._seen[(kind, version)]
 
     def drain(self) -> None:
@@ -601,6 +596,15 @@ def cpu_seconds() -> float:
     """CPU time of this process, every thread, user and system."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_seconds(pid: int | None) -> float:
+    """CPU time of another process so far, every thread, user and system (Linux's /proc; 0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14 and 15)
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -710,9 +714,7 @@ def _fanout_edge(robot_id: str, router: str, pub: str, spool: str, size_mb: floa
     with StreamingClient(config, on_weights=on_weights) as link:
         link.wait_connected(120)
         out.put((f"ready:{robot_id}", 0, time.time()))
-        cpu_at_ready = cpu_seconds()
         stop.wait()
-    out.put((f"cpu:{robot_id}", 0, cpu_seconds() - cpu_at_ready))  # the parent reads it when the swaps are over
 
 
 def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[str, Any]:
@@ -741,28 +743,29 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
         for rid in ids:
             reports.wait(f"ready:{rid}", 120 + 10 * robots)
         time.sleep(1.0)
-        learner_cpu = cpu_seconds()
+        edge_cpu = learner_cpu = 0.0  # spent from each publish until every robot has loaded it
         for version in range(1, cfg.swaps + 1):
+            edge_cpu -= sum(process_cpu_seconds(edge.pid) for edge in edges)
+            learner_cpu -= cpu_seconds()
             t0 = time.time()
             server.publish_weights(snapshot(policy, version, policy.config_hash(), buffers=buffers))
             latencies += [reports.wait(f"loaded:{rid}", cfg.swap_timeout_s, version=version) - t0 for rid in ids]
+            edge_cpu += sum(process_cpu_seconds(edge.pid) for edge in edges)
+            learner_cpu += cpu_seconds()
             time.sleep(cfg.swap_gap_s)
-        learner_cpu = cpu_seconds() - learner_cpu
     finally:
         stop_processes(stop, edges, 10)
         stop_serving.set()
         serving.join(5)
         server.close()
-    reports.drain()
-    edge_cpu = sum(reports.get(f"cpu:{rid}") for rid in ids)
     loaded = _percentiles(latencies)
-    # Each robot's computer does its own share in a fleet; here all share this machine's cores, and the
-    # time a version takes to reach every robot cannot be shorter than all of that work spread on them.
-    cpu_per_version = (edge_cpu + learner_cpu) / cfg.swaps
+    # Each robot's computer does its own share in a fleet; here all share this machine's cores, and a
+    # version cannot reach every robot sooner than that work takes spread over them (cpu_floor_s).
+    cores = os.cpu_count() or 1
     return {"loaded_p50_s": loaded["p50_s"], "loaded_p95_s": loaded["p95_s"], "swaps": cfg.swaps,
             "payload_mb": _state_mb(policy), "edge_cpu_s_per_version": edge_cpu / cfg.swaps,
             "learner_cpu_s_per_version": learner_cpu / cfg.swaps,
-            "cpu_floor_s": cpu_per_version / (os.cpu_count() or 1), "cores": os.cpu_count() or 1}
+            "cpu_floor_s": (edge_cpu + learner_cpu) / cfg.swaps / cores, "cores": cores}
 
 
 # ============================================================== the run, the table
