@@ -136,3 +136,39 @@ def test_a_version_delivered_before_a_pin_and_swapped_in_after_it_is_replaced_by
             assert not wait_until(lambda: len(got) > 3, timeout_s=0.5), got  # back on its pin: fetched once
         finally:
             link.stop()
+
+
+def test_a_pin_that_lands_while_a_publish_drops_its_version_is_refused_never_left_unserved():
+    """The console pins v1 just as the serving thread publishes v2 and pushes v1 out (one version
+    kept): either the pin is refused, or v1 stays served; never a robot pinned to nothing."""
+    import collections
+    import threading
+
+    outcome: list[str] = []
+
+    class PinsMidPublish(collections.OrderedDict):
+        def __setitem__(self, version, value):
+            super().__setitem__(version, value)
+            if version == 2 and not outcome:  # v2 is in, v1 not pushed out yet: the console's pin arrives now
+
+                def pin() -> None:
+                    try:
+                        server.pin(1, "arm-a")
+                        outcome.append("pinned")
+                    except ValueError:
+                        outcome.append("refused")
+
+                outcome.append("asked")
+                console = threading.Thread(target=pin)
+                console.start()
+                console.join(0.5)  # a pin that has to wait for the publish finishes after it
+
+    with serving(ServerConfig(keep_weight_versions=1, announce_interval_s=0.05)) as server:
+        server.publish_weights(blob(1))
+        assert wait_until(lambda: server.served_versions() == [1])
+        server._blobs = PinsMidPublish(server._blobs)
+        server.publish_weights(blob(2))
+        assert wait_until(lambda: len(outcome) == 2 and 2 in server.served_versions())
+        assert outcome[1] == "refused" or 1 in server.served_versions(), (outcome, server.served_versions())
+        if outcome[1] == "pinned":
+            assert server.pinned_version("arm-a") == 1

@@ -627,12 +627,12 @@ class ZmqServer:
                 while True:
                     self._wake_rx.recv(zmq.NOBLOCK)
             pins_changed, self._pins_changed = self._pins_changed, False
-            pinned = {*self._robot_pins.values(), self._fleet_pin}
+            # Under the lock ``pin`` checks against: a pin lands before a version is dropped (and keeps
+            # it) or after (and is refused), never between the two.
+            dropped = self._serve_locked(new)
+        for blob in dropped:
+            blob.retire()
         for blob in new:
-            self._blobs[blob.version] = blob
-            unpinned = [v for v in self._blobs if v not in pinned]
-            while len(unpinned) > self.config.keep_weight_versions:
-                self._blobs.pop(unpinned.pop(0)).retire()
             log.info("publishing weights v%d (%d bytes, %d chunks)", blob.version, len(blob.data), blob.num_chunks)
         if pins_changed:
             for identity, peer in list(self._peers.items()):
@@ -652,6 +652,17 @@ class ZmqServer:
             self._sessions_full_logged = False
         if now - self._last_prune_s >= 1.0:
             self._prune_senders(now)
+
+    def _serve_locked(self, new: list[WeightsBlob]) -> list[WeightsBlob]:
+        """Serve ``new``; drop the oldest unpinned versions beyond ``keep_weight_versions`` and return them."""
+        pinned = {*self._robot_pins.values(), self._fleet_pin}
+        dropped = []
+        for blob in new:
+            self._blobs[blob.version] = blob
+            unpinned = [v for v in self._blobs if v not in pinned]
+            while len(unpinned) > self.config.keep_weight_versions:
+                dropped.append(self._blobs.pop(unpinned.pop(0)))
+        return dropped
 
     def _prune_senders(self, now: float) -> None:
         """Forget senders with nothing to remember: a full bucket, no recent refusal, not ignored."""
