@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from robot_rl.edge.weights_files import HEADER_ROOM, KEEP_FREE, PREFIX, WeightsFilePool, remove_stale_files
+from robot_rl.bridges.zmq.weights import HEADER_ROOM
+from robot_rl.edge.weights_files import KEEP_FREE, PREFIX, WeightsFilePool, remove_stale_files
 
 
 def _wait_for_a_free_file(pool: WeightsFilePool) -> None:
@@ -52,12 +53,21 @@ def test_a_released_file_is_the_next_download_of_its_size(tmp_path):
     pool.release(str(path))
     third = pool.allocate(1000)
     assert pool.reused == 1 and pool.stage(third) == path
-    # Another size never reuses it.
+    # A size that does not fit in it never reuses it.
     pool.release(str(path))
-    other = pool.allocate(2000)
+    other = pool.allocate(HEADER_ROOM)
     assert pool.stage(other) != path and pool.reused == 1
     pool.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_download_a_few_bytes_longer_than_the_last_is_assembled_in_its_file(tmp_path):
+    pool = WeightsFilePool(tmp_path)
+    path = pool.stage(pool.allocate(1000))
+    pool.release(str(path))
+    longer = pool.allocate(1008)  # version 10's header is 8 bytes longer than version 9's
+    assert longer.nbytes == 1008 and pool.reused == 1 and pool.stage(longer) == path
+    pool.close()
 
 
 def test_at_most_keep_free_files_are_kept_and_unknown_paths_are_removed(tmp_path):

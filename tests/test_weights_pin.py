@@ -76,6 +76,22 @@ def test_a_recycled_buffer_is_the_next_one_of_its_size_and_no_spare_is_prepared_
     assert buffers.allocate(2 << 20).nbytes == 2 << 20 and buffers.fresh == 2  # another size: fresh
 
 
+def test_version_ten_whose_header_is_eight_bytes_longer_is_written_into_version_nines_buffer():
+    import torch
+
+    from robot_rl.bridges.zmq.weights import SnapshotBuffers
+    from robot_rl.learner.publisher import snapshot
+
+    policy = torch.nn.Linear(64, 64)
+    buffers = SnapshotBuffers()
+    v9 = snapshot(policy, 9, "hash", buffers=buffers)  # a header one byte short of a multiple of 8
+    assert wait_until(lambda: buffers.spare == 1)  # the spare made meanwhile goes when v9's buffer comes back
+    v9.retire()  # the server dropped v9
+    v10 = snapshot(policy, 10, "hash", buffers=buffers)
+    assert len(v10.data) == len(v9.data) + 8  # "10": one more byte of header, padded to 8
+    assert (buffers.fresh, buffers.reused) == (1, 1) and v10.data.obj is v9.data.obj
+
+
 def test_a_dropped_versions_buffer_holds_the_next_snapshot_and_served_versions_keep_their_bytes(tmp_path):
     import torch
 

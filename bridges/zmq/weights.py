@@ -48,6 +48,19 @@ SPARE_NICE = 10  # the spare snapshot buffer is faulted in behind training and s
 SPARE_TOUCH_BYTES = 16 << 20  # per zero_ call of the spare: the lock is offered back between calls
 
 BufferAllocator = Callable[[int], memoryview]  # size -> a writable byte buffer of that size
+# A version's safetensors header grows by a few bytes as its version number gets longer (v9 -> v10:
+# 8 bytes, the JSON padded to 8), so buffers for payloads are made this much larger: later versions
+# still fit in memory whose pages are in already.
+GROWTH_ROOM = 4096
+# A buffer serves a payload that fits in it with at most this to spare: a whole safetensors header
+# (~100 bytes a tensor; a thousand tensors, ~0.1 MB) over the tensors, so a buffer prepared from the
+# tensors' size alone serves the first version, and another model's payload never fits.
+HEADER_ROOM = 1 << 20
+
+
+def fits(capacity: int, size: int) -> bool:
+    """Whether a buffer of ``capacity`` bytes serves a payload of ``size`` bytes (``HEADER_ROOM``)."""
+    return size <= capacity <= size + HEADER_ROOM
 
 
 class WeightsError(ValueError):
@@ -294,15 +307,17 @@ class SnapshotBuffers:
 
     def allocate(self, size: int) -> memoryview:
         with self._lock:
-            match = next((i for i, buffer in enumerate(self._free) if buffer.nbytes == size), None)
+            match = next((i for i, buffer in enumerate(self._free) if fits(buffer.nbytes, size)), None)
             buffer = self._free.pop(match) if match is not None else None
             self.reused += buffer is not None
             self.fresh += buffer is None
         self._prepare_spare(size)
-        return buffer if buffer is not None else fresh_buffer(size)
+        return (buffer if buffer is not None else fresh_buffer(size + GROWTH_ROOM))[:size]
 
     def recycle(self, buffer: memoryview) -> None:
-        view = memoryview(buffer).cast("B")
+        """``buffer``: what ``allocate`` gave (or a view of it); the whole buffer behind it is kept."""
+        given = memoryview(buffer)
+        view = memoryview(given.obj).cast("B") if given.obj is not None else given.cast("B")
         if view.readonly or view.nbytes == 0:
             return
         with self._lock:
@@ -318,7 +333,7 @@ class SnapshotBuffers:
     def _prepare_spare(self, size: int) -> None:
         with self._lock:
             if (self.keep_free == 0 or size == 0 or self._preparing or self._recycling
-                    or any(buffer.nbytes == size for buffer in self._free)):
+                    or any(fits(buffer.nbytes, size) for buffer in self._free)):
                 return
             self._preparing = True
         threading.Thread(target=self._fault_in_spare, args=(size,), name="snapshot-spare", daemon=True).start()
@@ -330,9 +345,9 @@ class SnapshotBuffers:
 
         lower_own_priority(SPARE_NICE)
         try:
-            buffer = fresh_buffer(size)
+            buffer = fresh_buffer(size + GROWTH_ROOM)
             pages = torch.frombuffer(buffer, dtype=torch.uint8)
-            for start in range(0, size, SPARE_TOUCH_BYTES):  # torch releases the interpreter lock in zero_
+            for start in range(0, buffer.nbytes, SPARE_TOUCH_BYTES):  # torch releases the interpreter lock in zero_
                 pages[start:start + SPARE_TOUCH_BYTES].zero_()
             del pages
             self._keep(buffer)

@@ -50,10 +50,11 @@ from typing import Any, cast
 import msgpack
 import numpy as np
 
+from robot_rl.bridges.zmq.weights import HEADER_ROOM
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRunner, PolicySwap
-from robot_rl.edge.weights_files import HEADER_ROOM, PREFIX, SHM_DIR, WeightsFilePool
+from robot_rl.edge.weights_files import PREFIX, SHM_DIR, WeightsFilePool
 from robot_rl.policies.base import ChunkPolicy
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ process maps a file only between ``stage`` and ``release``; the link writes one 
 Before the first download there is no released file yet, so ``prepare`` faults in one of the policy's
 published size (plus room for the safetensors header) in the background, at low priority: the first
 swap of a session then costs what later ones do. A file serves any download that fits in it with at
-most ``HEADER_ROOM`` to spare (the policy process maps only the download's bytes of it).
+most ``HEADER_ROOM`` to spare (the policy process maps only the download's bytes of it), and each file
+is made ``GROWTH_ROOM`` larger than its first download, for the header of a longer version number.
 
 Files are named after the control process's pid; one a crashed edge left behind (its pid gone) is
 removed when the next pool starts.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from robot_rl.bridges.zmq.weights import GROWTH_ROOM, fits
 from robot_rl.core.priority import lower_own_priority
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,6 @@ PREFIX = "robot_rl-weights-"
 # Free files kept for reuse: the one the policy process just released and the one before. A
 # download is assembled while the previous version loads, so two alternate; more would only hold memory.
 KEEP_FREE = 2
-# A safetensors header is ~100 bytes a tensor: a thousand tensors (pi0) take ~0.1 MB. A file this much
-# larger than a download still serves it; a download of another model never fits.
-HEADER_ROOM = 1 << 20
 PREPARE_NICE = 10  # the prepared file is faulted in behind the control loop and the link
 PREPARE_TOUCH_BYTES = 16 << 20  # per write of zeros: the interpreter lock is released during each
 _NAME = re.compile(rf"^{re.escape(PREFIX)}(\d+)-")
@@ -87,7 +86,7 @@ class WeightsFilePool:
         for file in misfits:
             with contextlib.suppress(FileNotFoundError):
                 file.path.unlink()
-        file = match or self._create(size)
+        file = match or self._create(size + GROWTH_ROOM if size else 0)
         if file.mapping is None:
             return memoryview(bytearray())
         with self._lock:
@@ -165,7 +164,7 @@ class WeightsFilePool:
 
 
 def _fits(file: _File, size: int) -> bool:
-    return file.mapping is not None and size <= len(file.mapping) <= size + HEADER_ROOM
+    return file.mapping is not None and fits(len(file.mapping), size)
 
 
 def remove_stale_files(directory: Path) -> list[Path]:
