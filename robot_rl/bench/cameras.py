@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from robot_rl.bench.configs import CamerasBenchConfig
+from robot_rl.bench.cpu import process_cpu_seconds
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import SEGMENT_STEPS
 
@@ -99,18 +100,6 @@ def robot_feed(steps: list[Any], robot: int) -> Feed:
     return Feed(segments, len(steps), len(steps) * len(steps[0].images))
 
 
-def _process_cpu_s(pid: int | None) -> float:
-    import psutil
-
-    if pid is None:
-        return 0.0
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return 0.0
-    return times.user + times.system + times.children_user + times.children_system
-
-
 def sustained_writing(layout: str, feeds: list[Feed], cfg: CamerasBenchConfig, root: Path,
                       cameras: dict[str, tuple[int, int]], progress: Any) -> dict[str, Any]:
     """Feed the store's writer process in real time for ``cfg.window_s``; sample its backlog."""
@@ -151,7 +140,7 @@ def sustained_writing(layout: str, feeds: list[Feed], cfg: CamerasBenchConfig, r
     due = sorted((k * cfg.episode_s + r * cfg.episode_s / len(feeds) + cfg.episode_s, r, k)
                  for r in range(len(feeds)) for k in range(int(cfg.window_s / cfg.episode_s) + 1))
     due = [d for d in due if d[0] <= cfg.window_s]
-    cpu_before = _process_cpu_s(writer.pid)
+    cpu_before = process_cpu_seconds(writer.pid, children=True)
     started = time.monotonic()
     backlog: list[tuple[float, int]] = []
     handed = 0
@@ -164,7 +153,7 @@ def sustained_writing(layout: str, feeds: list[Feed], cfg: CamerasBenchConfig, r
     for _, robot, episode in due[handed:]:  # finished by the window's end, between two samples
         finished.put((robot, episode))
     handed = len(due)
-    window_cpu = _process_cpu_s(writer.pid) - cpu_before
+    window_cpu = process_cpu_seconds(writer.pid, children=True) - cpu_before
     frames_in_window = written["frames"]
     at_end = handed - written["episodes"]
     half = [n for t, n in backlog if t >= cfg.window_s / 2]

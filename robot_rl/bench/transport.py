@@ -42,7 +42,6 @@ import logging
 import multiprocessing as mp
 import os
 import queue
-import resource
 import shutil
 import tempfile
 import threading
@@ -57,6 +56,7 @@ import numpy as np
 
 from robot_rl.bench.configs import SYNTHETIC_EPISODE_STEPS as EPISODE_STEPS
 from robot_rl.bench.configs import TransportBenchConfig
+from robot_rl.bench.cpu import process_cpu_seconds
 from robot_rl.bench.progress import timed_run
 from robot_rl.core.robot_io import Observation
 
@@ -592,21 +592,6 @@ class EdgeReports:
             self._seen.setdefault((kind, n), t)
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process, every thread, user and system."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu_seconds(pid: int | None) -> float:
-    """CPU time of another process so far, every thread, user and system (Linux's /proc; 0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14 and 15)
-
-
 def _percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50_s": float("nan"), "p95_s": float("nan")}
@@ -746,12 +731,12 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
         edge_cpu = learner_cpu = 0.0  # spent from each publish until every robot has loaded it
         for version in range(1, cfg.swaps + 1):
             edge_cpu -= sum(process_cpu_seconds(edge.pid) for edge in edges)
-            learner_cpu -= cpu_seconds()
+            learner_cpu -= process_cpu_seconds()
             t0 = time.time()
             server.publish_weights(snapshot(policy, version, policy.config_hash(), buffers=buffers))
             latencies += [reports.wait(f"loaded:{rid}", cfg.swap_timeout_s, version=version) - t0 for rid in ids]
             edge_cpu += sum(process_cpu_seconds(edge.pid) for edge in edges)
-            learner_cpu += cpu_seconds()
+            learner_cpu += process_cpu_seconds()
             time.sleep(cfg.swap_gap_s)
     finally:
         stop_processes(stop, edges, 10)
