@@ -209,7 +209,7 @@ class EdgeStreamer:
         return self
 
     def start(self) -> EdgeStreamer:
-        if self._remote is not None:
+        if self._remote is not None and self.link.config.fetch_weights:
             self._remote.prepare_for_weights()  # its shadow and a download file, as ours are made up front
         self.link.start()
         self._loader.start()

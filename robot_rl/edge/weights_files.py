@@ -29,9 +29,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from robot_rl.bridges.zmq.weights import GROWTH_ROOM, fits
+from robot_rl.bridges.zmq.weights import GROWTH_ROOM, fault_in, fits
 from robot_rl.core.priority import lower_own_priority
 
 log = logging.getLogger(__name__)
@@ -42,7 +40,6 @@ PREFIX = "robot_rl-weights-"
 # download is assembled while the previous version loads, so two alternate; more would only hold memory.
 KEEP_FREE = 2
 PREPARE_NICE = 10  # the prepared file is faulted in behind the control loop and the link
-PREPARE_TOUCH_BYTES = 16 << 20  # per write of zeros: the interpreter lock is released during each
 _NAME = re.compile(rf"^{re.escape(PREFIX)}(\d+)-")
 
 
@@ -108,10 +105,7 @@ class WeightsFilePool:
         try:
             file = self._create(size)
             assert file.mapping is not None
-            pages = np.frombuffer(file.mapping, dtype=np.uint8)
-            for start in range(0, size, PREPARE_TOUCH_BYTES):
-                pages[start:start + PREPARE_TOUCH_BYTES] = 0  # numpy fills without the interpreter lock
-            del pages
+            fault_in(file.mapping)
             with self._lock:
                 if not self._closed:
                     self._free.append(file)
