@@ -60,11 +60,15 @@ def realtime_thread(priority: int) -> Iterator[bool]:
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(priority))
     except OSError as exc:
+        refusal: OSError | None = exc
+    else:
+        refusal = None
+    if refusal is not None:  # outside the handler: an error of the block is not chained to this one
         if not _refused:
-            _refused.append(str(exc))
+            _refused.append(str(refusal))
             log.warning("the control loop runs at normal priority: SCHED_FIFO %d was refused (%s); allow it "
                         "with CAP_SYS_NICE or an rtprio limit of at least %d (ulimit -r), or set "
-                        "edge.realtime_priority=0 to silence this", priority, exc, priority)
+                        "edge.realtime_priority=0 to silence this", priority, refusal, priority)
         yield False
         return
     try:
