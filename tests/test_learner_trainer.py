@@ -16,6 +16,7 @@ from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import DEMO_ROBOT, SampleSpec, SamplingIndex, steps_to_columns
 from robot_rl.learner.publisher import PublishSchedule
 from robot_rl.learner.trainer import Trainer, training_device
+from robot_rl.policies.trainable import published_state
 from tests.learner_helpers import BC, CAMERAS, make_steps, tiny_policy, trainer_config, wait_for
 
 
@@ -376,6 +377,26 @@ def test_nan_weights_are_never_published_and_training_stops_saying_why(tmp_path)
     trainer.start()  # NaN weights give NaN losses: every batch is skipped, then training stops, saying so
     assert trainer.wait(60)
     assert blobs == [] and trainer.step == 0 and "non-finite loss" in trainer.failure
+
+
+def test_weights_finite_in_float32_but_not_in_the_wire_dtype_are_never_published():
+    """A float32 weight above 65504 is an inf in float16: the robots would load inf, so the check
+    reads what is on the wire, and the buffer the refused snapshot was written into is reused."""
+    from robot_rl.bridges.zmq.weights import SnapshotBuffers
+    from robot_rl.learner.publisher import NonFiniteWeightsError, snapshot
+
+    policy = tiny_policy()
+    buffers = SnapshotBuffers()
+    snapshot(policy, 1, policy.config_hash(), transfer_dtype="float16", buffers=buffers).retire()
+    name, weight = next(iter(published_state(policy).items()))
+    with torch.no_grad():
+        weight.view(-1)[0] = 1e5
+    assert snapshot(policy, 2, policy.config_hash(), transfer_dtype="float32", buffers=buffers)
+    with pytest.raises(NonFiniteWeightsError, match=f"{name}.*float16"):
+        snapshot(policy, 3, policy.config_hash(), transfer_dtype="float16", buffers=buffers)
+    reused = buffers.reused
+    snapshot(policy, 4, policy.config_hash(), transfer_dtype="bfloat16", buffers=buffers)
+    assert buffers.reused == reused + 1
 
 
 def test_the_training_device_sets_tf32_matmuls_on_cuda_only():

@@ -45,6 +45,7 @@ from robot_rl.bridges.zmq import (
 )
 from robot_rl.bridges.zmq.codec import encode_frames
 from robot_rl.bridges.zmq.keys import check_endpoint_security
+from robot_rl.bridges.zmq.weights import tensor_views
 from robot_rl.core import Step
 
 pytestmark = pytest.mark.timeout(60)
@@ -338,6 +339,30 @@ def test_snapshot_buffer_is_safetensors_that_safetensors_itself_reads():
     reference = serialize_tensors(sd)
     assert {k: (v.dtype, v.shape) for k, v in tensor_views(reference).items()} == \
         {k: (v.dtype, v.shape) for k, v in tensor_views(snapshot_buffer(sd)).items()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_a_non_finite_element_in_any_tensor_of_a_snapshot_is_found_and_named(dtype):
+    """Tensors back to back are read as one run; the one holding the NaN/inf is the one named,
+    wherever it lies (first, between ints, last) and whatever the run around it holds."""
+    torch = pytest.importorskip("torch")
+    from robot_rl.bridges.zmq.weights import non_finite_tensor_in, snapshot_buffer
+
+    generator = torch.Generator().manual_seed(5)
+    sd = {f"layer{i:02d}.weight": torch.randn(300 + i, generator=generator) for i in range(12)}
+    sd |= {"layer05.count": torch.tensor([1, 2, 3]), "layer05.empty": torch.zeros(0)}  # an int splits the run
+    data = snapshot_buffer(sd, transfer_dtype=dtype)
+    assert non_finite_tensor_in(data) is None
+    views = tensor_views(data)
+    for name, bad in (("layer00.weight", float("nan")), ("layer06.weight", float("inf")),
+                      ("layer11.weight", float("-inf"))):
+        place = torch.frombuffer(data, dtype=getattr(torch, dtype), count=views[name].numel,
+                                 offset=views[name].offset)
+        kept = place[-1].item()
+        place[-1] = bad
+        assert non_finite_tensor_in(data) == name
+        place[-1] = kept
+    assert non_finite_tensor_in(data) is None
 
 
 def test_the_version_digest_covers_every_chunk_and_the_chunking():

@@ -12,9 +12,14 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from robot_rl.bridges.zmq.weights import TRANSFER_DTYPES, SnapshotBuffers, WeightsBlob, snapshot_buffer
+from robot_rl.bridges.zmq.weights import (
+    TRANSFER_DTYPES,
+    SnapshotBuffers,
+    WeightsBlob,
+    non_finite_tensor_in,
+    snapshot_buffer,
+)
 from robot_rl.core.errors import ConfigError
-from robot_rl.learner.checkpoint import non_finite_tensor
 from robot_rl.policies.trainable import published_state
 
 log = logging.getLogger(__name__)
@@ -34,13 +39,14 @@ def snapshot(policy: torch.nn.Module, version: int, config_hash: str, transfer_d
     nothing). NaN/inf weights raise ``NonFiniteWeightsError``: a robot would refuse every chunk.
     ``buffers``: where the buffer comes from and goes back to once the server drops the version."""
     tensors = published_state(policy)
-    bad = non_finite_tensor(tensors)  # one read of what is published, less than writing it below
-    if bad is not None:
-        raise NonFiniteWeightsError(f"weight {bad!r} holds NaN/inf; weights v{version} are not published")
     dtype = wire_dtype(tensors.values()) if transfer_dtype == "auto" else transfer_dtype
     metadata = {"version": str(version), "config_hash": config_hash}
     buffers = buffers or SnapshotBuffers(keep_free=0)  # nothing kept: each snapshot in a fresh buffer
     data = snapshot_buffer(tensors, transfer_dtype=dtype, metadata=metadata, allocate=buffers.allocate)
+    bad = non_finite_tensor_in(data)  # the bytes robots would load, cast included
+    if bad is not None:
+        buffers.recycle(data)
+        raise NonFiniteWeightsError(f"weight {bad!r} holds NaN/inf in {dtype}; weights v{version} are not published")
     return WeightsBlob(version=version, data=data, config_hash=config_hash, dtype=dtype, on_retire=buffers.recycle)
 
 
