@@ -66,6 +66,28 @@ def test_zero_copy_load_gives_identical_weights_in_place():
             assert torch.equal(target.state_dict()[k], expected), (dtype, k)
 
 
+class MixedModule(torch.nn.Module):
+    """bf16 and float32 weights, a non-contiguous one, a 0-d buffer and integer counts."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.bf16_weight = torch.nn.Parameter(torch.randn(40, 70, generator=g).to(torch.bfloat16))
+        self.wide = torch.nn.Parameter(torch.randn(30, 50, generator=g).t())  # non-contiguous
+        self.register_buffer("scale", torch.randn((), generator=g))
+        self.register_buffer("counts", torch.randint(0, 1000, (17,), generator=g))
+
+
+def test_bf16_weights_are_copied_bit_for_bit_beside_cast_and_non_contiguous_ones():
+    source, target = MixedModule(seed=1), MixedModule(seed=2)
+    load_weights_into(target, bytearray(serialize_tensors(source.state_dict(), transfer_dtype="bfloat16")),
+                      slice_bytes=1 << 20)
+    for k, v in source.state_dict().items():
+        expected = v.to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v
+        assert torch.equal(target.state_dict()[k], expected), k
+    assert not target.wide.is_contiguous() and target.bf16_weight.dtype == torch.bfloat16
+
+
 def test_load_refuses_other_architectures_and_bad_bytes_before_writing():
     target = tiny_policy(seed=2)
     before = {k: v.clone() for k, v in target.state_dict().items()}
