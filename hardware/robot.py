@@ -46,6 +46,7 @@ class Robot(Protocol):
         """LeRobot-style: ``{"shoulder_pan.pos": float, ...}``."""
         ...
 
+    # Optional: ``simulated`` (True for a simulation, whose loop the edge never runs under SCHED_FIFO).
     # Optional: ``max_joint_velocity`` (action units per second, one number or one per joint).
     # The edge bounds every commanded target by it; a robot without it (the sim) is bounded only
     # by ``edge.max_joint_delta_per_tick``.

@@ -127,6 +127,25 @@ def test_the_edge_node_never_asks_for_fifo_on_a_virtual_clock_nor_when_it_is_off
     assert asked == []  # a virtual clock never waits, so a FIFO loop would only starve its own machine
 
 
+class _SimulatedRecordingRobot(_PolicyRecordingRobot):
+    simulated = True  # as hardware.sim's SimSO101: the tick renders and steps physics
+
+
+def test_a_simulated_robot_ticks_at_normal_priority_with_the_interpreters_own_switch_interval(monkeypatch):
+    """Its tick is rendering and physics: raised, it would run ahead of the learner and the policy
+    on the same CPUs for no physical deadline."""
+    asked: list[tuple] = []
+    monkeypatch.setattr(os, "sched_setscheduler", lambda *args: asked.append(args))
+    before = sys.getswitchinterval()
+    robot = _SimulatedRecordingRobot()
+    with EdgeNode(robot, EncodingPolicy(chunk_size=10), WallClock(), EdgeConfig(fps=50)) as node:
+        node.run_episode(5)
+    assert asked == [] and robot.switch_intervals == {before}
+    from robot_rl.hardware.sim.robot import SimSO101
+
+    assert SimSO101.simulated
+
+
 def test_a_priority_outside_sched_fifo_range_is_refused():
     with pytest.raises(ValueError, match="realtime_priority must be 0"):
         EdgeConfig(realtime_priority=100)

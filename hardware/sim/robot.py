@@ -56,6 +56,11 @@ class SimState:
 class SimSO101:
     """MuJoCo SO-101 on a table with red/green/blue cubes and a bowl."""
 
+    # Its tick is the physics and the rendering, not I/O with a motor bus: no deadline of a real arm
+    # is at stake, so the edge gives its loop no real-time priority (``EdgeNode.realtime``), which
+    # would put the rendering ahead of the learner and the policy's own thread on the same CPUs.
+    simulated = True
+
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()
         self.name = self.config.name

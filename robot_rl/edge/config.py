@@ -131,8 +131,9 @@ class EdgeConfig:
     # ticks, ahead of every thread of normal priority (the link, the recorder, a learner on the
     # same machine), as ros2_control's controller thread does; below the 50 of PREEMPT_RT's
     # interrupt threads, so the motor bus's USB interrupts still come first. Where the OS refuses
-    # (no CAP_SYS_NICE, no rtprio limit) the loop runs at normal priority and says so once.
-    # 0: never ask (robot_rl.core.priority.realtime_thread).
+    # (no CAP_SYS_NICE, no rtprio limit) the loop runs at normal priority and says so once. A
+    # simulated robot's loop (physics and rendering, no motor bus) is never raised, nor is the
+    # switch interval below changed for it. 0: never ask (robot_rl.core.priority.realtime_thread).
     realtime_priority: int = 40
     # On the wall clock, while the loop ticks, the interpreter hands its lock to a waiting thread after
     # this long (sys.setswitchinterval; Python's default is 5 ms): a waking tick waits at most about

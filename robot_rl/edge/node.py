@@ -353,8 +353,10 @@ class EdgeNode:
         ``edge.realtime_priority`` (where the OS permits; yields whether it does), so no thread of
         normal priority delays a tick, and the interpreter lock changes hands after
         ``edge.switch_interval_ms``, so no thread of this process holds it from a waking tick for
-        longer; on a virtual clock, which never waits, nothing changes."""
-        if self.clock.is_virtual:
+        longer. Nothing changes on a virtual clock, which never waits, nor for a simulated robot
+        (``simulated``): its tick steps the physics and renders the cameras, work with no physical
+        deadline that would otherwise run ahead of the learner and the policy's thread."""
+        if self.clock.is_virtual or getattr(self.robot, "simulated", False):
             yield False
             return
         with (interpreter_switch_interval(self.config.switch_interval_ms / 1000.0),
