@@ -115,7 +115,13 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
         wait(lambda: "refused (401)" in browser.find_element(By.ID, "message").text, 10, "the refusal")
 
         browser.find_element(By.ID, "token").send_keys(token_file.read_text().strip())
-        older = min(options('select.pin-version[data-robot="sim-0"]'))
+        # The second oldest: the oldest servable version is dropped at the next publish.
+        def three_or_more(selector: str) -> list[int] | None:
+            found = options(selector)
+            return found if len(found) >= 3 else None
+
+        servable = wait(lambda: three_or_more('select.pin-version[data-robot="sim-0"]'), 120, "three servable versions")
+        older = sorted(servable)[1]
         Select(browser.find_element(By.CSS_SELECTOR, 'select.pin-version[data-robot="sim-0"]')).select_by_value(
             str(older))
         browser.find_element(By.CSS_SELECTOR, 'button.pin[data-robot="sim-0"]').click()
