@@ -2,7 +2,7 @@
 
 At run time the edge does not give the policy the measured joint state but the state the
 arm will be in when the new chunk starts: the commanded target ``d`` ticks ahead (see
-DESIGN.md, "Roll-forward"). The image is still the current one. A training sample at time
+robot_rl/edge/node.py's docstring). The image is still the current one. A training sample at time
 ``t`` with offset ``o`` mimics exactly that:
 
     state  = action[t + o - 1]        (the commanded position o ticks ahead; the measured

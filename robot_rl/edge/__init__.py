@@ -1,7 +1,7 @@
 """The edge runtime: one control loop per robot with asynchronous chunk inference.
 
 Start with ``EdgeNode`` (node.py) and ``EdgeConfig`` (config.py); the timing contract
-is in DESIGN.md and in node.py's module docstring.
+is in node.py's module docstring (the overview: docs/architecture.md, "The loop").
 """
 
 from robot_rl.core.motion_limits import JointDeltaClamp
