@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def ensure_demos(cfg: RobotRLConfig) -> Path:
     """The demonstration dataset directory, recorded first if it is missing."""
-    from robot_rl.app.demos import record_demos
+    from robot_rl.app.record_demos import record_demos
 
     demos = Path(cfg.demos.dir)
     if (demos / "meta" / "info.json").exists():

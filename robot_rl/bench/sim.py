@@ -114,7 +114,7 @@ def measure_demo_recording(cfg: RobotRLConfig, episodes: int) -> dict[str, dict[
     import dataclasses
     import tempfile
 
-    from robot_rl.app.demos import record_demos
+    from robot_rl.app.record_demos import record_demos
 
     timings = {}
     with tempfile.TemporaryDirectory(prefix="bench-demos-") as tmp:
