@@ -6,8 +6,9 @@ held-out scores, train-bc's check and the benchmarks all call it; the statistics
 Scenes: ``seed_scenes`` / ``scenes_of`` (seeded, the task families rotating over them) or
 ``dataset_scenes`` (where a logged dataset's episodes started). Running: ``run_scene_episode``
 (one episode), ``evaluate_on_scenes`` (one policy), ``compare_policies`` (several on the same
-scenes, best first), ``evaluate_policy`` (seeds in, the result alone). ``run_eval`` is ``robot-rl
-eval``; ``heldout_eval`` / ``heldout_eval_all`` score saved weights in a fresh process.
+scenes, best first), ``evaluate_policy`` (seeds in, the result alone). ``robot-rl eval`` runs
+in ``robot_rl.app.eval_report``; ``heldout_eval`` / ``heldout_eval_all`` score saved weights in a
+fresh process.
 
 Everything that is evaluated runs the control path a robot runs (action queue, roll-forward,
 splice, clamps); only the clock is virtual, so a 2-core CPU evaluates a policy as if it ran at a
@@ -268,34 +269,6 @@ def rank(evals: list[PolicyEval]) -> list[PolicyEval]:
 
 
 # ---------------------------------------------------------------- robot-rl eval: the configured policies
-
-
-def run_eval(cfg: RobotRLConfig, progress: bool = True) -> tuple[list[PolicyEval], Path, Path]:
-    """``robot-rl eval``: the configured policy (and ``eval.compare_path``) on the same scenes
-    (``eval_scenes``); writes ``eval.json`` and a bar plot under ``eval.out_dir``. Returns (evals
-    best first, the JSON's path, the plot's path)."""
-    from robot_rl.app.sim import make_sim
-    from robot_rl.replay.report import plot_eval, write_json
-
-    policies = load_policies(cfg)
-    robot = make_sim(cfg)
-    try:
-        evals = compare_policies(robot, policies, cfg.edge, eval_scenes(cfg, robot),
-                                 max_steps=cfg.eval.max_episode_steps, fallback_seed=cfg.seeds.eval, progress=progress,
-                                 wording=cfg.eval.wording)
-    finally:
-        robot.disconnect()
-    out = Path(cfg.eval.out_dir)
-    payload = {
-        "scenes": f"dataset {cfg.eval.dataset}" if cfg.eval.dataset else f"seeds from {cfg.seeds.eval}",
-        "edge": {"mode": cfg.edge.mode, "simulated_latency_ms": cfg.edge.simulated_latency_ms},
-        "wording": cfg.eval.wording,
-        "ranking": [e.name for e in evals],
-        "checkpoints": [e.as_dict() for e in evals],
-        # best against second best on the same scenes: is the gap more than luck?
-        "paired": paired_comparison(evals[0], evals[1]).as_dict() if len(evals) == 2 else None,
-    }
-    return evals, write_json(out / "eval.json", payload), plot_eval(out / "eval.png", evals)
 
 
 def paired_comparison(a: PolicyEval, b: PolicyEval) -> PairedComparison:
