@@ -19,7 +19,7 @@ import torch
 from lerobot.policies.factory import get_policy_class
 
 from robot_rl.config import ConfigError
-from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RLConfig, RWRConfig
+from robot_rl.learner.algorithms.config import ALGORITHMS, AWRConfig, RLConfig, RWRConfig
 from robot_rl.learner.index import SampleSpec
 from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
-from robot_rl.learner.algorithms.configs import ALGORITHMS
+from robot_rl.learner.algorithms.config import ALGORITHMS
 
 if TYPE_CHECKING:
     from robot_rl.app.local_run import LocalRunConfig
