@@ -339,7 +339,7 @@ class HeldoutJob:
 def evaluate_weights(weights: Path, job: HeldoutJob, desc: str) -> dict[str, Any]:
     """Success of ``weights`` alone (no operator) on the job's scenes, in this process (virtual time)."""
     from robot_rl.hardware.sim.robot import SimSO101
-    from robot_rl.policies.trainable import load_trainable
+    from robot_rl.policies.loading import load_trainable
 
     policy = load_trainable(weights)
     robot = SimSO101(job.robot)

@@ -201,7 +201,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
     from robot_rl.core.errors import ConfigError
     from robot_rl.edge.rerun_view import start_viewer
     from robot_rl.learner.console import console_line
-    from robot_rl.policies.trainable import load_trainable
+    from robot_rl.policies.loading import load_trainable
 
     if getattr(cfg.policy, "lora_rank", 0) > 0:
         raise ConfigError("robot-rl run trains full weights: its robot processes load a checkpoint directory and "
