@@ -56,7 +56,7 @@ CHOICE_MODULES = (
     "robot_rl.policies.lerobot_config",
     "robot_rl.policies.hold",
     "robot_rl.learner.algorithms.config",
-    "robot_rl.bench.configs",
+    "robot_rl.bench.config",
     "robot_rl.edge.viewer_config",
 )
 

@@ -17,7 +17,7 @@ from robot_rl.app import sync_baseline
 from robot_rl.app.learning_curve import EpisodeRecord
 from robot_rl.app.sync_baseline import SyncRounds
 from robot_rl.bench import learning
-from robot_rl.bench.configs import ARMS, LearningBenchConfig
+from robot_rl.bench.config import ARMS, LearningBenchConfig
 from robot_rl.bench.learning import ArmResult, build_report, curve_points, first_reaching
 from robot_rl.config import ConfigError, load_config
 

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from robot_rl.bench.configs import FaultsBenchConfig
+from robot_rl.bench.config import FaultsBenchConfig
 from robot_rl.bench.fault_edge import FPS
 from robot_rl.bench.fault_stored import stored_rows
 from robot_rl.bench.progress import timed_run

@@ -26,7 +26,7 @@ count), as a rolling rate over the last ``window`` episodes of the arm (all robo
 of completion). ``episodes_to_80`` is the first episode count, with a full window behind
 it, at which that rate reaches 80 %.
 
-Settings: ``bench.*`` (``robot_rl.bench.configs.LearningBenchConfig``: arms, minutes per arm,
+Settings: ``bench.*`` (``robot_rl.bench.config.LearningBenchConfig``: arms, minutes per arm,
 robots, window, the sync loop's round, held-out scenes; ``--quick`` is the preset
 ``configs/bench/learning_quick.yaml``).
 
@@ -64,7 +64,7 @@ from rich.table import Table
 
 from robot_rl.app.evaluation import format_paired, format_score, heldout_eval, heldout_eval_all, paired_scores
 from robot_rl.app.learning_curve import EpisodeRecord, LearningCurve
-from robot_rl.bench.configs import ARMS, LearningBenchConfig
+from robot_rl.bench.config import ARMS, LearningBenchConfig
 from robot_rl.bench.timeline import WeightsTimeline, first_heldout_reaching
 
 if TYPE_CHECKING:
