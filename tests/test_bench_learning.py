@@ -116,11 +116,10 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
 
 
 def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypatch):
-    from robot_rl.app import behaviour_cloning, main_job
     from robot_rl.policies.flow_vla import FlowVLA
 
-    monkeypatch.setattr(main_job, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")
-    monkeypatch.setattr(behaviour_cloning, "ensure_demos", lambda cfg: tmp_path / "demos")
+    monkeypatch.setattr(learning, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")
+    monkeypatch.setattr(learning, "ensure_demos", lambda cfg: tmp_path / "demos")
     monkeypatch.setattr(FlowVLA, "from_pretrained", classmethod(lambda cls, *a, **k: None))
 
     def fake_arm(name, *args):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robot_rl.app.evaluation import HeldoutJob, evaluate_weights, format_score
+from robot_rl.app.policies import SHIPPED_BC
 from robot_rl.bench.config import ReplanBenchConfig
 from robot_rl.core.errors import ConfigError
 
@@ -47,8 +48,6 @@ def summarize(scores: dict[str, dict[int, dict]], floors: Sequence[int]) -> dict
 
 def run_replan_bench(cfg: RobotRLConfig, bench: ReplanBenchConfig) -> dict[str, Any]:
     """Every weights at every floor on the same held-out scenes."""
-    from robot_rl.app.policies import SHIPPED_BC
-
     scores: dict[str, dict[int, dict]] = {}
     missing = [w for w in bench.weights if not Path(w).is_dir()]
     if missing:

@@ -16,6 +16,7 @@ GROUPS = ("robot", "policy", "edge", "eval", "seeds", "task_families")
 
 
 def main(argv: list[str]) -> int:
+    # imported when the command runs, so that `robot-rl eval --help` answers without MuJoCo and torch
     from robot_rl.app.eval_report import eval_table, run_eval
     from robot_rl.app.evaluation import paired_comparison
     from robot_rl.replay.report import print_table

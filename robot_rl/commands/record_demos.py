@@ -13,6 +13,7 @@ GROUPS = ("robot", "demos", "seeds", "task_families")
 
 
 def main(argv: list[str]) -> int:
+    # imported when the command runs, so that `robot-rl record-demos --help` answers without MuJoCo and LeRobot
     from robot_rl.app.record_demos import record_demos
 
     cfg = load_config(argv)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from robot_rl.replay.counterfactual import CounterfactualResult, spans
-from robot_rl.replay.open_loop import TrackingResult
+
+if TYPE_CHECKING:  # open_loop runs the sim: the tables and figures here import no MuJoCo
+    from robot_rl.replay.open_loop import TrackingResult
 
 
 def pyplot():
