@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from robot_rl.hardware.lerobot_registry import config_class
 from robot_rl.hardware.lerobot_robot_config import LeRobotRobotConfig
 from robot_rl.hardware.robot import Observation, RobotFaultError, validate_action
 
@@ -32,10 +34,10 @@ class RobotNotCalibratedError(RuntimeError):
 
 def make_lerobot_config(config: LeRobotRobotConfig):
     """The LeRobot ``RobotConfig`` for ``config`` (its class found through LeRobot's registry)."""
+    # LeRobot (the edge extra), here and below: seconds to import, paid when a LeRobot robot is built
     from lerobot.robots import RobotConfig
 
-    from robot_rl.hardware.cameras import camera_configs_from_spec
-    from robot_rl.hardware.lerobot_registry import config_class
+    from robot_rl.hardware.cameras import camera_configs_from_spec  # LeRobot's cameras
 
     cls = config_class("robots", RobotConfig, config.type)
     accepted = {f.name for f in dataclasses.fields(cls)}
@@ -61,7 +63,7 @@ class LeRobotRobot:
     def __init__(self, config: LeRobotRobotConfig | None = None, robot: Any = None) -> None:
         self.config = config or LeRobotRobotConfig()
         if robot is None:
-            from lerobot.robots.utils import make_robot_from_config
+            from lerobot.robots.utils import make_robot_from_config  # LeRobot (the edge extra)
 
             robot = make_robot_from_config(make_lerobot_config(self.config))
         self.robot = robot
@@ -153,8 +155,6 @@ class LeRobotRobot:
 
     def camera_frame_ages_s(self) -> dict[str, float]:
         """Age of each camera's newest frame (for cameras that timestamp frames, as LeRobot's do)."""
-        import time
-
         ages = {}
         for name, cam in getattr(self.robot, "cameras", {}).items():
             stamp = getattr(cam, "latest_timestamp", None)
@@ -193,7 +193,7 @@ def calibration_limits(robot: Any) -> dict[str, tuple[float, float]]:
     +-(max - min) / 2 * 360 / resolution around its middle, as LeRobot's bus does;
     the range modes map it to -100..100 or 0..100.
     """
-    from lerobot.motors import MotorNormMode
+    from lerobot.motors import MotorNormMode  # LeRobot (the edge extra)
 
     bus = getattr(robot, "bus", None)
     calibration = getattr(robot, "calibration", None) or {}

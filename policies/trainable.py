@@ -145,17 +145,3 @@ def published_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     module's whole state dict."""
     published = getattr(module, "published_state_dict", None)
     return published() if published is not None else module.state_dict()
-
-
-def load_trainable(directory: str | Path, device: str = "cpu") -> TrainablePolicy:
-    """The trainable policy saved in ``directory``, by its layout: a LeRobot checkpoint (it has
-    LeRobot's processor files) or a FlowVLA one. For the processes of the main job that get a
-    checkpoint directory, not the configuration that made it."""
-    directory = Path(directory)
-    if (directory / "policy_preprocessor.json").is_file():
-        from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
-
-        return LeRobotChunkPolicy.from_pretrained(directory, device=device)
-    from robot_rl.policies.flow_vla import FlowVLA
-
-    return FlowVLA.from_pretrained(directory, device=device)

@@ -55,8 +55,8 @@ CHOICE_MODULES = (
     "robot_rl.policies.flow_vla.config",
     "robot_rl.policies.lerobot_config",
     "robot_rl.policies.hold",
-    "robot_rl.learner.algorithms.configs",
-    "robot_rl.bench.configs",
+    "robot_rl.learner.algorithms.config",
+    "robot_rl.bench.config",
     "robot_rl.edge.viewer_config",
 )
 

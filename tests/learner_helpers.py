@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from robot_rl.core.types import Step
-from robot_rl.learner.algorithms.configs import WeightedBCConfig
+from robot_rl.learner.algorithms.config import WeightedBCConfig
 from robot_rl.learner.config import StoreConfig, TrainerConfig
 from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
 from robot_rl.policies.text_encoder import InstructionEncoder

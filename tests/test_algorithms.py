@@ -10,12 +10,20 @@ import torch
 
 from robot_rl.learner.algorithms.awr import AWR, advantage_weights, value_targets
 from robot_rl.learner.algorithms.base import NonFiniteUpdateError
-from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RejectionConfig, RLConfig, RWRConfig
+from robot_rl.learner.algorithms.config import (
+    ALGORITHMS,
+    AWRConfig,
+    RejectionConfig,
+    RLConfig,
+    RWRConfig,
+    StalenessConfig,
+)
 from robot_rl.learner.algorithms.rl import ChunkQLearning, best_of_n, chunked_td_target, gather_chunks
 from robot_rl.learner.algorithms.rwr import RWR, effective_sample_size, exponential_weights, rwr_weights
-from robot_rl.learner.config import STREAMS, RewardConfig, StalenessConfig, TrainerConfig
+from robot_rl.learner.config import RewardConfig, TrainerConfig
 from robot_rl.learner.rewards import transition_fields
 from robot_rl.learner.staleness import StalenessBound, bound_staleness
+from robot_rl.learner.streams import STREAMS
 from robot_rl.policies.augment import build_sample
 from tests.learner_helpers import CAMERAS, IMG, tiny_policy
 

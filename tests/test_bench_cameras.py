@@ -7,7 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 
 from robot_rl.bench.cameras import run_cameras_bench
-from robot_rl.bench.configs import CamerasBenchConfig
+from robot_rl.bench.config import CamerasBenchConfig
 from robot_rl.config import ConfigError, load_config
 
 pytestmark = pytest.mark.slow  # processes end to end: started first when the suite runs in parallel

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from robot_rl.bench.configs import FaultsBenchConfig
+from robot_rl.bench.config import FaultsBenchConfig
 from robot_rl.bench.faults import run_faults_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -17,7 +17,7 @@ from robot_rl.app import sync_baseline
 from robot_rl.app.learning_curve import EpisodeRecord
 from robot_rl.app.sync_baseline import SyncRounds
 from robot_rl.bench import learning
-from robot_rl.bench.configs import ARMS, LearningBenchConfig
+from robot_rl.bench.config import ARMS, LearningBenchConfig
 from robot_rl.bench.learning import ArmResult, build_report, curve_points, first_reaching
 from robot_rl.config import ConfigError, load_config
 
@@ -116,11 +116,10 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
 
 
 def test_arms_already_run_are_saved_when_a_later_arm_crashes(tmp_path, monkeypatch):
-    from robot_rl.app import behaviour_cloning, main_job
     from robot_rl.policies.flow_vla import FlowVLA
 
-    monkeypatch.setattr(main_job, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")
-    monkeypatch.setattr(behaviour_cloning, "ensure_demos", lambda cfg: tmp_path / "demos")
+    monkeypatch.setattr(learning, "ensure_bc_checkpoint", lambda cfg: tmp_path / "bc")
+    monkeypatch.setattr(learning, "ensure_demos", lambda cfg: tmp_path / "demos")
     monkeypatch.setattr(FlowVLA, "from_pretrained", classmethod(lambda cls, *a, **k: None))
 
     def fake_arm(name, *args):

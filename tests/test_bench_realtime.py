@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from robot_rl.bench.configs import RealtimeBenchConfig
+from robot_rl.bench.config import RealtimeBenchConfig
 from robot_rl.bench.realtime import soak
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 
 from robot_rl.bench import replan
-from robot_rl.bench.configs import ReplanBenchConfig
+from robot_rl.bench.config import ReplanBenchConfig
 from robot_rl.bench.replan import summarize, with_floor
 from robot_rl.config import ConfigError, load_config
 

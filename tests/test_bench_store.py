@@ -6,7 +6,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from robot_rl.bench.configs import StoreBenchConfig
+from robot_rl.bench.config import StoreBenchConfig
 from robot_rl.bench.store import run_store_bench
 from robot_rl.config import ConfigError, load_config
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from robot_rl.bench.configs import TransportBenchConfig
+from robot_rl.bench.config import TransportBenchConfig
 from robot_rl.bench.transport import zmq_fanout
 
 pytestmark = pytest.mark.slow

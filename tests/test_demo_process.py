@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from robot_rl.app.demo_process import DemoJob, DemoProcessError, record_demos_in_child
-from robot_rl.app.demos import record_demos
+from robot_rl.app.record_demos import record_demos
 from robot_rl.config import ConfigError, load_config
 from robot_rl.data import load_episode_arrays
 

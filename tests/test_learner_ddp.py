@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from robot_rl.learner.algorithms.configs import AWRConfig, RLConfig
+from robot_rl.learner.algorithms.config import AWRConfig, RLConfig
 from robot_rl.learner.trainer import Trainer
 from tests.learner_helpers import BC, tiny_policy, trainer_config
 

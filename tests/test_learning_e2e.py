@@ -49,9 +49,9 @@ from robot_rl.data import load_episode_arrays
 from robot_rl.edge import EdgeConfig
 from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.hardware.sim.scene import JOINT_NAMES
-from robot_rl.learner.algorithms.configs import RWRConfig
+from robot_rl.learner.algorithms.config import RWRConfig, StalenessConfig
 from robot_rl.learner.checkpoint import read_checkpoint
-from robot_rl.learner.config import LearnerConfig, ServiceConfig, StalenessConfig, StoreConfig, TrainerConfig
+from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig, TrainerConfig
 from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
 from robot_rl.policies.training import fit
 from tests.learner_helpers import TEXT

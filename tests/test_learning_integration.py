@@ -15,7 +15,7 @@ import torch
 from robot_rl.config import ConfigError, load_config
 from robot_rl.learner.algorithms.awr import AWR
 from robot_rl.learner.algorithms.bc import WeightedBC
-from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RLConfig, RWRConfig, WeightedBCConfig
+from robot_rl.learner.algorithms.config import ALGORITHMS, AWRConfig, RLConfig, RWRConfig, WeightedBCConfig
 from robot_rl.learner.algorithms.rl import ChunkQLearning
 from robot_rl.learner.algorithms.rwr import RWR
 from robot_rl.learner.config import LearnerConfig, RewardConfig

@@ -27,7 +27,7 @@ from robot_rl.bench.policies import SMOLVLM_SIZES, smolvlm_directory
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
-from robot_rl.learner.algorithms.configs import RWRConfig
+from robot_rl.learner.algorithms.config import RWRConfig
 from robot_rl.learner.index import SampleSpec
 from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy

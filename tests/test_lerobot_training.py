@@ -19,7 +19,7 @@ import torch
 from lerobot.policies.factory import get_policy_class
 
 from robot_rl.config import ConfigError
-from robot_rl.learner.algorithms.configs import ALGORITHMS, AWRConfig, RLConfig, RWRConfig
+from robot_rl.learner.algorithms.config import ALGORITHMS, AWRConfig, RLConfig, RWRConfig
 from robot_rl.learner.index import SampleSpec
 from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
@@ -155,7 +155,7 @@ def synthetic_episodes(n: int = 3, length: int = 12) -> list[dict]:
 
 def test_behaviour_cloning_builds_a_new_lerobot_policy_from_the_episodes_and_saves_a_lerobot_checkpoint(tmp_path):
     from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
-    from robot_rl.policies.trainable import load_trainable
+    from robot_rl.policies.loading import load_trainable
     from robot_rl.policies.training import fit
 
     config = LeRobotPolicyConfig(type="act", device="cpu", max_state_offset=1, options={

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
+from scipy.spatial import ConvexHull
 
 from robot_rl.hardware.sim.config import SimConfig
 from robot_rl.hardware.sim.so101_package import assets_dir
@@ -158,8 +159,6 @@ def _tune_arm(spec: mujoco.MjSpec) -> None:
 @functools.lru_cache(maxsize=32)
 def _hull_vertices(stl_path: str) -> np.ndarray:
     """A few dozen vertices spanning the convex hull of a binary STL mesh."""
-    from scipy.spatial import ConvexHull
-
     raw = Path(stl_path).read_bytes()
     n_tri = int(np.frombuffer(raw[80:84], np.uint32)[0])
     tri = np.dtype([("normal", "<f4", 3), ("v", "<f4", (3, 3)), ("attr", "<u2")])

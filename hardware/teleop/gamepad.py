@@ -53,6 +53,7 @@ class GamepadTeleop:
         self._pose: np.ndarray | None = None
 
     def _make_device(self):
+        # LeRobot (the edge extra), here and below: every configuration reads this module's GamepadConfig
         from lerobot.teleoperators.gamepad import GamepadTeleop as LeRobotGamepad
         from lerobot.teleoperators.gamepad import GamepadTeleopConfig
 
@@ -79,7 +80,7 @@ class GamepadTeleop:
         return TeleopReading(action=self._pose.copy(), events=events)
 
     def _events(self) -> list[TeleopEvent]:
-        from lerobot.teleoperators.utils import TeleopEvents
+        from lerobot.teleoperators.utils import TeleopEvents  # LeRobot (the edge extra)
 
         raw = self.device.get_teleop_events()
         events: list[TeleopEvent] = []

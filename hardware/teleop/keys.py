@@ -13,6 +13,8 @@ import logging
 import os
 import select
 import sys
+import termios
+import tty
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
@@ -40,9 +42,6 @@ class TerminalKeys:
     interactive = True  # a person can answer questions
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        import termios
-        import tty
-
         self.stream = stream or sys.stdin
         self.fd = self.stream.fileno()
         if not os.isatty(self.fd):
@@ -60,8 +59,6 @@ class TerminalKeys:
         return keys
 
     def close(self) -> None:
-        import termios
-
         termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
 
 

@@ -35,6 +35,7 @@ class LeaderArmConfig(TeleopConfig):
 
 def make_lerobot_teleoperator(config: LeaderArmConfig):
     """Build the LeRobot teleoperator named by ``config.type`` through LeRobot's registry."""
+    # LeRobot (the edge extra): every configuration reads this module's LeaderArmConfig
     from lerobot.teleoperators import TeleoperatorConfig, make_teleoperator_from_config
 
     config_cls = config_class("teleoperators", TeleoperatorConfig, config.type)

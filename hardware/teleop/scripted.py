@@ -197,6 +197,7 @@ class _SimView:
         task = self.robot.task
         if task.family != "push":
             return target
+        # MuJoCo (the sim extra), here and below: every configuration reads this module's ScriptedOperatorConfig
         from robot_rl.hardware.sim.expert import PUSH_START_GAP
         from robot_rl.hardware.sim.tasks import PUSH_DIRECTIONS
 
@@ -218,7 +219,7 @@ def scripted_operator_for_sim(config: ScriptedOperatorConfig | None, robot,
     """A scripted operator watching ``robot`` (a ``SimSO101``) and driving it with ``expert``
     (default: a full-speed ScriptedExpert). Give it the demonstrator's expert so that its
     corrections move like the demonstrations: mixed speeds in one replay confuse the policy."""
-    from robot_rl.hardware.sim.expert import ScriptedExpert
+    from robot_rl.hardware.sim.expert import ScriptedExpert  # MuJoCo (the sim extra)
 
     missing = [m for m in ("ee_position", "target_position", "world", "reset") if not hasattr(robot, m)]
     if missing:

@@ -14,6 +14,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from robot_rl.app.evaluation import evaluate_policy
+from robot_rl.app.record_demos import record_demos
+from robot_rl.app.sim import make_sim, task_families
+from robot_rl.core.errors import ConfigError
+from robot_rl.core.registry import POLICIES
+from robot_rl.data.reader import load_episode_arrays, recorded_joint_names
+from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
+from robot_rl.policies.flow_vla.model import FlowVLA
+from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+from robot_rl.policies.training import fit
+
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
     from robot_rl.policies.trainable import TrainablePolicy
@@ -23,8 +34,6 @@ log = logging.getLogger(__name__)
 
 def ensure_demos(cfg: RobotRLConfig) -> Path:
     """The demonstration dataset directory, recorded first if it is missing."""
-    from robot_rl.app.demos import record_demos
-
     demos = Path(cfg.demos.dir)
     if (demos / "meta" / "info.json").exists():
         return demos
@@ -36,17 +45,12 @@ def ensure_demos(cfg: RobotRLConfig) -> Path:
 def bc_start(cfg: RobotRLConfig, episodes: list[dict]) -> TrainablePolicy:
     """The policy BC trains: a new FlowVLA of ``policy.model``; for ``policy=lerobot`` the checkpoint at
     ``policy.path`` (fine-tuned with its own statistics), else a new ``policy.type`` shaped by the episodes."""
-    from robot_rl.core.errors import ConfigError
-    from robot_rl.core.registry import POLICIES
-    from robot_rl.policies.flow_vla import FlowVLA
-    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
-    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
-
     if isinstance(cfg.policy, FlowVLAPolicyConfig):
         return FlowVLA(cfg.policy.model)
     if not isinstance(cfg.policy, LeRobotPolicyConfig):
         raise ConfigError(f"train-bc trains policy=flow_vla or policy=lerobot, "
                           f"not policy={POLICIES.name_of(cfg.policy)}")
+    # LeRobot's policy stack (the edge and learner extras): seconds to import, for policy=lerobot only
     from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 
     if cfg.policy.path:
@@ -57,12 +61,6 @@ def bc_start(cfg: RobotRLConfig, episodes: list[dict]) -> TrainablePolicy:
 def train_bc(cfg: RobotRLConfig, progress: bool = True) -> dict:
     """Train the BC start (``bc_start``) on the demonstrations, save it to ``bc.checkpoint_dir`` (a
     LeRobot checkpoint for a LeRobot policy), score it in the sim."""
-    from robot_rl.app.evaluation import evaluate_policy
-    from robot_rl.app.sim import make_sim, task_families
-    from robot_rl.data import load_episode_arrays
-    from robot_rl.data.reader import recorded_joint_names
-    from robot_rl.policies.training import fit
-
     demos = ensure_demos(cfg)
     episodes = load_episode_arrays(demos)
     log.info("training on %d demonstrations (%d steps)", len(episodes), sum(len(e["action"]) for e in episodes))

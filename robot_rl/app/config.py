@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from robot_rl.hardware.sim.wording import WORDINGS
 from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
 from robot_rl.replay.joint_mapping import JointMapping
 
@@ -158,8 +159,6 @@ class EvalConfig:
     wording: str = "trained"
 
     def __post_init__(self) -> None:
-        from robot_rl.hardware.sim.wording import WORDINGS
-
         if self.episodes < 1:
             raise ValueError(f"eval.episodes must be >= 1, got {self.episodes}")
         if self.wording not in WORDINGS:

@@ -7,21 +7,20 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+from robot_rl.app.policies import load_policy
+from robot_rl.app.sim import make_sim
 from robot_rl.core.errors import ConfigError
+from robot_rl.replay.dataset import load_logged_dataset
+from robot_rl.replay.run import ReplayRun, replay_dataset
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
-    from robot_rl.replay.run import ReplayRun
 
 log = logging.getLogger(__name__)
 
 
 def run_replay(cfg: RobotRLConfig, progress: bool = True) -> ReplayRun:
     """Load, map and replay ``replay.dataset``; the sim runs at the dataset's rate."""
-    from robot_rl.app.sim import make_sim
-    from robot_rl.replay.dataset import load_logged_dataset
-    from robot_rl.replay.run import replay_dataset
-
     config = cfg.replay
     if not config.dataset:
         raise ConfigError("say which dataset to replay: replay.dataset=DIR (a LeRobotDataset v3) "
@@ -40,8 +39,6 @@ def run_replay(cfg: RobotRLConfig, progress: bool = True) -> ReplayRun:
 
 def counterfactual_policy(cfg: RobotRLConfig) -> Any:
     """The policy asked at every logged step, its noise fixed (the same state, the same answer)."""
-    from robot_rl.app.policies import load_policy
-
     if not getattr(cfg.policy, "path", None):
         raise ConfigError("replay.counterfactual=true needs the policy to ask: policy.path=CHECKPOINT_DIR_OR_HUB_ID")
     return load_policy(cfg, deterministic=True)

@@ -31,9 +31,13 @@ from typing import Any
 import msgpack
 
 from robot_rl.app.demos import DemoSummary, expert_attempts, store_demos
+from robot_rl.app.sim import demo_expert
+from robot_rl.bridges.zmq.protocol import Segment, decode_message, encode_message
+from robot_rl.bridges.zmq.segments import ImageEncoding, decode_segment, encode_segment
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.types import Episode
 from robot_rl.hardware.sim.config import SimConfig
+from robot_rl.hardware.sim.robot import SimSO101
 
 
 class DemoProcessError(RuntimeError):
@@ -95,9 +99,6 @@ def _receive_layout(receiver, process) -> RecordedLayout:
 
 
 def _receive_attempts(receiver, process) -> Iterator[tuple[str, Episode]]:
-    from robot_rl.bridges.zmq.protocol import Segment, decode_message
-    from robot_rl.bridges.zmq.segments import decode_segment
-
     while True:
         message = _receive(receiver, process)
         if message["type"] == "done":
@@ -117,9 +118,6 @@ def _receive_attempts(receiver, process) -> Iterator[tuple[str, Episode]]:
 
 
 def _child_main(job: DemoJob, sender) -> None:
-    from robot_rl.app.sim import demo_expert
-    from robot_rl.hardware.sim.robot import SimSO101
-
     def send(message: dict[str, Any]) -> None:
         sender.send_bytes(msgpack.packb(message, use_bin_type=True))
 
@@ -144,9 +142,6 @@ def _child_main(job: DemoJob, sender) -> None:
 
 
 def _send_episode(send, sender, family: str, episode: Episode) -> None:
-    from robot_rl.bridges.zmq.protocol import encode_message
-    from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
-
     if episode.seed is None:  # expert_attempts seeds every attempt; the parent rebuilds the episode with it
         raise DemoProcessError(f"demonstration attempt {episode.episode_id} has no seed")
     segment = encode_segment(episode.robot_id, episode.episode_id, 0, episode.steps, episode_done=True,

@@ -4,7 +4,8 @@ Demonstrations are the starting data of every run: behaviour cloning learns from
 them, and the learner keeps them as a separate sampling stream (RLPD-style mixing).
 Only successful attempts are stored, because a failed demonstration teaches failure.
 Choosing the attempts (``expert_attempts``) and writing them (``store_demos``) are separate so
-that the sim can run in a process of its own while this one writes (``robot_rl.app.demo_process``).
+that the sim can run in a process of its own while this one writes (``robot_rl.app.demo_process``);
+``robot_rl.app.record_demos`` picks one way or the other from the configuration.
 """
 
 from __future__ import annotations
@@ -12,18 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from robot_rl.app.config import Seeds
-from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder
-
-if TYPE_CHECKING:
-    from robot_rl.config import RobotRLConfig
 
 # Ticks recorded after success so the policy also learns to settle instead of drifting.
 SETTLE_TICKS = 5
@@ -123,33 +119,3 @@ def store_demos(
         attempted=sum(tries for _, tries in counts.values()), stored=stored, steps=steps,
         per_family={family: (ok, tries) for family, (ok, tries) in counts.items()},
     )
-
-
-def record_demos(cfg: RobotRLConfig, progress: bool = True) -> DemoSummary:
-    """The configured demonstrations (``demos``, root ``task_families``) into ``demos.dir``: with
-    ``demos.sim_process`` the sim runs in a child process while this one writes, else both here
-    (the same dataset either way)."""
-    from robot_rl.app.sim import demo_expert, make_sim, sim_config, task_families
-
-    families = task_families(cfg)
-    seed = cfg.seed + cfg.seeds.demos
-    if cfg.demos.sim_process:
-        from robot_rl.app.demo_process import DemoJob, record_demos_in_child
-
-        job = DemoJob(sim_config(cfg), cfg.demos.expert_speed, tuple(families), cfg.demos.episodes, seed,
-                      cfg.seeds.stride)
-        summary = record_demos_in_child(job, cfg.demos.dir, progress=progress)
-    else:
-        robot = make_sim(cfg)
-        try:
-            attempts = expert_attempts(robot, demo_expert(robot, cfg.demos.expert_speed), families,
-                                       cfg.demos.episodes, seed, cfg.seeds.stride)
-            summary = store_demos(attempts, RecordedLayout.of_robot(robot), cfg.demos.dir, families,
-                                  cfg.demos.episodes, progress)
-        finally:
-            robot.disconnect()
-    if summary.stored == 0:  # a dataset without episodes: nothing to train on, and LeRobot cannot read it
-        raise ConfigError(f"the scripted expert solved none of its {summary.attempted} attempts within "
-                          f"robot.max_episode_steps={sim_config(cfg).max_episode_steps}: no demonstration was "
-                          f"stored in {cfg.demos.dir}; allow longer episodes")
-    return summary

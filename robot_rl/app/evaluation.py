@@ -6,8 +6,9 @@ held-out scores, train-bc's check and the benchmarks all call it; the statistics
 Scenes: ``seed_scenes`` / ``scenes_of`` (seeded, the task families rotating over them) or
 ``dataset_scenes`` (where a logged dataset's episodes started). Running: ``run_scene_episode``
 (one episode), ``evaluate_on_scenes`` (one policy), ``compare_policies`` (several on the same
-scenes, best first), ``evaluate_policy`` (seeds in, the result alone). ``run_eval`` is ``robot-rl
-eval``; ``heldout_eval`` / ``heldout_eval_all`` score saved weights in a fresh process.
+scenes, best first), ``evaluate_policy`` (seeds in, the result alone). ``robot-rl eval`` runs
+in ``robot_rl.app.eval_report``; ``heldout_eval`` / ``heldout_eval_all`` score saved weights in a
+fresh process.
 
 Everything that is evaluated runs the control path a robot runs (action queue, roll-forward,
 splice, clamps); only the clock is virtual, so a 2-core CPU evaluates a policy as if it ran at a
@@ -41,18 +42,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
+from robot_rl.app.policies import load_policy, policy_source
+from robot_rl.app.sim import sim_config, task_families
 from robot_rl.core.clock import VirtualClock
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.statistics import PairedComparison, compare_paired, wilson_interval
 from robot_rl.core.types import Episode
 from robot_rl.edge import EdgeConfig, EdgeNode
 from robot_rl.hardware.sim.config import SimConfig
-from robot_rl.replay.scenes import Scene, apply_scene
+from robot_rl.hardware.sim.robot import SimSO101
+from robot_rl.hardware.sim.wording import reword
+from robot_rl.policies.loading import load_trainable
+from robot_rl.replay.dataset import DatasetError, LoggedDataset, load_logged_dataset
+from robot_rl.replay.joint_mapping import JointMapping, build_mapper
+from robot_rl.replay.scenes import Scene, apply_scene, task_of_instruction
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
-    from robot_rl.replay.dataset import LoggedDataset
-    from robot_rl.replay.joint_mapping import JointMapping
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +152,6 @@ def scenes_of(seeds: Sequence[int], families: Sequence[str] | None = None) -> li
 
 def dataset_scenes(dataset: LoggedDataset, mapping: JointMapping, sim_joints: tuple[str, ...]) -> list[Scene]:
     """The starting scene of each loaded episode: its seed if known, its instruction and first state."""
-    from robot_rl.replay.dataset import DatasetError
-    from robot_rl.replay.joint_mapping import build_mapper
-    from robot_rl.replay.scenes import task_of_instruction
-
     mapper = build_mapper(mapping, dataset.state_names, sim_joints)
     scenes = []
     for episode in dataset.episodes:
@@ -196,8 +198,6 @@ def run_scene_episode(
     """One closed-loop episode from ``scene`` on a fresh virtual clock (the policy's noise and the
     simulated latency seeded by the scene's seed); the policy reads the instruction in ``wording``
     (``robot_rl.hardware.sim.wording``), the task stays the scene's."""
-    from robot_rl.hardware.sim.wording import reword
-
     instruction = reword(apply_scene(robot, scene, fallback_seed=fallback_seed + episode_id), wording, episode_id)
     seed = scene.seed if scene.seed is not None else fallback_seed + episode_id
     config = replace(edge_config, fps=robot.fps, latency_seed=edge_config.latency_seed + seed)
@@ -270,34 +270,6 @@ def rank(evals: list[PolicyEval]) -> list[PolicyEval]:
 # ---------------------------------------------------------------- robot-rl eval: the configured policies
 
 
-def run_eval(cfg: RobotRLConfig, progress: bool = True) -> tuple[list[PolicyEval], Path, Path]:
-    """``robot-rl eval``: the configured policy (and ``eval.compare_path``) on the same scenes
-    (``eval_scenes``); writes ``eval.json`` and a bar plot under ``eval.out_dir``. Returns (evals
-    best first, the JSON's path, the plot's path)."""
-    from robot_rl.app.sim import make_sim
-    from robot_rl.replay.report import plot_eval, write_json
-
-    policies = load_policies(cfg)
-    robot = make_sim(cfg)
-    try:
-        evals = compare_policies(robot, policies, cfg.edge, eval_scenes(cfg, robot),
-                                 max_steps=cfg.eval.max_episode_steps, fallback_seed=cfg.seeds.eval, progress=progress,
-                                 wording=cfg.eval.wording)
-    finally:
-        robot.disconnect()
-    out = Path(cfg.eval.out_dir)
-    payload = {
-        "scenes": f"dataset {cfg.eval.dataset}" if cfg.eval.dataset else f"seeds from {cfg.seeds.eval}",
-        "edge": {"mode": cfg.edge.mode, "simulated_latency_ms": cfg.edge.simulated_latency_ms},
-        "wording": cfg.eval.wording,
-        "ranking": [e.name for e in evals],
-        "checkpoints": [e.as_dict() for e in evals],
-        # best against second best on the same scenes: is the gap more than luck?
-        "paired": paired_comparison(evals[0], evals[1]).as_dict() if len(evals) == 2 else None,
-    }
-    return evals, write_json(out / "eval.json", payload), plot_eval(out / "eval.png", evals)
-
-
 def paired_comparison(a: PolicyEval, b: PolicyEval) -> PairedComparison:
     """``a`` against ``b`` scene by scene (exact McNemar p, Newcombe interval); both must have run
     on the same scenes, in the same order."""
@@ -307,8 +279,6 @@ def paired_comparison(a: PolicyEval, b: PolicyEval) -> PairedComparison:
 def load_policies(cfg: RobotRLConfig) -> dict[str, Any]:
     """{name: policy} for the configured policy and, if given, ``eval.compare_path`` (the same
     policy type with other weights); the names are where the weights came from."""
-    from robot_rl.app.policies import load_policy, policy_source
-
     main_name = policy_source(cfg) or type(cfg.policy).__name__
     policies = {main_name: load_policy(cfg)}
     compare = cfg.eval.compare_path
@@ -323,9 +293,6 @@ def load_policies(cfg: RobotRLConfig) -> dict[str, Any]:
 def eval_scenes(cfg: RobotRLConfig, robot: Any) -> list[Scene]:
     """``eval.episodes`` seeded scenes from ``seeds.eval`` on (families rotating over
     ``task_families``), or the starting scenes of ``eval.dataset``'s ``eval.episode_indices``."""
-    from robot_rl.app.sim import task_families
-    from robot_rl.replay.dataset import load_logged_dataset
-
     if not cfg.eval.dataset:
         return seed_scenes(cfg.eval.episodes, cfg.seeds.eval, task_families(cfg))
     # A damaged dataset (DatasetError) or joints that do not map (JointMappingError) are ConfigErrors.
@@ -348,8 +315,6 @@ class HeldoutJob:
     @classmethod
     def of(cls, cfg: RobotRLConfig, episodes: int) -> HeldoutJob:
         """``episodes`` scenes no robot of a run sees (``seeds.heldout`` on), families rotating."""
-        from robot_rl.app.sim import sim_config, task_families
-
         first = cfg.seed + cfg.seeds.heldout
         return cls(sim_config(cfg), cfg.edge, [first + i for i in range(episodes)], task_families(cfg))
 
@@ -365,9 +330,6 @@ class HeldoutJob:
 
 def evaluate_weights(weights: Path, job: HeldoutJob, desc: str) -> dict[str, Any]:
     """Success of ``weights`` alone (no operator) on the job's scenes, in this process (virtual time)."""
-    from robot_rl.hardware.sim.robot import SimSO101
-    from robot_rl.policies.trainable import load_trainable
-
     policy = load_trainable(weights)
     robot = SimSO101(job.robot)
     robot.connect()

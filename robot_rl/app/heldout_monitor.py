@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from robot_rl.app.evaluation import HeldoutJob
+
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
     from robot_rl.learner.trainer import Trainer
@@ -85,8 +87,6 @@ class HeldoutMonitor:
 
     def start(self) -> HeldoutMonitor:
         """Start the scorer (the clock of ``wall_s`` starts now: call it as the robots start)."""
-        from robot_rl.app.evaluation import HeldoutJob
-
         self.directory.mkdir(parents=True, exist_ok=True)
         job = self.directory / "job.json"
         job.write_text(HeldoutJob.of(self._cfg, self.scenes).to_json())

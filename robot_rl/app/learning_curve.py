@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from robot_rl.core.statistics import wilson_interval
+from robot_rl.replay.report import pyplot
+
 
 @dataclass(frozen=True)
 class EpisodeRecord:
@@ -125,11 +128,7 @@ class LearningCurve:
              heldout: Sequence[CurvePoint] = ()) -> Path:
         """Rolling live rates vs episodes and vs wall-clock, with the held-out scores (each with its
         95 % interval) where the run had reached when those weights were taken."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = pyplot()
         recs = self.records
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,8 +191,6 @@ class CurvePoint:
 
 def _rates(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
     """Episodes, success, autonomous success (with its 95 % interval) and intervention rate."""
-    from robot_rl.core.statistics import wilson_interval
-
     n = len(records)
     autonomous = sum(r.autonomous for r in records)
     nan = float("nan")

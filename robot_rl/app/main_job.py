@@ -28,7 +28,7 @@ from tqdm import tqdm
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
-from robot_rl.learner.algorithms.configs import ALGORITHMS
+from robot_rl.learner.algorithms.config import ALGORITHMS
 
 if TYPE_CHECKING:
     from robot_rl.app.local_run import LocalRunConfig
@@ -201,7 +201,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
     from robot_rl.core.errors import ConfigError
     from robot_rl.edge.rerun_view import start_viewer
     from robot_rl.learner.console import console_line
-    from robot_rl.policies.trainable import load_trainable
+    from robot_rl.policies.loading import load_trainable
 
     if getattr(cfg.policy, "lora_rank", 0) > 0:
         raise ConfigError("robot-rl run trains full weights: its robot processes load a checkpoint directory and "

@@ -199,7 +199,7 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
         import torch
 
         from robot_rl.app.local_run import run_robot
-        from robot_rl.policies.trainable import load_trainable
+        from robot_rl.policies.loading import load_trainable
 
         torch.set_num_threads(job.torch_threads)
         policy = load_trainable(job.policy_dir)

@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from robot_rl.core.errors import ConfigError
 from robot_rl.hardware.sim.config import SimConfig
+from robot_rl.hardware.sim.expert import ScriptedExpert
+from robot_rl.hardware.sim.robot import SimSO101
+from robot_rl.hardware.sim.tasks import TASK_FAMILIES
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -25,8 +28,6 @@ def sim_config(cfg: RobotRLConfig) -> SimConfig:
 
 def make_sim(cfg: RobotRLConfig) -> Any:
     """The configured ``SimSO101``, connected."""
-    from robot_rl.hardware.sim.robot import SimSO101
-
     robot = SimSO101(sim_config(cfg))
     robot.connect()
     return robot
@@ -35,15 +36,11 @@ def make_sim(cfg: RobotRLConfig) -> Any:
 def demo_expert(robot: Any, speed: float) -> Any:
     """The scripted expert as demonstrator, at ``speed`` (0..1] times its full joint (6 deg/tick)
     and Cartesian (12 mm/tick) rates."""
-    from robot_rl.hardware.sim.expert import ScriptedExpert
-
     return ScriptedExpert(robot, max_joint_step=6.0 * speed, cartesian_step=0.012 * speed, careful_step=0.006 * speed)
 
 
 def task_families(cfg: RobotRLConfig) -> list[str]:
     """The root ``task_families``, checked against the sim's (null: every family)."""
-    from robot_rl.hardware.sim.tasks import TASK_FAMILIES
-
     if cfg.task_families is None:
         return list(TASK_FAMILIES)
     unknown = [f for f in cfg.task_families if f not in TASK_FAMILIES]

@@ -12,18 +12,18 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from robot_rl.app.sim import make_sim
+from robot_rl.core.clock import WallClock
+from robot_rl.hardware.sim.episode import run_expert_episode
+from robot_rl.hardware.sim.expert import ScriptedExpert
+from robot_rl.hardware.sim.tasks import TASK_FAMILIES
+
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
 
 
 def run_sim_demo(cfg: RobotRLConfig) -> dict[str, list[dict]]:
     """``demo_sim.episodes`` expert episodes of every family; prints the table, returns the outcomes."""
-    from robot_rl.app.sim import make_sim
-    from robot_rl.core.clock import WallClock
-    from robot_rl.hardware.sim.episode import run_expert_episode
-    from robot_rl.hardware.sim.expert import ScriptedExpert
-    from robot_rl.hardware.sim.tasks import TASK_FAMILIES
-
     robot = make_sim(cfg)
     expert = ScriptedExpert(robot)
     results: dict[str, list[dict]] = {f: [] for f in TASK_FAMILIES}

@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from robot_rl.app.local_run import _run_robot, collect_result
+from robot_rl.learner.service import LearnerService
+
 if TYPE_CHECKING:
     from robot_rl.app.local_run import EpisodeCallback, LocalRunConfig, LocalRunResult, OperatorFactory, RobotFactory
     from robot_rl.learner.config import LearnerConfig
-    from robot_rl.learner.service import LearnerService
     from robot_rl.learner.store import ReplayStore
     from robot_rl.learner.trainer import Trainer
     from robot_rl.policies.trainable import TrainablePolicy
@@ -134,9 +136,6 @@ def run_sync(learner_config: LearnerConfig, policy: TrainablePolicy, run: LocalR
     The robots run on threads whatever ``run.robots`` says: the phases take turns, so the
     trainer never shares the interpreter's lock with a robot that is acting.
     """
-    from robot_rl.app.local_run import _run_robot, collect_result
-    from robot_rl.learner.service import LearnerService
-
     if run.time_budget_s is None:
         raise ValueError("run_sync needs run.time_budget_s: the sync loop is compared at equal robot time")
     config = copy.deepcopy(learner_config)

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from robot_rl.app.config import Seeds
 from robot_rl.app.evaluation import evaluate_policy, run_scene_episode
-from robot_rl.bench.configs import AsyncBenchConfig
+from robot_rl.bench.config import AsyncBenchConfig
 from robot_rl.bench.reaction import commanded_ee, reaction_time
 from robot_rl.core.errors import ConfigError
 from robot_rl.edge import EdgeConfig

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from robot_rl.bench.configs import CamerasBenchConfig
+from robot_rl.bench.config import CamerasBenchConfig
 from robot_rl.bench.cpu import process_cpu_seconds
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import SEGMENT_STEPS

@@ -18,7 +18,7 @@ import numpy as np
 def _checkpoint(root: Path) -> tuple[Callable[[], object], Path]:
     """A trainer with one checkpoint; returns (resume on a fresh trainer, the checkpoint's weights file)."""
     from robot_rl.bench.transport import CAMERAS, ballast_policy
-    from robot_rl.learner.algorithms.configs import WeightedBCConfig
+    from robot_rl.learner.algorithms.config import WeightedBCConfig
     from robot_rl.learner.config import TrainerConfig
     from robot_rl.learner.index import SamplingIndex
     from robot_rl.learner.trainer import Trainer

@@ -84,7 +84,7 @@ def full_disk_under_the_store(root: Path) -> bool:
     """True when the learner acked nothing it could not stage, kept serving, said so once, and stored
     every step once after the disk had room again."""
     from robot_rl.bench.fault_edge import JOINTS
-    from robot_rl.bench.faults import stored_rows
+    from robot_rl.bench.fault_stored import stored_rows
     from robot_rl.bench.transport import CAMERAS, IMAGE
     from robot_rl.bridges.zmq.client import ClientConfig, ZmqClient
     from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment

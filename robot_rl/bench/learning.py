@@ -26,7 +26,7 @@ count), as a rolling rate over the last ``window`` episodes of the arm (all robo
 of completion). ``episodes_to_80`` is the first episode count, with a full window behind
 it, at which that rate reaches 80 %.
 
-Settings: ``bench.*`` (``robot_rl.bench.configs.LearningBenchConfig``: arms, minutes per arm,
+Settings: ``bench.*`` (``robot_rl.bench.config.LearningBenchConfig``: arms, minutes per arm,
 robots, window, the sync loop's round, held-out scenes; ``--quick`` is the preset
 ``configs/bench/learning_quick.yaml``).
 
@@ -51,6 +51,7 @@ JSON (same name, ``.png``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -59,19 +60,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from rich.console import Console
 from rich.table import Table
 
+from robot_rl.app.behaviour_cloning import ensure_demos
 from robot_rl.app.evaluation import format_paired, format_score, heldout_eval, heldout_eval_all, paired_scores
 from robot_rl.app.learning_curve import EpisodeRecord, LearningCurve
-from robot_rl.bench.configs import ARMS, LearningBenchConfig
+from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
+from robot_rl.app.main_job import (
+    Progress,
+    ensure_bc_checkpoint,
+    local_learner_config,
+    operator_factory,
+    share_cpu_with_robots,
+)
+from robot_rl.app.sim import sim_config, task_families
+from robot_rl.app.sync_baseline import run_sync
+from robot_rl.bench.config import ARMS, LearningBenchConfig
 from robot_rl.bench.timeline import WeightsTimeline, first_heldout_reaching
+from robot_rl.policies.flow_vla.model import FlowVLA
+from robot_rl.replay.report import pyplot
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
     from robot_rl.learner.config import LearnerConfig
     from robot_rl.learner.service import LearnerService
-    from robot_rl.policies.flow_vla import FlowVLA
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +242,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def arm_learner_config(cfg: RobotRLConfig, checkpoint: Path, demos: Path, arm_dir: Path) -> LearnerConfig:
     """The learner config of one arm: its algorithm's settings, the shared start, its own directories."""
-    from robot_rl.app.main_job import local_learner_config
-
     config = local_learner_config(cfg, checkpoint, arm_dir, demos)
     config.service.router_endpoint = config.service.pub_endpoint = LOOPBACK_ANY_PORT
     return config
@@ -238,13 +250,6 @@ def arm_learner_config(cfg: RobotRLConfig, checkpoint: Path, demos: Path, arm_di
 def run_arm(name: str, cfg: RobotRLConfig, bench: LearningBenchConfig, policy: FlowVLA, checkpoint: Path,
             demos: Path, out_dir: Path) -> ArmResult:
     """Run one arm for ``bench.minutes_per_arm`` and collect its learning curve."""
-    import torch
-
-    from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
-    from robot_rl.app.main_job import Progress, operator_factory, share_cpu_with_robots
-    from robot_rl.app.sim import sim_config, task_families
-    from robot_rl.app.sync_baseline import run_sync
-
     arm = ARMS[name]
     arm_dir = out_dir / name
     share_cpu_with_robots(cfg, overlapping=not arm.sync)  # the sync loop's phases take turns
@@ -298,8 +303,6 @@ def score_timeline(snapshots: Sequence[Any], cfg: RobotRLConfig, episodes: int, 
 
 def save_partial_report(report: dict, path: Path) -> None:
     """The arms finished so far, rewritten after each one: an hour of arms survives a crash or Ctrl-C."""
-    import json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=1))
@@ -309,10 +312,6 @@ def save_partial_report(report: dict, path: Path) -> None:
 
 def run_learning_bench(cfg_for: Callable[[str], RobotRLConfig], bench: LearningBenchConfig, out_dir: Path) -> dict:
     """Every arm in turn from the same BC checkpoint; returns the report (see ``build_report``)."""
-    from robot_rl.app.behaviour_cloning import ensure_demos
-    from robot_rl.app.main_job import ensure_bc_checkpoint
-    from robot_rl.policies.flow_vla import FlowVLA
-
     base = cfg_for(ARMS[bench.arms[0]].learner)
     checkpoint = ensure_bc_checkpoint(base)
     demos = ensure_demos(base)
@@ -339,11 +338,7 @@ def heldout_vs_start(arms: dict[str, dict], start: dict | None) -> dict[str, dic
 
 def plot_arms(report: dict, path: Path) -> Path:
     """One PNG: rolling autonomous success vs episodes and vs wall clock, and intervention rate, per arm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     path.parent.mkdir(parents=True, exist_ok=True)
     timelines = {name: arm.get("heldout_timeline") or [] for name, arm in report.get("arms", {}).items()}
     panels = 4 if any(timelines.values()) else 3

@@ -24,8 +24,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    Idefics3ImageProcessor,
+    Idefics3Processor,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    SmolVLMConfig,
+)
+from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
 
 from robot_rl.bench.progress import timed_run
+from robot_rl.learner.algorithms.bc import WeightedBC
+from robot_rl.learner.publisher import snapshot
+from robot_rl.learner.trainer import training_device
+from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
+from robot_rl.policies.flow_vla.model import FlowVLA
+from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
+from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -57,16 +74,6 @@ SMOLVLM_SIZES: dict[str, dict[str, Any]] = {
 def smolvlm_directory(directory: Path, size: str) -> Path:
     """A SmolVLM config, a word-level tokenizer and a processor, written to ``directory``: what
     SmolVLA reads from ``vlm_model_name`` when ``load_vlm_weights`` is false (no download)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (
-        Idefics3ImageProcessor,
-        Idefics3Processor,
-        LlamaConfig,
-        PreTrainedTokenizerFast,
-        SmolVLMConfig,
-    )
-    from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
-
     spec = SMOLVLM_SIZES[size]
     specials = ["<pad>", "<unk>", "<|im_start|>", "<video>", *SPECIAL_TOKENS.values()]
     specials += [f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)]
@@ -107,11 +114,6 @@ def synthetic_episodes(count: int = 2, length: int = 40) -> list[dict]:
 
 def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], TrainablePolicy]]:
     """Name -> builder, for the names in ``bench.types`` (``+lora`` rows: LoRA adapters of rank ``bench.lora_rank``)."""
-    from robot_rl.policies.flow_vla import FlowVLA, FlowVLAConfig
-    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
-    from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
-    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
-
     bench = cfg.bench
     episodes = synthetic_episodes()
 
@@ -158,8 +160,6 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
 
 
 def synthetic_batch(size: int, horizon: int) -> dict[str, Any]:
-    import torch
-
     rng = np.random.default_rng(1)
     state = torch.as_tensor(rng.normal(0, 20, (size, JOINTS)), dtype=torch.float32)
     batch: dict[str, Any] = {"state": state, "actions": state[:, None].repeat(1, horizon, 1) + 1,
@@ -171,12 +171,6 @@ def synthetic_batch(size: int, horizon: int) -> dict[str, Any]:
 
 
 def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
-    import torch
-
-    from robot_rl.learner.algorithms.bc import WeightedBC
-    from robot_rl.learner.publisher import snapshot
-    from robot_rl.learner.trainer import training_device
-
     bench, trainer = cfg.bench, cfg.learner.trainer
     device = training_device(trainer)
     if policy.needs_statistics():

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from robot_rl.bench.configs import RealtimeBenchConfig
+from robot_rl.bench.config import RealtimeBenchConfig
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import CAMERAS, IMAGE, BenchArm, ballast_policy, stop_processes
 

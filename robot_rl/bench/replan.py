@@ -11,7 +11,7 @@ floor's mean and its difference to the first floor over all weights.
     robot-rl bench replan --json /tmp/bench/replan.json "bench.weights=[checkpoints/bc_push,RUN/checkpoints/latest]"
 
 Settings: ``bench.weights`` (default: the shipped start), ``bench.floors``, ``bench.episodes`` per
-weights and floor (``robot_rl.bench.configs.ReplanBenchConfig``). Every other override applies to
+weights and floor (``robot_rl.bench.config.ReplanBenchConfig``). Every other override applies to
 the config as usual (e.g. ``edge.threshold_margin=3``).
 """
 
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robot_rl.app.evaluation import HeldoutJob, evaluate_weights, format_score
-from robot_rl.bench.configs import ReplanBenchConfig
+from robot_rl.app.policies import SHIPPED_BC
+from robot_rl.bench.config import ReplanBenchConfig
 from robot_rl.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ def summarize(scores: dict[str, dict[int, dict]], floors: Sequence[int]) -> dict
 
 def run_replan_bench(cfg: RobotRLConfig, bench: ReplanBenchConfig) -> dict[str, Any]:
     """Every weights at every floor on the same held-out scenes."""
-    from robot_rl.app.policies import SHIPPED_BC
-
     scores: dict[str, dict[int, dict]] = {}
     missing = [w for w in bench.weights if not Path(w).is_dir()]
     if missing:

@@ -12,6 +12,8 @@ in one process against the sim in a child process (``robot_rl.app.demo_process``
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from robot_rl.app.record_demos import record_demos
 from robot_rl.hardware.sim import TASK_FAMILIES, ScriptedExpert, SimConfig, SimSO101, run_expert_episode
 from robot_rl.hardware.sim.rendering import mujoco
 
@@ -111,11 +114,6 @@ def measure_demo_recording(cfg: RobotRLConfig, episodes: int) -> dict[str, dict[
     child process (``demos.sim_process``). The child's start (spawn, imports: ~6 s here) is
     included, the one-process way runs in this process, whose imports are done: so a few episodes
     favour one process, and the ratio approaches the steady state's only over tens of episodes."""
-    import dataclasses
-    import tempfile
-
-    from robot_rl.app.demos import record_demos
-
     timings = {}
     with tempfile.TemporaryDirectory(prefix="bench-demos-") as tmp:
         for name, in_child in (("sim in a child process", True), ("one process", False)):

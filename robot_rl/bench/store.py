@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from robot_rl.bench.configs import StoreBenchConfig
+from robot_rl.bench.config import StoreBenchConfig
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import CAMERAS, IMAGE, JOINTS, SEGMENT_STEPS, synthetic_steps
 

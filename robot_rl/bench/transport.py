@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from robot_rl.bench.configs import SYNTHETIC_EPISODE_STEPS as EPISODE_STEPS
-from robot_rl.bench.configs import TransportBenchConfig
+from robot_rl.bench.config import SYNTHETIC_EPISODE_STEPS as EPISODE_STEPS
+from robot_rl.bench.config import TransportBenchConfig
 from robot_rl.bench.cpu import process_cpu_seconds
 from robot_rl.bench.progress import timed_run
 from robot_rl.core.robot_io import Observation

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from robot_rl.config import ConfigError, config_yaml, load_config
+
 # name -> (module under robot_rl.bench, what it compares)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "render frames/s per camera (fast vs full meshes), physics steps/s, scripted-expert success"),
@@ -59,8 +61,6 @@ def name_taken(overrides: list[str], key: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    from robot_rl.config import ConfigError, config_yaml, load_config
-
     args, overrides = parser().parse_known_args(argv)
     preset = f"+bench={args.name}_quick" if args.quick else f"+bench={args.name}"
     if args.cfg:

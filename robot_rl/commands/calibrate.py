@@ -8,6 +8,19 @@ import glob
 import logging
 import sys
 
+from robot_rl.app.policies import load_policy
+from robot_rl.calibration.latency import (
+    LatencyCalibrationError,
+    StepTestConfig,
+    calibrate_latency,
+    default_latency_path,
+)
+from robot_rl.calibration.motors import NoRobotError, calibrate_motors
+from robot_rl.config import load_config
+from robot_rl.core.clock import WallClock
+from robot_rl.core.registry import ROBOTS
+from robot_rl.hardware.lerobot_robot_config import LeRobotRobotConfig
+
 HELP = """\
 one calibration of a robot cell: camera, latency or motors.
 
@@ -66,6 +79,7 @@ def main(argv: list[str]) -> int:
 
 
 def _camera(args) -> int:
+    # OpenCV (the edge extra): the latency and motor calibrations run without it
     from robot_rl.calibration.camera import CalibrationError, CharucoBoardSpec, calibrate_camera, load_images
 
     paths = sorted({p for pattern in args.images for p in (glob.glob(pattern) or [pattern])})
@@ -84,12 +98,6 @@ def _camera(args) -> int:
 
 
 def _latency(args, overrides: list[str]) -> int:
-    from robot_rl.app.policies import load_policy
-    from robot_rl.calibration.latency import LatencyCalibrationError, StepTestConfig, calibrate_latency
-    from robot_rl.config import load_config
-    from robot_rl.core.clock import WallClock
-    from robot_rl.core.registry import ROBOTS
-
     cfg = load_config(overrides)
     # Inference is timed only for weights someone named (or a policy that has none): the
     # fallbacks of the sim jobs were not chosen for this robot (see session.runner.check_policy_choice).
@@ -108,8 +116,6 @@ def _latency(args, overrides: list[str]) -> int:
         return 2
     finally:
         robot.disconnect()
-    from robot_rl.calibration.latency import default_latency_path
-
     out = report.save_yaml(args.out or default_latency_path(cfg.output_dir, str(getattr(robot, "name", "robot"))))
     p90 = report.inference_ms.get("p90")
     inference = f"{p90:.1f} ms" if p90 is not None else "n/a (no policy.path)"
@@ -121,11 +127,6 @@ def _latency(args, overrides: list[str]) -> int:
 
 
 def _motors(overrides: list[str]) -> int:
-    from robot_rl.calibration.motors import NoRobotError, calibrate_motors
-    from robot_rl.config import load_config
-    from robot_rl.core.registry import ROBOTS
-    from robot_rl.hardware.lerobot_robot_config import LeRobotRobotConfig
-
     cfg = load_config(overrides)
     if not isinstance(cfg.robot, LeRobotRobotConfig):
         print("robot-rl calibrate motors: only LeRobot robots have motor calibration here; "

@@ -13,6 +13,7 @@ GROUPS = ("robot", "demo_sim")
 
 
 def main(argv: list[str]) -> int:
+    # imported when the command runs, so that `robot-rl demo-sim --help` answers without MuJoCo
     from robot_rl.app.sim_demo import run_sim_demo
 
     results = run_sim_demo(load_config(argv))

@@ -1,4 +1,4 @@
-"""`robot-rl eval`: checkpoints on the same scenes in the sim (``robot_rl.app.evaluation.run_eval``)."""
+"""`robot-rl eval`: checkpoints on the same scenes in the sim (``robot_rl.app.eval_report``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ GROUPS = ("robot", "policy", "edge", "eval", "seeds", "task_families")
 
 
 def main(argv: list[str]) -> int:
-    from robot_rl.app.evaluation import paired_comparison, run_eval
-    from robot_rl.replay.report import eval_table, print_table
+    # imported when the command runs, so that `robot-rl eval --help` answers without MuJoCo and torch
+    from robot_rl.app.eval_report import eval_table, run_eval
+    from robot_rl.app.evaluation import paired_comparison
+    from robot_rl.replay.report import print_table
 
     evals, json_path, plot_path = run_eval(load_config(argv))
     print_table(eval_table(evals))

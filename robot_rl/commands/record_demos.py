@@ -1,4 +1,4 @@
-"""`robot-rl record-demos`: scripted-expert demonstrations (``robot_rl.app.demos``)."""
+"""`robot-rl record-demos`: scripted-expert demonstrations (``robot_rl.app.record_demos``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ GROUPS = ("robot", "demos", "seeds", "task_families")
 
 
 def main(argv: list[str]) -> int:
-    from robot_rl.app.demos import record_demos
+    # imported when the command runs, so that `robot-rl record-demos --help` answers without MuJoCo and LeRobot
+    from robot_rl.app.record_demos import record_demos
 
     cfg = load_config(argv)
     summary = record_demos(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from robot_rl.config import load_config
+from robot_rl.replay.report import print_table, tracking_table
 
 HELP = """replay a logged dataset's actions open-loop in the sim: per-joint tracking error, one MP4 per
 episode (logged cameras beside the sim's render, a timeline below) and a plot, under replay.out_dir;
@@ -17,6 +18,7 @@ GROUPS = ("robot", "viewer", "policy", "replay")
 
 
 def main(argv: list[str]) -> int:
+    # imported when the command runs, so that `robot-rl replay --help` answers without MuJoCo, OpenCV and LeRobot
     from robot_rl.app.dataset_replay import run_replay
 
     _print_summary(run_replay(load_config(argv)))
@@ -24,7 +26,6 @@ def main(argv: list[str]) -> int:
 
 
 def _print_summary(run: Any) -> None:
-    from robot_rl.replay.report import print_table, tracking_table
 
     print_table(tracking_table({r.index: r.tracking for r in run.episodes}))
     for result in run.episodes:

@@ -21,6 +21,7 @@ GROUPS = ("robot", "viewer", "policy", "learner", "edge", "run", "demos", "bc", 
 
 
 def main(argv: list[str]) -> int:
+    # imported when the command runs, so that `robot-rl run --help` answers without torch, MuJoCo and LeRobot
     from robot_rl.app.main_job import run_main_job
 
     run_main_job(load_config(argv))  # prints its summary, ending with where the curve and the JSON are

@@ -17,6 +17,7 @@ GROUPS = ("robot", "policy", "edge", "demos", "bc", "seeds", "task_families")
 
 
 def main(argv: list[str]) -> int:
+    # imported when the command runs, so that `robot-rl train-bc --help` answers without torch and MuJoCo
     from robot_rl.app.behaviour_cloning import train_bc
 
     result = train_bc(load_config(argv))

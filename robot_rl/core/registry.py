@@ -18,6 +18,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
+
 
 class Registry[T]:
     """The choices of one kind, e.g. ``Registry("robot", group="robot")``.
@@ -38,8 +40,6 @@ class Registry[T]:
             raise ValueError(f"{self.kind} builder {builder!r} must be 'module:attribute'")
 
         def decorate(cls: ConfigClass) -> ConfigClass:
-            from hydra.core.config_store import ConfigStore
-
             known = self._classes.get(name)
             if known is not None and known.__qualname__ != cls.__qualname__:
                 raise ValueError(f"{self.kind} {name!r} is registered twice: "

@@ -4,7 +4,7 @@ One group per job: where the replay store lives and how it samples (``StoreConfi
 the trainer updates and publishes (``TrainerConfig``, with the ``RewardConfig`` its batches
 are scored by), where the service listens (``ServiceConfig``) and what it pushes to the Hub
 (``HubConfig``). ``LearnerConfig`` bundles them with the learning algorithm's own config,
-chosen by name (``learner/algorithm=rwr``; ``robot_rl.learner.algorithms.configs``).
+chosen by name (``learner/algorithm=rwr``; ``robot_rl.learner.algorithms.config``).
 ``configs/learner/*.yaml`` hold only recipes: an algorithm and what differs from these defaults.
 
 Nothing here imports torch, so a command reads and checks its config in a moment.
@@ -18,35 +18,8 @@ from typing import Any
 
 from robot_rl.bridges.zmq.server import PeerLimits
 from robot_rl.data.frame_storage import FrameStorageConfig
-
-STREAMS = ("online", "intervention", "demonstration")
-STALENESS_MODES = ("drop", "downweight")
-
-
-@dataclass
-class StalenessConfig:
-    """How much a sample made by an old policy version may still count (``robot_rl.learner.staleness``)."""
-
-    # K: policy versions a sample may lag without penalty (a publish every <= 30 s); None = unbounded.
-    # A kept step is an autonomous success, still a good example some versions later; K 5 had
-    # left the learner only the last ~2.5 min of them (mean staleness ~13 late in a 10-min arm;
-    # BENCHMARKS.md "learning").
-    max_staleness: int | None = 20
-    mode: str = "downweight"  # beyond K: "drop" (weight 0) | "downweight" (decay ** (staleness - K))
-    decay: float = 0.5
-    streams: tuple[str, ...] = ("online",)  # streams the bound applies to (the policy's own actions)
-
-    def __post_init__(self) -> None:
-        self.streams = tuple(self.streams)
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"StalenessConfig: max_staleness must be >= 0 or None, got {self.max_staleness}")
-        if self.mode not in STALENESS_MODES:
-            raise ValueError(f"StalenessConfig: mode must be one of {STALENESS_MODES}, got {self.mode!r}")
-        if not 0.0 <= self.decay <= 1.0:
-            raise ValueError(f"StalenessConfig: decay must be in [0, 1], got {self.decay}")
-        unknown = sorted(set(self.streams) - set(STREAMS))
-        if unknown:
-            raise ValueError(f"StalenessConfig: unknown stream(s) {unknown}; streams are {STREAMS}")
+from robot_rl.learner.algorithms.config import ALGORITHMS, WeightedBCConfig
+from robot_rl.learner.streams import STREAMS
 
 
 @dataclass
@@ -296,14 +269,6 @@ class HubConfig:
                              f"({self.every_minutes}) must be >= 0 and not both 0")
 
 
-def _weighted_bc() -> Any:
-    """The default algorithm: plain weighted behaviour cloning (imported here, as the algorithm
-    configs import this module's StalenessConfig)."""
-    from robot_rl.learner.algorithms.configs import WeightedBCConfig
-
-    return WeightedBCConfig()
-
-
 @dataclass
 class LearnerConfig:
     """Everything ``robot-rl learner`` needs besides the policy config."""
@@ -314,8 +279,8 @@ class LearnerConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # The learning algorithm's own config, chosen by the group learner/algorithm (bc | rwr | awr | rl,
-    # robot_rl.learner.algorithms.configs). Typed Any so the node can hold any algorithm's dataclass.
-    algorithm: Any = field(default_factory=_weighted_bc)
+    # robot_rl.learner.algorithms.config). Typed Any so the node can hold any algorithm's dataclass.
+    algorithm: Any = field(default_factory=WeightedBCConfig)  # plain weighted behaviour cloning
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hub: HubConfig = field(default_factory=HubConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -324,8 +289,6 @@ class LearnerConfig:
     init_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
-        from robot_rl.learner.algorithms.configs import ALGORITHMS
-
         if self.algorithm is None:
             raise ValueError(f"learner.algorithm: no algorithm chosen; choose one with learner/algorithm=NAME "
                              f"({' | '.join(ALGORITHMS.names())})")

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 from robot_rl.core.types import Step
-from robot_rl.learner.config import STREAMS, RewardConfig
+from robot_rl.learner.config import RewardConfig
 from robot_rl.learner.rewards import EpisodeRewards, episode_rewards, transition_fields
+from robot_rl.learner.streams import STREAMS
 from robot_rl.policies.augment import build_sample, sample_offsets
 
 EntryKey = tuple[str, int, int]  # (robot_id, episode_id, fragment); demonstrations use robot_id "~demo"

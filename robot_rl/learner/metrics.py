@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from robot_rl.learner.algorithms.configs import ALGORITHMS
+from robot_rl.learner.algorithms.config import ALGORITHMS
 from robot_rl.learner.config import LearnerConfig
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ than K versions old are dropped, or here optionally down-weighted geometrically.
 
 Only streams whose actions came from the policy are bounded (``online`` by default):
 human interventions and demonstrations are not the policy's behaviour at any version.
-The bound's settings are ``robot_rl.learner.config.StalenessConfig``.
+The bound's settings are ``robot_rl.learner.algorithms.config.StalenessConfig``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from robot_rl.learner.config import STREAMS, StalenessConfig
+from robot_rl.learner.algorithms.config import StalenessConfig
+from robot_rl.learner.streams import STREAMS
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from robot_rl.bridges.zmq.weights import SnapshotBuffers
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.algorithms.base import Algorithm, NonFiniteUpdateError
-from robot_rl.learner.algorithms.configs import ALGORITHMS
+from robot_rl.learner.algorithms.config import ALGORITHMS
 from robot_rl.learner.averaging import WeightAverage
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex

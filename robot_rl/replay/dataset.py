@@ -75,6 +75,7 @@ def resolve_source(source: str) -> tuple[str, Path | None]:
 
 def load_logged_dataset(source: str, episodes: list[int] | None = None) -> LoggedDataset:
     """Metadata and the chosen episodes (all when ``episodes`` is None) of a LeRobotDataset v3."""
+    # LeRobot's dataset code (the edge and learner extras): seconds to import, for a dataset read only
     from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
 
     repo_id, root = resolve_source(str(source))

@@ -1,15 +1,15 @@
-"""Plots, tables and JSON for replay and eval runs: people would rather look than read.
+"""Plots, tables and JSON for replay runs: people would rather look than read.
 
 Plots use matplotlib's Agg backend (no display needed): per episode, the tracking
 error of every joint over time and, with counterfactual replay, the policy's deviation
-with intervention spans shaded; per eval run, success bars with 95 % CIs.
+with intervention spans shaded. The figure, table and JSON helpers serve the eval report
+(``robot_rl.app.eval_report``) and the benchmarks too.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,14 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from robot_rl.replay.counterfactual import CounterfactualResult, spans
-from robot_rl.replay.open_loop import TrackingResult
 
-if TYPE_CHECKING:
-    from robot_rl.app.evaluation import PolicyEval
+if TYPE_CHECKING:  # open_loop runs the sim: the tables and figures here import no MuJoCo
+    from robot_rl.replay.open_loop import TrackingResult
 
 
-def _pyplot():
-    import matplotlib
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
+    import matplotlib  # the learner extra; the backend is chosen before pyplot is imported
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -42,7 +42,7 @@ def plot_episode(
     interventions: np.ndarray,
 ) -> Path:
     """One PNG: tracking error per joint (top) and counterfactual error (bottom), interventions shaded."""
-    plt = _pyplot()
+    plt = pyplot()
     panels = [p for p in (tracking, counterfactual) if p is not None]
     rows = max(1, len(panels))
     fig, axes = plt.subplots(rows, 1, figsize=(10, 3.2 * rows), sharex=True, squeeze=False)
@@ -73,42 +73,7 @@ def plot_episode(
     axes[-1].set_xlabel("time (s); red = human intervention")
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
-
-
-def plot_eval(path: str | Path, evals: Sequence[PolicyEval]) -> Path:
-    """Success bars with 95 % Wilson CIs, one per checkpoint."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(evals), 3.6))
-    rates = [e.result.success_rate for e in evals]
-    lower = [r - e.result.ci95[0] for r, e in zip(rates, evals, strict=True)]
-    upper = [e.result.ci95[1] - r for r, e in zip(rates, evals, strict=True)]
-    ax.bar(range(len(evals)), rates, yerr=[lower, upper], capsize=6, color="tab:blue", alpha=0.8)
-    ax.set_xticks(range(len(evals)), [e.name for e in evals], fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("success rate (95% CI)")
-    ax.set_title(f"closed-loop eval, {len(evals[0].result.episodes) if evals else 0} episodes each")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    return _save(fig, path)
-
-
-def eval_table(evals: Sequence[PolicyEval]) -> Table:
-    table = Table(title="closed-loop evaluation (same scenes for every checkpoint)")
-    for column in ("checkpoint", "success", "95% CI", "completion s", "intervention-free", "stall s/ep", "episodes"):
-        table.add_column(column, justify="left" if column == "checkpoint" else "right")
-    for e in evals:
-        r = e.result
-        table.add_row(
-            e.name,
-            f"{r.success_rate:.0%}",
-            f"{r.ci95[0]:.0%}-{r.ci95[1]:.0%}",
-            "-" if math.isnan(r.completion_s) else f"{r.completion_s:.2f}",
-            f"{e.intervention_free_rate:.0%}",
-            f"{r.stall_s_per_episode:.2f}",
-            str(len(r.episodes)),
-        )
-    return table
+    return save_figure(fig, path)
 
 
 def tracking_table(results: dict[int, TrackingResult]) -> Table:
@@ -154,9 +119,9 @@ def _plain(value):
     return value
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path

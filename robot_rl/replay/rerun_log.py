@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from robot_rl.edge.rerun_view import import_rerun, open_recording
 from robot_rl.edge.viewer_config import RerunViewerConfig
 
 
@@ -16,8 +17,6 @@ class ReplayView:
     """Per replayed step: both camera sets and both joint vectors."""
 
     def __init__(self, config: RerunViewerConfig, joint_names: tuple[str, ...]) -> None:
-        from robot_rl.edge.rerun_view import import_rerun, open_recording
-
         self._rr = import_rerun()
         self._recording = open_recording(config, "replay")
         self._joint_names = list(joint_names)

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from robot_rl.hardware.sim.rendering import mujoco
+from robot_rl.hardware.sim.so101_package import gripper as gripper_units
+from robot_rl.hardware.sim.tasks import PUSH_DIRECTIONS, TASK_COLORS, TASK_FAMILIES, make_task
+
 log = logging.getLogger(__name__)
 
 # Try this many consecutive seeds to find one whose task matches a logged instruction
@@ -41,8 +45,6 @@ class Scene:
 
 def task_of_instruction(instruction: str) -> tuple[str, str] | None:
     """(family, colour) of a sim instruction, or None if it is not one of the sim's tasks."""
-    from robot_rl.hardware.sim.tasks import PUSH_DIRECTIONS, TASK_COLORS, TASK_FAMILIES, make_task
-
     text = instruction.strip().lower()
     for family in TASK_FAMILIES:
         for color in TASK_COLORS:
@@ -68,9 +70,6 @@ def apply_scene(robot, scene: Scene, fallback_seed: int = 0) -> str:
 
 def place_arm(robot, joints: np.ndarray) -> None:
     """Set the arm's joints (sim units) at rest, servos holding there; the scene stays as it is."""
-    from robot_rl.hardware.sim.rendering import mujoco
-    from robot_rl.hardware.sim.so101_package import gripper as gripper_units
-
     lower, upper = robot.joint_limits
     target = np.clip(np.asarray(joints, dtype=np.float64), lower, upper)
     ids = robot.ids

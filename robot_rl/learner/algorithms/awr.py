@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from robot_rl.learner.algorithms.base import guarded_step
-from robot_rl.learner.algorithms.configs import AWRConfig
+from robot_rl.learner.algorithms.config import AWRConfig
 from robot_rl.learner.algorithms.critic import ValueNetwork, frozen_copy, observation_encoder, polyak_update, seeded
 from robot_rl.learner.algorithms.rwr import WeightedFlowAlgorithm, rejection_factors, require_fields
 from robot_rl.learner.config import TrainerConfig

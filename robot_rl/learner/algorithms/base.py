@@ -43,7 +43,7 @@ class Algorithm[ParamsT](ABC):
     """One gradient update of the policy from a sampled batch.
 
     Built by ``ALGORITHMS.build(params, policy, config, device)``: ``params`` is the algorithm's
-    own config (``robot_rl.learner.algorithms.configs``), ``config`` the trainer's shared one.
+    own config (``robot_rl.learner.algorithms.config``), ``config`` the trainer's shared one.
     """
 
     def __init__(self, params: ParamsT, policy: TrainablePolicy, config: TrainerConfig, device: torch.device) -> None:

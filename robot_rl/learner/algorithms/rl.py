@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from robot_rl.learner.algorithms.base import guarded_step
-from robot_rl.learner.algorithms.configs import RLConfig
+from robot_rl.learner.algorithms.config import RLConfig
 from robot_rl.learner.algorithms.critic import (
     ChunkQEnsemble,
     PolicyContextEncoder,

@@ -23,7 +23,7 @@ behaviour cloning (ESS = batch size).
 
 This module also holds what the three weighted algorithms share (``WeightedFlowAlgorithm``):
 the staleness bound, rejection of failed attempts, and the guarded weighted policy step.
-Their settings are in ``robot_rl.learner.algorithms.configs``.
+Their settings are in ``robot_rl.learner.algorithms.config``.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from typing import Any, Protocol
 import torch
 
 from robot_rl.learner.algorithms.bc import WeightedBC
-from robot_rl.learner.algorithms.configs import RejectionConfig, RWRConfig
-from robot_rl.learner.config import STREAMS, StalenessConfig, TrainerConfig
+from robot_rl.learner.algorithms.config import RejectionConfig, RWRConfig, StalenessConfig
+from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.staleness import StalenessBound
+from robot_rl.learner.streams import STREAMS
 from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hydra.core.config_store import ConfigStore
+
 BENCHMARKS_GROUP = "bench"
 SYNTHETIC_EPISODE_STEPS = 300  # bench transport's and store's episodes: 10 s at 30 Hz
 
@@ -249,8 +251,6 @@ BENCHMARK_CONFIGS: dict[str, type] = {
 
 
 def register() -> None:
-    from hydra.core.config_store import ConfigStore
-
     for name, node in BENCHMARK_CONFIGS.items():
         ConfigStore.instance().store(group=BENCHMARKS_GROUP, name=name, node=node)
 

@@ -15,9 +15,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from robot_rl.core.registry import Registry
-from robot_rl.learner.config import STREAMS, StalenessConfig
+from robot_rl.learner.streams import STREAMS
 
 ALGORITHMS: Registry[Any] = Registry("learning algorithm", group="learner/algorithm")
+
+STALENESS_MODES = ("drop", "downweight")
+
+
+@dataclass
+class StalenessConfig:
+    """How much a sample made by an old policy version may still count (``robot_rl.learner.staleness``)."""
+
+    # K: policy versions a sample may lag without penalty (a publish every <= 30 s); None = unbounded.
+    # A kept step is an autonomous success, still a good example some versions later; K 5 had
+    # left the learner only the last ~2.5 min of them (mean staleness ~13 late in a 10-min arm;
+    # BENCHMARKS.md "learning").
+    max_staleness: int | None = 20
+    mode: str = "downweight"  # beyond K: "drop" (weight 0) | "downweight" (decay ** (staleness - K))
+    decay: float = 0.5
+    streams: tuple[str, ...] = ("online",)  # streams the bound applies to (the policy's own actions)
+
+    def __post_init__(self) -> None:
+        self.streams = tuple(self.streams)
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"StalenessConfig: max_staleness must be >= 0 or None, got {self.max_staleness}")
+        if self.mode not in STALENESS_MODES:
+            raise ValueError(f"StalenessConfig: mode must be one of {STALENESS_MODES}, got {self.mode!r}")
+        if not 0.0 <= self.decay <= 1.0:
+            raise ValueError(f"StalenessConfig: decay must be in [0, 1], got {self.decay}")
+        unknown = sorted(set(self.streams) - set(STREAMS))
+        if unknown:
+            raise ValueError(f"StalenessConfig: unknown stream(s) {unknown}; streams are {STREAMS}")
+
 
 FAILURE_MODES = ("drop", "downweight", "keep")
 RWR_SCORES = ("episode_return", "return_to_go")
