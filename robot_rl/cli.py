@@ -20,7 +20,7 @@ import sys
 import textwrap
 from types import ModuleType
 
-from robot_rl.commands.bench import BENCHMARKS
+from robot_rl.bench.registry import BENCHMARKS
 
 # name -> (module under robot_rl.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from robot_rl import cli
-from robot_rl.commands.bench import BENCHMARKS
+from robot_rl.bench.registry import BENCHMARKS
 from robot_rl.config import load_config
 
 
