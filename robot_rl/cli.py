@@ -20,6 +20,8 @@ import sys
 import textwrap
 from types import ModuleType
 
+from robot_rl.bench.registry import BENCHMARKS
+
 # name -> (module under robot_rl.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "the main job: learner + simulated robots + simulated operator (embedded default)"),
@@ -31,7 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "session": ("session", "operator session on a robot (real or sim)"),
     "eval": ("evaluate", "closed-loop evaluation of checkpoints in the sim"),
     "replay": ("replay", "replay a logged dataset in the sim"),
-    "bench": ("bench", "benchmarks: sim, async, transport, store, replan, learning"),
+    "bench": ("bench", f"benchmarks: {', '.join(BENCHMARKS)}"),
     "keys": ("keys", "generate CURVE key pairs for the wire"),
     "calibrate": ("calibrate", "camera, latency and motor calibration"),
 }
@@ -133,25 +135,43 @@ def answer_config_flags(command: str, module: ModuleType, rest: list[str]) -> in
 
 def command_help(command: str, module: ModuleType) -> str:
     """Purpose, example, and the config groups the command reads with their options or settings."""
-    from robot_rl.config import group_options, setting_names
+    from robot_rl.config import group_options
 
     lines = [f"robot-rl {command}: {module.HELP.strip()}"]
     if not module.GROUPS:  # a command of flags only
         return "\n".join(lines)
     options, chosen = group_options(), default_choices()
-    width = max(len(group) for group in module.GROUPS) + 1
+    sections = {group: config_sections(group, module.GROUPS) for group in module.GROUPS if group in options}
+    width = max(len(name) for name in [*module.GROUPS, *(s for found in sections.values() for s in found)]) + 1
     lines += ["", "Configuration (GROUP=OPTION chooses, GROUP.KEY=VALUE sets; `--cfg job` prints it all):"]
     for group in module.GROUPS:
         if group in options and group != "bench":
             listed = " | ".join(f"{o}*" if o == chosen.get(group) else o for o in options[group] if o != "base")
             lines.append(f"  {group:<{width}} {listed}   (* default)")
+            lines += [settings_line(section, width) for section in sections[group]]
         else:
-            names = ", ".join(setting_names(group)) or "a top-level setting"
-            lines.append(textwrap.fill(names, 100, initial_indent=f"  {group:<{width}} ",
-                                       subsequent_indent=" " * (width + 3)))
+            lines.append(settings_line(group, width))
     lines += ["", "Flags: --cfg job [--resolve] prints the composed config; --info the option chosen in each group;",
               "       -v logs more (third-party libraries included)."]
     return "\n".join(lines)
+
+
+def config_sections(group: str, groups: tuple[str, ...]) -> list[str]:
+    """The settings blocks inside a chosen group (``learner.service``, ``learner.console``, ...), read from
+    its dataclasses; a block that is a group of its own (``learner/algorithm``) is listed as that group."""
+    from robot_rl.config import setting_names
+
+    own_groups = {g.replace("/", ".") for g in groups}
+    found = [f"{group}.{name}" for name in setting_names(group)]
+    return [section for section in found if section not in own_groups and setting_names(section)]
+
+
+def settings_line(where: str, width: int) -> str:
+    """``where``'s setting names, wrapped under its name."""
+    from robot_rl.config import setting_names
+
+    names = ", ".join(setting_names(where)) or "a top-level setting"
+    return textwrap.fill(names, 100, initial_indent=f"  {where:<{width}} ", subsequent_indent=" " * (width + 3))
 
 
 def default_choices() -> dict[str, str]:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from robot_rl.commands.keys import write_console_token
 from robot_rl.policies.flow_vla import FlowVLA
 from tests.learner_helpers import tiny_policy_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parent.parent
 CONSOLE_LINE = re.compile(r"fleet console: (http://127\.0\.0\.1:\d+)")
@@ -65,18 +66,33 @@ def start_run(tmp_path: Path, token: Path) -> tuple[subprocess.Popen[str], list[
     return run, lines
 
 
-def chromium() -> object:
+def chromium(width: int = 1400) -> object:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,1100"):
+                 f"--window-size={width},1100"):
         options.add_argument(flag)
     return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
 
 
+OFF_SCREEN_PINS = """const width = document.documentElement.clientWidth;
+return [...document.querySelectorAll('#robots button.pin, #robots button.unpin')]
+  .filter(b => { const r = b.getBoundingClientRect(); return r.width === 0 || r.left < 0 || r.right > width; })
+  .map(b => b.dataset.robot)"""
+
+
+def off_screen_pin_buttons(browser: Any) -> list[str]:
+    """Robots whose pin or unpin button lies outside the window as it opens, without scrolling sideways
+    (or is hidden); the page itself must not be wider than the window."""
+    wider = browser.execute_script("return document.documentElement.scrollWidth > "
+                                   "document.documentElement.clientWidth")
+    return ["the page is wider than the window"] if wider else browser.execute_script(OFF_SCREEN_PINS)
+
+
+@pytest.mark.slow
 def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -108,6 +124,7 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
             return [int(v) for v in page(f"return [...document.querySelector('{selector}').options].map(o => o.value)")]
 
         wait(lambda: sorted(running()) == ["sim-0", "sim-1"], 120, "both robots on the page")
+        assert not off_screen_pin_buttons(browser)
         first = wait(versions, 30, "the published versions")
         wait(lambda: max(versions()) > max(first), 180, "a newly published version, without a reload")
 
@@ -137,6 +154,7 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
         wait(lambda: running() == {"sim-0": target, "sim-1": target} and str(page(
             "return document.querySelector('#robots tbody').textContent")).count(f"pinned v{target}") == 2,
              60, f"both robots on v{target} and pinned to it")
+        assert not off_screen_pin_buttons(browser)  # with both pinned badges and rates shown
         browser.save_screenshot(str(tmp_path / "console.png"))
     finally:
         if browser is not None:
@@ -144,3 +162,43 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
         if run.poll() is None:
             run.wait(300)
     assert run.returncode == 0, "".join(lines)[-3000:]
+
+
+def test_at_1400_px_every_robot_s_pin_buttons_are_on_screen_with_every_column_filled(tmp_path):
+    """A fleet console whose robots show what a busy fleet shows (rates with their intervals, lateness,
+    a pin badge, re-planning), in a 1,400 px window: the robots table fits, the pin buttons in view."""
+    from robot_rl.bridges.zmq.streaming import StreamingClient
+    from robot_rl.learner.config import ConsoleConfig
+    from robot_rl.learner.metrics import EpisodeOutcome
+    from robot_rl.learner.service import LearnerService
+    from tests.learner_helpers import client_config, learner_config, tiny_policy
+
+    config = learner_config(tmp_path / "learner")
+    config.console = ConsoleConfig(port=0, refresh_s=0.1)
+    service = LearnerService(config, tiny_policy(), train=False).start()
+    links = []
+    browser = None
+    try:
+        for robot in ("so101-left-arm-00", "so101-right-arm-01"):
+            link = StreamingClient(client_config(robot, service, tmp_path / "spool"))
+            link.report = lambda: {"late_ticks": 12345, "ticks": 987654, "lateness_p99_ms": 12.34,
+                                   "lateness_max_ms": 1234.56, "episode": 12345, "replan_slots": 2}
+            link.start()
+            links.append(link)
+            for episode in range(20):  # what the store reports once it has written the robot's episodes
+                service.store.outcomes.add(EpisodeOutcome(robot, episode, 0, episode % 3 == 0, 100,
+                                                          10 * (episode % 2), episode % 2, 0.0))
+        wait(lambda: len(service.robots) == 2, 30, "both robots' hellos")
+        service.pin(0, "so101-left-arm-00")
+        browser = chromium(1400)
+        browser.get(str(service.console.url))
+        wait(lambda: browser.execute_script(
+            "return document.querySelectorAll('#robots tr[data-robot] .badge').length === 1 && "
+            "document.querySelector('#robots td.success').textContent.includes('n=20')"), 30, "the rows drawn")
+        assert not off_screen_pin_buttons(browser)
+    finally:
+        if browser is not None:
+            browser.quit()
+        for link in links:
+            link.stop()
+        service.stop(checkpoint=False)

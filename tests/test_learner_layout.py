@@ -104,7 +104,7 @@ def test_the_learner_forgets_robots_gone_for_good_beyond_the_last_64(tmp_path, c
         learner._last_status_s = -1e9
         with caplog.at_level(logging.INFO, logger="robot_rl.learner.service"):
             learner._log_status()
-        line = next(r.message for r in caplog.records if r.message.startswith("robots ["))
-        assert line.startswith("robots [so101-a:v3], 64 gone") and "drive-by" not in line
+        line = next(r.message for r in caplog.records if r.message.startswith("robots: "))
+        assert line.startswith("robots: 1 connected (1 on v3), 64 gone") and "drive-by" not in line
     finally:
         learner.stop(checkpoint=False)

@@ -31,28 +31,28 @@ def test_a_session_logs_cameras_joints_takeovers_and_plans_to_rrd(tmp_path):
         "robot=sim_so101", "policy=hold", "policy.chunk_size=10", "teleop=scripted", "teleop.stuck_ticks=15",
         "session.episodes=2", "session.max_episode_steps=40", "session.realtime=false", "session.keys=none",
         "session.ask_outcome=false", "session.seed=3", "robot.image_height=32", "robot.image_width=32",
-        "robot.cameras=[front,wrist]", f"output_dir={out}", "viewer=rerun", "viewer.mode=save",
+        "robot.cameras=[front,wrist]", f"output_dir={out}", "viewer=rerun", "viewer.mode=save", "link.robot_id=arm-7",
     ])
     assert run_session(cfg) == 0
     episodes = load_episode_arrays(out / "session", repo_id="local/robot_rl_session")
     ticks = sum(len(e["action"]) for e in episodes)
-    rows = read_rrd(out / "rerun" / "sim_so101.rrd")
+    rows = read_rrd(out / "rerun" / "arm-7.rrd")  # named after the id the robot streams as
 
     for camera in ("front", "wrist"):
-        assert len(rows[f"sim_so101/observation.images.{camera}"]) == ticks
-    measured = [component(r, "Scalars:scalars") for r in rows["sim_so101/observation.state"]]
-    commanded = [component(r, "Scalars:scalars") for r in rows["sim_so101/action"]]
+        assert len(rows[f"arm-7/observation.images.{camera}"]) == ticks
+    measured = [component(r, "Scalars:scalars") for r in rows["arm-7/observation.state"]]
+    commanded = [component(r, "Scalars:scalars") for r in rows["arm-7/action"]]
     assert len(measured) == len(commanded) == ticks and all(len(v) == JOINTS for v in measured + commanded)
     recorded = np.concatenate([np.asarray(e["action"]) for e in episodes])
     np.testing.assert_allclose(np.asarray(commanded), recorded, atol=1e-4)  # in tick order, every tick
-    flags = [component(r, "Scalars:scalars")[0] for r in rows["sim_so101/intervention"]]
+    flags = [component(r, "Scalars:scalars")[0] for r in rows["arm-7/intervention"]]
     recorded_flags = np.concatenate([np.asarray(e["is_intervention"]).reshape(-1) for e in episodes])
     assert flags == [float(f) for f in recorded_flags] and any(flags)  # the scripted operator took over
-    assert len(rows["sim_so101/policy_version"]) == ticks
+    assert len(rows["arm-7/policy_version"]) == ticks
 
-    plans = rows["sim_so101/plan/next"]
+    plans = rows["arm-7/plan/next"]
     assert len(plans) >= len(episodes) == 2  # at least the first chunk of each episode
-    assert len(rows["sim_so101/plan/executing"]) == len(plans)
+    assert len(rows["arm-7/plan/executing"]) == len(plans)
     for row in plans:
         strips = component(row, "LineStrips2D:strips")
         assert len(strips) == JOINTS and all(len(points) == 10 for points in strips)  # the chunk, joint by joint
@@ -84,6 +84,16 @@ def test_a_viewer_that_cannot_keep_up_drops_its_items_and_never_holds_the_contro
     kept = len(logged["arm/action"]) + len(logged["arm/plan/next"])
     assert 0 < kept <= 8 + 1  # the queue's 8 and the one the stuck thread held
     assert kept + view.dropped == 60 + node.stats.chunks_spliced
+
+
+def test_a_saved_log_is_named_after_the_robot_id_and_says_where_it_is(tmp_path, caplog):
+    caplog.set_level("INFO", logger="robot_rl.edge.rerun_view")
+    view = VIEWERS.build(RerunViewerConfig(mode=RerunMode.save, dir=str(tmp_path / "rerun")), robot_id="so101-left",
+                         joint_names=tuple(f"j{i}" for i in range(JOINTS)))
+    view.close()
+    path = tmp_path / "rerun" / "so101-left.rrd"
+    assert path.is_file()
+    assert any(str(path) in record.getMessage() for record in caplog.records)
 
 
 def test_viewer_settings_are_checked():

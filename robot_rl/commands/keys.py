@@ -46,13 +46,24 @@ def main(argv: list[str]) -> int:
     for directory, name in wanted:
         public, secret = generate_keypair(directory, name)
         print(f"{name:>16}: public {public}  secret {secret} (chmod 600)")
-    learner = f"learner.service.secret_key={args.out / 'learner.key_secret'} " \
-              f"learner.service.robot_keys_dir={args.out / 'robots'}"
     if not args.no_learner:
         token = write_console_token(args.out / "console.token")
-        learner += f" learner.console.token_file={token}"
-    print(f"learner: {learner}")
+        print(f"learner: {learner_overrides(args.out)} learner.console.token_file={token}")
+    for robot in args.robots:
+        print(f"robot {robot}: {robot_overrides(args.out, robot)}")
     return 0
+
+
+def learner_overrides(out: Path) -> str:
+    """What the learner is started with to take these robots' keys (and refuse all others)."""
+    return f"learner.service.secret_key={out / 'learner.key_secret'} learner.service.robot_keys_dir={out / 'robots'}"
+
+
+def robot_overrides(out: Path, robot: str) -> str:
+    """What robot ``robot`` is started with (its secret key and the learner's public key copied to it):
+    the id is the one its key is allowed to stream as."""
+    return (f"link.robot_id={robot} link.secret_key={out / 'robots' / f'{robot}.key_secret'} "
+            f"link.learner_key={out / 'learner.key'}")
 
 
 def write_console_token(path: Path) -> Path:

@@ -73,9 +73,16 @@ def build_policy(config: RobotRLConfig) -> TrainablePolicy:
 
 
 def stop_on_signals(stop: threading.Event) -> None:
-    """SIGINT (Ctrl-C) and SIGTERM (kill, systemd, docker stop, torchrun) both mean: stop cleanly."""
+    """SIGINT (Ctrl-C) and SIGTERM (kill, systemd, docker stop, torchrun) both mean: stop cleanly.
+    Installed before the slow start (configuration, policy, store), so a Ctrl-C then stops as cleanly
+    as one later: no KeyboardInterrupt lands in the middle of whatever the main thread is doing."""
     def handler(signum: int, frame: object) -> None:
-        log.info("%s received: stopping with a final checkpoint", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.info("%s received: already stopping (final checkpoint, then the store); it ends with "
+                     "'learner stopped'", name)
+        else:
+            log.info("%s received: stopping with a final checkpoint", name)
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -88,6 +95,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     parser.add_argument("--no-train", action="store_true", help="only ingest (no trainer thread)")
     args, overrides = parser.parse_known_args(argv)
+    stop = threading.Event()
+    stop_on_signals(stop)
     from robot_rl.config import load_config
     from robot_rl.learner.console import console_line
     from robot_rl.learner.ddp import follow_rank, init_distributed, shutdown_distributed
@@ -104,8 +113,9 @@ def main(argv: list[str]) -> int:
             steps = follow_rank(config, policy, dist, resume=args.resume)
             print(f"rank {dist.rank}: stopped after {steps} updates")
             return 0
-        stop = threading.Event()
-        stop_on_signals(stop)
+        if stop.is_set():
+            print("learner stopped before it started", flush=True)
+            return 0
         service = LearnerService(config, policy, resume=args.resume, train=not args.no_train, dist=dist).start()
         ranks = f" ({dist.world_size} data-parallel ranks)" if dist is not None else ""
         print(f"learner up{ranks}: segments on {service.router_endpoint}, weights on {service.pub_endpoint}; "

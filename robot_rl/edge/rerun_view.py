@@ -77,7 +77,9 @@ def open_recording(config: RerunViewerConfig, name: str) -> Any:
     if config.mode is RerunMode.save:
         directory = Path(config.dir)
         directory.mkdir(parents=True, exist_ok=True)
-        recording.save(directory / f"{name}.rrd")
+        path = directory / f"{name}.rrd"
+        recording.save(path)
+        log.info("Rerun: writing %s (open it with: rerun %s)", path, path)
     elif config.mode is RerunMode.spawn:
         # The viewer executable sits beside this interpreter (a venv that is not activated is not on PATH).
         beside = Path(sys.executable).with_name("rerun")

@@ -256,7 +256,11 @@ class EdgeStreamer:
         return self._episode_id
 
     def _heartbeat_report(self) -> StatsMap:
-        """The node's ticks and their lateness, and the episode it records, for the learner's console."""
+        """The node's ticks and their lateness, and the episode it records, for the learner's console.
+        Also the version in use for the next heartbeat: a session hands its steps over only once the
+        episode ends, and the version they carry would reach the learner a whole episode late."""
+        if self.node is not None:
+            self._report_version(self.node.policy_version)
         report = self.node.stats.heartbeat() if self.node is not None else {}
         return {**report, "episode": self._episode_id if self._episode_id is not None else -1}
 

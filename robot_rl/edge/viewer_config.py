@@ -33,7 +33,7 @@ class RerunViewerConfig:
     mode: RerunMode = RerunMode.spawn
     url: str = "rerun+http://127.0.0.1:9876/proxy"  # spawn / connect / serve: the viewer's gRPC address
     web_port: int = 9090  # serve: the web viewer's port (http://HOST:9090)
-    dir: str = "${output_dir}/rerun"  # save: one ROBOT.rrd per robot
+    dir: str = "${output_dir}/rerun"  # save: one ROBOT_ID.rrd per robot (link.robot_id, else the robot's name)
     # Robots logging under the same recording id appear as one recording (``robot-rl run`` gives its
     # robots the run's); "" = a recording of its own per robot.
     recording: str = ""

@@ -10,8 +10,8 @@ episodes says little without one.
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +21,16 @@ from robot_rl.core.statistics import wilson_interval
 from robot_rl.learner.metrics import EpisodeOutcome, staleness_values
 
 if TYPE_CHECKING:
-    from robot_rl.learner.service import LearnerService
+    from robot_rl.learner.service import LearnerService, RobotStatus
 
 RECENT_EPISODES = 20  # a robot's success and intervention rates: its last this-many episodes
 CURVE_WINDOW = 20  # the live curve: rolling mean over this many episodes (all robots)
 CURVE_POINTS = 600  # the live curve sends at most this many points (evenly spaced) to the page
 RATE_WINDOW_S = 30.0  # updates per second over this long
+STATUS_VERSIONS = 3  # the status line counts robots on this many versions (the most common), never lists ids
+# Store counters the status line names only when they are not zero: each says something went wrong.
+STATUS_TROUBLE = (("segments_held_back", "segments held back"), ("staging_write_failures", "staging write failures"),
+                  ("episodes_lost_to_damage", "episodes lost to damage"))
 
 
 class UpdateRate:
@@ -52,13 +56,52 @@ def rate(successes: int, n: int) -> dict[str, Any]:
     return {"n": n, "rate": successes / n, "ci95": [round(low, 4), round(high, 4)]}
 
 
+def stored_episodes(outcomes: Sequence[EpisodeOutcome]) -> dict[str, set[int]]:
+    """Robot -> the ids of its episodes in the dataset."""
+    stored: dict[str, set[int]] = {}
+    for outcome in outcomes:
+        stored.setdefault(outcome.robot_id, set()).add(outcome.episode_id)
+    return stored
+
+
+def episodes_writing(status: RobotStatus, stored: Mapping[str, set[int]]) -> int:
+    """A robot's episodes acked in full and not in the dataset yet (the writer gathers a batch first)."""
+    return len(set(status.acked_unwritten) - stored.get(status.robot_id, set()))
+
+
+def status_line(service: LearnerService, stats: Mapping[str, int]) -> str:
+    """The learner's periodic log line: robot counts per weights version, the store, training."""
+    robots = list(service.robots.values())
+    connected = [r for r in robots if r.connected]
+    versions = Counter(r.policy_version for r in connected).most_common()
+    fleet = f"robots: {len(connected)} connected"
+    if versions:
+        more = len(versions) - STATUS_VERSIONS
+        fleet += " (" + ", ".join(f"{n} on v{v}" for v, n in versions[:STATUS_VERSIONS])
+        fleet += f", {more} more versions)" if more > 0 else ")"
+    gone = len(robots) - len(connected)
+    fleet += f", {gone} gone" if gone else ""
+    stored = stored_episodes(service.store.outcomes.outcomes())
+    writing = sum(episodes_writing(r, stored) for r in robots)
+    store = (f"store: {stats['episodes_stored']} episodes" + (f" (+{writing} acked, being written)" if writing else "")
+             + f", {stats['steps_ingested']:,} steps, {stats['bytes_staged'] / 1e6:.1f} MB staged")
+    store += "".join(f", {stats[key]} {label}" for key, label in STATUS_TROUBLE if stats.get(key))
+    trainer = service.trainer
+    training = f"update {trainer.step:,}, weights v{trainer.version}" + (" (paused)" if trainer.paused else "")
+    return f"{fleet} | {store} | {training}"
+
+
 def fleet_state(service: LearnerService, update_rate: UpdateRate) -> dict[str, Any]:
     """The snapshot the console page renders (and ``/api/state`` returns)."""
     outcomes = service.store.outcomes.outcomes()
+    stored = stored_episodes(outcomes)
+    robots = _robots(service, outcomes, stored)
+    learner = _learner(service, update_rate)
+    learner["store"]["episodes_writing"] = sum(robot["episodes_writing"] for robot in robots)
     return {
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
-        "learner": _learner(service, update_rate),
-        "robots": _robots(service, outcomes),
+        "learner": learner,
+        "robots": robots,
         "versions": _versions(service, outcomes),
         "curve": {"live": live_curve(outcomes), "heldout": service.heldout_points()},
     }
@@ -89,7 +132,8 @@ def _learner(service: LearnerService, update_rate: UpdateRate) -> dict[str, Any]
     }
 
 
-def _robots(service: LearnerService, outcomes: Sequence[EpisodeOutcome]) -> list[dict[str, Any]]:
+def _robots(service: LearnerService, outcomes: Sequence[EpisodeOutcome],
+            stored: Mapping[str, set[int]]) -> list[dict[str, Any]]:
     now = time.monotonic()
     rows = []
     for status in sorted(list(service.robots.values()), key=lambda r: r.robot_id):
@@ -102,6 +146,7 @@ def _robots(service: LearnerService, outcomes: Sequence[EpisodeOutcome]) -> list
             "pinned": service.pinned_version(status.robot_id),
             "episode": stats.get("episode"),
             "episodes_stored": sum(o.robot_id == status.robot_id for o in outcomes),
+            "episodes_writing": episodes_writing(status, stored),  # acked, in the writer's next batch
             "success": rate(sum(o.success for o in recent), len(recent)),
             "interventions": rate(sum(o.takeovers > 0 for o in recent), len(recent)),
             "late_ticks": stats.get("late_ticks"),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,15 +24,15 @@ from robot_rl.core.layout import RecordedLayout
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
 from robot_rl.learner.console import FleetConsole
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
+from robot_rl.learner.fleet import status_line, stored_episodes
 from robot_rl.learner.hub import HubPusher, dataset_snapshot
 from robot_rl.learner.metrics import make_logger
+from robot_rl.learner.published import PublishedHistory, PublishedVersion
 from robot_rl.learner.store import ReplayStore
 from robot_rl.learner.trainer import Trainer
 from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
-
-PUBLISHED_HISTORY = 10_000  # published versions the console lists (a week at one a minute)
 
 # Robots that said hello and went away are remembered (for the status line) up to this many; beyond
 # it the longest gone are forgotten. Without CURVE any client may say hello under any id, and a
@@ -52,16 +51,10 @@ class RobotStatus:
     steps: int = 0
     last_seen_s: float = 0.0
     stats: dict[str, Any] = field(default_factory=dict)  # its last heartbeat's (link counters, tick lateness)
-
-
-@dataclass(frozen=True)
-class PublishedVersion:
-    """A version the trainer published: when, after which update, how many bytes each robot fetches."""
-
-    version: int
-    update: int
-    wall_s: float  # time.time() at publication
-    size_bytes: int
+    # Episodes whose last segment was acked and that the dataset writer had not written at the last
+    # status line: the writer gathers episodes for up to store.commit_linger_s before it writes them,
+    # and an acked episode missing from "stored" for that long reads as a loss unless it is shown.
+    acked_unwritten: set[int] = field(default_factory=set)
 
 
 def server_config(service: ServiceConfig, config_hash: str) -> ServerConfig:
@@ -125,7 +118,7 @@ class LearnerService(ServerHandlers):
             self.store.close()
             raise
         self._train = train
-        self.published: deque[PublishedVersion] = deque(maxlen=PUBLISHED_HISTORY)
+        self.published = PublishedHistory(config.trainer.checkpoint_dir, self.trainer.version if resume else None)
         # The held-out scores of published versions, if something computes them (the main job's
         # scorer): dicts with version, episodes, success, ci95, scenes. For the fleet console.
         self.heldout_points: Callable[[], list[dict[str, Any]]] = list
@@ -230,13 +223,9 @@ class LearnerService(ServerHandlers):
         if now - self._last_status_s < self.config.service.status_every_s:
             return
         self._last_status_s = now
-        connected = [r for r in self.robots.values() if r.connected]
-        robots = ", ".join(f"{r.robot_id}:v{r.policy_version}" for r in connected[:32]) or "none"
-        others = len(connected) - 32 if len(connected) > 32 else 0
-        gone = len(self.robots) - len(connected)
+        self._forget_written()
         stats = self.store.stats()
-        log.info("robots [%s]%s%s | store %s | update %d, weights v%d", robots, f" +{others} more" if others else "",
-                 f", {gone} gone" if gone else "", stats, self.trainer.step, self.trainer.version)
+        log.info("%s", status_line(self, stats))
         if self.trainer.failure is not None:
             log.error("TRAINING STOPPED (%s): robots are still recorded, but no new weights are published; "
                       "fix the cause and restart the learner with --resume", self.trainer.failure)
@@ -247,6 +236,12 @@ class LearnerService(ServerHandlers):
                         "none is lost, but training sees them only once written; fewer robots, cameras or fps "
                         "per learner, or store.commit_batch up, let it catch up", waiting, self._writer_behind)
         self._writer_behind = waiting
+
+    def _forget_written(self) -> None:
+        """Drop from each robot's ``acked_unwritten`` the episodes now in the dataset (serving thread)."""
+        stored = stored_episodes(self.store.outcomes.outcomes())
+        for status in list(self.robots.values()):
+            status.acked_unwritten -= stored.get(status.robot_id, set())
 
     # ------------------------------------------------------------ wire handlers (serving thread)
 
@@ -300,6 +295,8 @@ class LearnerService(ServerHandlers):
             if status is not None and not result.duplicate:
                 status.segments += 1
                 status.steps += result.num_steps
+                if msg.episode_done:
+                    status.acked_unwritten.add(msg.episode_id)
             replies.append(Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq,
                                duplicate=result.duplicate))
         return replies

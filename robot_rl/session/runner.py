@@ -104,7 +104,7 @@ def run_session(cfg: RobotRLConfig) -> int:
             robot.set_plan_source(lambda: [] if hook.intervening else [q.action for q in node.queue.pending()])
         streamer = (_start_streamer(client, policy, node, stack, session_cfg.final_ack_timeout_s)
                     if client is not None else None)
-        view = VIEWERS.build(cfg.viewer, robot_id=robot_name, joint_names=tuple(robot.joint_names))
+        view = VIEWERS.build(cfg.viewer, robot_id=cfg.link.robot_id or robot_name, joint_names=tuple(robot.joint_names))
         if view is not None:
             view.attach(node)
             stack.callback(view.close)
