@@ -37,12 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 from robot_rl.core.errors import ConfigError
 from robot_rl.learner.config import ConsoleConfig
-from robot_rl.learner.fleet import UpdateRate, fleet_state
+from robot_rl.learner.fleet import FleetSource, UpdateRate, fleet_state
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from robot_rl.learner.service import LearnerService
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ def read_token(config: ConsoleConfig) -> str | None:
 class FleetConsole:
     """``FleetConsole(service, config)`` checks the settings; ``start()`` serves (``url``); ``stop()``."""
 
-    def __init__(self, service: LearnerService, config: ConsoleConfig) -> None:
+    def __init__(self, service: FleetSource, config: ConsoleConfig) -> None:
         if not is_loopback(config.host) and not config.tls_cert:
             raise ConfigError(
                 f"learner.console.host={config.host} would show the fleet (and take its controls) unencrypted "

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -21,7 +22,10 @@ from robot_rl.core.statistics import wilson_interval
 from robot_rl.learner.metrics import EpisodeOutcome, staleness_values
 
 if TYPE_CHECKING:
-    from robot_rl.learner.service import LearnerService, RobotStatus
+    from robot_rl.learner.config import LearnerConfig
+    from robot_rl.learner.published import PublishedHistory
+    from robot_rl.learner.store import ReplayStore
+    from robot_rl.learner.trainer import Trainer
 
 RECENT_EPISODES = 20  # a robot's success and intervention rates: its last this-many episodes
 CURVE_WINDOW = 20  # the live curve: rolling mean over this many episodes (all robots)
@@ -31,6 +35,49 @@ STATUS_VERSIONS = 3  # the status line counts robots on this many versions (the 
 # Store counters the status line names only when they are not zero: each says something went wrong.
 STATUS_TROUBLE = (("segments_held_back", "segments held back"), ("staging_write_failures", "staging write failures"),
                   ("episodes_lost_to_damage", "episodes lost to damage"))
+
+
+@dataclass
+class RobotStatus:
+    """What the learner knows about one robot (from its hello and heartbeats)."""
+
+    robot_id: str
+    policy_version: int
+    connected: bool = True
+    segments: int = 0
+    steps: int = 0
+    last_seen_s: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)  # its last heartbeat's (link counters, tick lateness)
+    # Episodes whose last segment was acked and that the dataset writer had not written at the last
+    # status line: the writer gathers episodes for up to store.commit_linger_s before it writes them,
+    # and an acked episode missing from "stored" for that long reads as a loss unless it is shown.
+    acked_unwritten: set[int] = field(default_factory=set)
+
+
+class FleetSource(Protocol):
+    """What the console and the status line read of the learner service (``LearnerService``), and the
+    one thing the console changes (pins): the service holds the console, so the console names the
+    service by this shape, not by its module."""
+
+    config: LearnerConfig
+    robots: dict[str, RobotStatus]
+    store: ReplayStore
+    trainer: Trainer
+    published: PublishedHistory
+
+    def heldout_points(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def training(self) -> bool: ...
+
+    @property
+    def fleet_pin(self) -> int | None: ...
+
+    def servable_versions(self) -> list[int]: ...
+
+    def pin(self, version: int | None, robot_id: str | None = None) -> None: ...
+
+    def pinned_version(self, robot_id: str) -> int | None: ...
 
 
 class UpdateRate:
@@ -69,7 +116,7 @@ def episodes_writing(status: RobotStatus, stored: Mapping[str, set[int]]) -> int
     return len(set(status.acked_unwritten) - stored.get(status.robot_id, set()))
 
 
-def status_line(service: LearnerService, stats: Mapping[str, int]) -> str:
+def status_line(service: FleetSource, stats: Mapping[str, int]) -> str:
     """The learner's periodic log line: robot counts per weights version, the store, training."""
     robots = list(service.robots.values())
     connected = [r for r in robots if r.connected]
@@ -91,7 +138,7 @@ def status_line(service: LearnerService, stats: Mapping[str, int]) -> str:
     return f"{fleet} | {store} | {training}"
 
 
-def fleet_state(service: LearnerService, update_rate: UpdateRate) -> dict[str, Any]:
+def fleet_state(service: FleetSource, update_rate: UpdateRate) -> dict[str, Any]:
     """The snapshot the console page renders (and ``/api/state`` returns)."""
     outcomes = service.store.outcomes.outcomes()
     stored = stored_episodes(outcomes)
@@ -107,7 +154,7 @@ def fleet_state(service: LearnerService, update_rate: UpdateRate) -> dict[str, A
     }
 
 
-def _learner(service: LearnerService, update_rate: UpdateRate) -> dict[str, Any]:
+def _learner(service: FleetSource, update_rate: UpdateRate) -> dict[str, Any]:
     trainer, config = service.trainer, service.config
     staleness = staleness_values(trainer.last_metrics)
     store = service.store.stats()
@@ -132,7 +179,7 @@ def _learner(service: LearnerService, update_rate: UpdateRate) -> dict[str, Any]
     }
 
 
-def _robots(service: LearnerService, outcomes: Sequence[EpisodeOutcome],
+def _robots(service: FleetSource, outcomes: Sequence[EpisodeOutcome],
             stored: Mapping[str, set[int]]) -> list[dict[str, Any]]:
     now = time.monotonic()
     rows = []
@@ -160,7 +207,7 @@ def _robots(service: LearnerService, outcomes: Sequence[EpisodeOutcome],
     return rows
 
 
-def _versions(service: LearnerService, outcomes: Sequence[EpisodeOutcome]) -> list[dict[str, Any]]:
+def _versions(service: FleetSource, outcomes: Sequence[EpisodeOutcome]) -> list[dict[str, Any]]:
     heldout = {point["version"]: point for point in service.heldout_points()}
     per_version = service.store.outcomes.per_version()
     servable = set(service.servable_versions())

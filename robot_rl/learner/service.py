@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from robot_rl.bridges.zmq.keys import ServerCurve
@@ -24,7 +23,7 @@ from robot_rl.core.layout import RecordedLayout
 from robot_rl.learner.config import LearnerConfig, ServiceConfig
 from robot_rl.learner.console import FleetConsole
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
-from robot_rl.learner.fleet import status_line, stored_episodes
+from robot_rl.learner.fleet import RobotStatus, status_line, stored_episodes
 from robot_rl.learner.hub import HubPusher, dataset_snapshot
 from robot_rl.learner.metrics import make_logger
 from robot_rl.learner.published import PublishedHistory, PublishedVersion
@@ -38,23 +37,6 @@ log = logging.getLogger(__name__)
 # it the longest gone are forgotten. Without CURVE any client may say hello under any id, and a
 # learner that remembers them all grows its memory and every status line with each one.
 REMEMBERED_GONE_ROBOTS = 64
-
-
-@dataclass
-class RobotStatus:
-    """What the learner knows about one robot (from its hello and heartbeats)."""
-
-    robot_id: str
-    policy_version: int
-    connected: bool = True
-    segments: int = 0
-    steps: int = 0
-    last_seen_s: float = 0.0
-    stats: dict[str, Any] = field(default_factory=dict)  # its last heartbeat's (link counters, tick lateness)
-    # Episodes whose last segment was acked and that the dataset writer had not written at the last
-    # status line: the writer gathers episodes for up to store.commit_linger_s before it writes them,
-    # and an acked episode missing from "stored" for that long reads as a loss unless it is shown.
-    acked_unwritten: set[int] = field(default_factory=set)
 
 
 def server_config(service: ServiceConfig, config_hash: str) -> ServerConfig:
