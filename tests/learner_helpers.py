@@ -164,17 +164,18 @@ def stored_triples(store_root: Path) -> list[tuple[int, int, int]]:
     return out
 
 
-def stored_frames(store_root: Path, frame_id: Callable[[np.ndarray], int]) -> list[tuple[str, int, int]]:
-    """(robot, episode, ``frame_id(image)``) of every step in the dataset: the robot and episode from
-    the store's ledger, the image's own number from its first camera, read back with LeRobot."""
+def stored_episode_frames(store_root: Path, frame_id: Callable[[np.ndarray], int]
+                          ) -> dict[tuple[str, int], list[int]]:
+    """(robot, episode) -> ``frame_id(image)`` of each of its stored steps, in stored order: the robot
+    and episode from the store's ledger, the number from its first camera's frame (LeRobot reads it)."""
     from robot_rl.data.reader import load_episode_arrays
     from robot_rl.learner.ledger import CommitRecord
 
     lines = (store_root / "ledger.jsonl").read_text().splitlines()
     commits = [CommitRecord.from_json(data) for data in map(json.loads, lines) if data["op"] == "commit"]
     owner = {record.index: (record.robot_id, record.episode_id) for record in commits}
-    out = []
+    out: dict[tuple[str, int], list[int]] = {}
     for episode in load_episode_arrays(store_root / "dataset", "local/robot_rl_replay"):
-        robot, episode_id = owner[episode["episode_index"]]
-        out += [(robot, episode_id, frame_id(image)) for image in episode[f"images.{CAMERAS[0]}"]]
+        frames = out.setdefault(owner[episode["episode_index"]], [])
+        frames += [frame_id(image) for image in episode[f"images.{CAMERAS[0]}"]]
     return out

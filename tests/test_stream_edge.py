@@ -23,13 +23,13 @@ from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
 from robot_rl.edge.streaming import EdgeStreamer
 from robot_rl.learner.service import LearnerService
-from tests.edge_fakes import KinematicRobot
+from tests.edge_fakes import EncodingPolicy, KinematicRobot
 from tests.learner_helpers import (
     IMG,
     client_config,
     finishes_within,
     learner_config,
-    stored_frames,
+    stored_episode_frames,
     tiny_policy,
     wait_for,
 )
@@ -67,11 +67,12 @@ def test_the_control_loop_never_waits_for_a_link_that_is_down_and_every_step_arr
     class Endpoints:
         router_endpoint, pub_endpoint = router, pub
 
-    policy = tiny_policy()
-    streamer = EdgeStreamer(client_config("edge-a", Endpoints, tmp_path / "spool"), policy, segment_steps=10,
+    streamer = EdgeStreamer(client_config("edge-a", Endpoints, tmp_path / "spool"), tiny_policy(), segment_steps=10,
                             queue_size=2, image_encoding=ImageEncoding("png"))
-    clock = VirtualClock()
-    node = EdgeNode(CameraRobot(), policy, clock, EdgeConfig(fps=30, simulated_latency_ms=50), robot_id="edge-a")
+    # Chunks from the encoding policy (no network to compute): the episode's wall time is the loop's
+    # and the sink's alone, a fraction of a second unless something blocks.
+    node = EdgeNode(CameraRobot(), EncodingPolicy(), VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=50),
+                    robot_id="edge-a")
     streamer.attach(node)
     # The link thread is not even running yet: its queue (2 segments) fills after 21 ticks, and
     # the sink must keep the rest itself instead of blocking the control thread or dropping them.
@@ -83,7 +84,9 @@ def test_the_control_loop_never_waits_for_a_link_that_is_down_and_every_step_arr
     assert streamer.submit_retries > 0  # the full queue pushed back, and nothing was lost
 
     streamer.start()  # the link comes up with no learner listening: still nothing blocks
-    learner = LearnerService(learner_config(tmp_path, router=router, pub=pub), tiny_policy(), train=False).start()
+    config = learner_config(tmp_path, router=router, pub=pub)
+    config.store.commit_linger_s = 0.0  # both episodes are in: write them at once
+    learner = LearnerService(config, tiny_policy(), train=False).start()
     try:
         streamer.begin_episode(2)
         node.run_episode(10, "pick the cube")
@@ -93,10 +96,9 @@ def test_the_control_loop_never_waits_for_a_link_that_is_down_and_every_step_arr
         streamer.stop()
         node.close()
         learner.stop(checkpoint=False)
-    # Every tick stored once: episode 1 is reads 1..120, episode 2 reads 121..130.
-    stored = stored_frames(tmp_path / "store", read_number)
-    expected = [("edge-a", 1, read) for read in range(1, 121)] + [("edge-a", 2, read) for read in range(121, 131)]
-    assert sorted(stored) == expected
+    # Every tick stored once, in order: episode 1 is the camera's reads 1..120, episode 2 reads 121..130.
+    assert stored_episode_frames(tmp_path / "store", read_number) == {("edge-a", 1): list(range(1, 121)),
+                                                                      ("edge-a", 2): list(range(121, 131))}
 
 
 def test_weight_swap_during_an_episode_lands_between_chunks(tmp_path):
