@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +108,28 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0, what: str =
         time.sleep(0.02)
 
 
+def finishes_within(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``call()`` on a thread of its own; its result, or an AssertionError if it is still running after
+    ``timeout_s`` (a hang becomes a failure; the thread is left to the process's exit)."""
+    out: list = []
+    errors: list[Exception] = []
+
+    def target() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # noqa: BLE001 - whatever call() raises is re-raised on the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True, name=f"finishes_within: {what}")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise AssertionError(f"{what} still running after {timeout_s} s: something it calls blocks")
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
 def learner_config(root: Path, router: str = "tcp://127.0.0.1:*", pub: str = "tcp://127.0.0.1:*", **trainer):
     from robot_rl.learner.config import ConsoleConfig, LearnerConfig, ServiceConfig
 
@@ -137,4 +161,21 @@ def stored_triples(store_root: Path) -> list[tuple[int, int, int]]:
     out = []
     for episode in load_episode_arrays(store_root / "dataset", "local/robot_rl_replay"):
         out += [tuple(int(v) for v in row[:3]) for row in episode["state"]]
+    return out
+
+
+def stored_episode_frames(store_root: Path, frame_id: Callable[[np.ndarray], int]
+                          ) -> dict[tuple[str, int], list[int]]:
+    """(robot, episode) -> ``frame_id(image)`` of each of its stored steps, in stored order: the robot
+    and episode from the store's ledger, the number from its first camera's frame (LeRobot reads it)."""
+    from robot_rl.data.reader import load_episode_arrays
+    from robot_rl.learner.ledger import CommitRecord
+
+    lines = (store_root / "ledger.jsonl").read_text().splitlines()
+    commits = [CommitRecord.from_json(data) for data in map(json.loads, lines) if data["op"] == "commit"]
+    owner = {record.index: (record.robot_id, record.episode_id) for record in commits}
+    out: dict[tuple[str, int], list[int]] = {}
+    for episode in load_episode_arrays(store_root / "dataset", "local/robot_rl_replay"):
+        frames = out.setdefault(owner[episode["episode_index"]], [])
+        frames += [frame_id(image) for image in episode[f"images.{CAMERAS[0]}"]]
     return out

@@ -94,5 +94,6 @@ def test_bench_cells_with_the_expert_policy_show_latency_hidden_by_roll_forward(
     assert sync["400"]["completion_s"] > 1.2 * sync["0"]["completion_s"]  # waits 400 ms for each chunk
     assert rollforward["400"]["stall_s_per_episode"] == 0.0
     cell = rollforward["400"]
-    assert set(cell) >= {"success", "completion_s", "stall_s_per_episode", "reaction_s", "late_tick_frac"}
+    assert set(cell) >= {"success", "completion_s", "stall_s_per_episode", "reaction_s"}
+    assert "late_tick_frac" not in cell  # always 0 on the virtual clock: the real-time run measures it
     assert cell["reaction_s"] >= cell["reaction_floor_s"]  # nothing reacts faster than one inference + a tick

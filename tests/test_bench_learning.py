@@ -308,8 +308,10 @@ def test_sync_rounds_alternate_collect_and_train_without_overlap():
     lock = threading.Lock()
     trainer = FakeTrainer(every=5, acting=acting)
     learner = type("Learner", (), {"trainer": trainer, "store": FakeStore()})()
-    deadline = time.monotonic() + 1.0
-    rounds = SyncRounds(episodes_per_round=3, deadline_s=deadline)
+    # The budget is three rounds (a clock that counts them), not a time: how many fit in a
+    # second is the machine's speed. The training deadline only bounds a hang.
+    rounds = SyncRounds(episodes_per_round=3, deadline_s=3, clock=lambda: rounds.round)
+    deadline = time.monotonic() + 60.0
     versions_seen: list[int] = []
 
     def robot() -> None:
@@ -330,10 +332,9 @@ def test_sync_rounds_alternate_collect_and_train_without_overlap():
         t.join(5.0)
     assert not any(t.is_alive() for t in threads), "robots must stop when the budget ends"
     assert trainer.overlaps == 0, "the trainer updated while a robot was acting"
-    assert trainer.version >= 3 and trainer.step >= 5 * trainer.version
-    # Every finished round: exactly 3 episodes, all started on the weights that round published.
-    for version in range(trainer.version):
-        assert versions_seen.count(version) == 3
+    assert (trainer.version, trainer.step) == (3, 15)  # one publish per round, after its 5 updates
+    # Every round: exactly 3 episodes, all started on the weights the round before published.
+    assert sorted(versions_seen) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert rounds.steps_collected == 10 * len(versions_seen)  # every started episode was counted when done
 
 
@@ -369,7 +370,7 @@ def test_run_sync_on_the_real_learner_and_edge_runtime(tmp_path):
                                     collect_episodes=2, updates=3,
                                     on_episode=lambda robot_id, episode, version: versions.append(version))
     rounds = result.weights_version
-    assert rounds >= 2, f"only {rounds} sync rounds in 4 s"
+    assert rounds >= 1, "no sync round in 4 s"  # how many fit is the benchmark's (a machine's speed)
     assert 3 * rounds <= result.updates < 3 * (rounds + 1)  # a last, cut-short train phase publishes nothing
     assert 2 * rounds <= result.episodes <= 2 * (rounds + 1) and len(versions) == result.episodes
     assert result.store["episodes_stored"] == result.episodes

@@ -11,8 +11,8 @@ import pytest
 
 from robot_rl.app.local_run import LocalRunConfig, run_local
 from robot_rl.edge.config import EdgeConfig
-from tests.learner_helpers import learner_config, stored_triples, tiny_policy
-from tests.test_stream_edge import CameraRobot
+from tests.learner_helpers import learner_config, stored_episode_frames, tiny_policy
+from tests.test_stream_edge import CameraRobot, read_number
 
 
 def test_four_robots_learn_together_on_loopback(tmp_path):
@@ -25,22 +25,25 @@ def test_four_robots_learn_together_on_loopback(tmp_path):
     # Every tick is the policy's or, where no chunk had arrived yet on a loaded machine, a hold.
     assert result.store["online_steps"] + result.store["held_steps"] == 96
     assert sorted(result.robot_versions) == [f"sim-{i}" for i in range(4)]
-    assert len(stored_triples(tmp_path / "store")) == 96
+    # Every tick stored once, in order: each robot's first episode is its camera's reads 1..12, its
+    # second reads 13..24 (the link numbers the episodes on the wire).
+    stored = stored_episode_frames(tmp_path / "store", read_number)
+    assert sorted((robot, frames) for (robot, _), frames in stored.items()) == sorted(
+        (f"sim-{i}", list(range(12 * episode + 1, 12 * episode + 13))) for i in range(4) for episode in range(2))
 
 
 def test_the_learner_trains_on_after_the_robots_until_min_updates(tmp_path):
     """The episodes fix the data, min_updates the compute: the robots stop after their episodes and
-    the final checkpoint still holds min_updates updates, made on what they stored. (Training waits
-    for half the episode, so few updates happen before the robot stops; on a loaded machine more of
-    its first ticks are holds, which do not count.)"""
+    the final checkpoint still holds min_updates updates, made on what they stored. How many of them
+    were made while the robot acted depends on the machine's speed, so only their sum is checked."""
     config = learner_config(tmp_path, min_steps_to_train=10)
     run = LocalRunConfig(num_robots=1, episodes_per_robot=1, max_steps=20, segment_steps=5,
                          spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30),
                          min_updates=200)
     result = run_local(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"))
     assert result.episodes == 1 and result.store["episodes_stored"] == 1
-    assert result.updates >= 200, result.updates  # ~70 happen while the episode is stored
-    assert result.updates_with_robots < 200 <= result.updates
+    assert result.updates_with_robots is not None and result.updates_with_robots <= result.updates
+    assert result.updates >= 200, result.updates
     assert result.checkpoint is not None and result.checkpoint.name == f"step-{result.updates:08d}"
 
 

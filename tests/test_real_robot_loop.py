@@ -161,11 +161,13 @@ def test_two_real_robot_sessions_stream_to_a_restarted_learner_and_swap_its_weig
         while time.monotonic() < deadline and not all(max(session_versions(p), default=0) >= 1 for p in logs):
             assert so101.poll() is None and ros2.poll() is None, (root / "so101.log").read_text()[-3000:]
             time.sleep(0.5)
+        assert all(max(session_versions(p), default=0) >= 1 for p in logs), "no session swapped in new weights"
         # Killed mid-session (after its first checkpoint), restarted with --resume: the sessions keep
         # recording and re-send what was not acked.
         checkpoints = root / "learner" / "learner" / "checkpoints"
         while time.monotonic() < deadline and not (checkpoints / "latest").exists():
             time.sleep(0.2)
+        assert (checkpoints / "latest").exists(), "the learner wrote no checkpoint to resume from"
         learner.send_signal(signal.SIGKILL)
         learner.wait(30)
         # Down until each session has ended an episode into its spool and said so (a restart faster

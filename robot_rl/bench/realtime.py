@@ -13,9 +13,12 @@ the control loop under SCHED_FIFO with the interpreter lock handed over every 1 
 defaults, "realtime") or under Linux's and Python's defaults ("normal").
 
 Reported per runner: ``lateness_ms`` {p50, p99, max} over all ticks of all robots,
-``ticks_over_5ms``, ``ticks_over_period`` (33 ms at 30 fps), ticks, swaps seen, learner updates,
-and the store's episodes written and still waiting for the dataset writer at the end (a waiting
-count that grows says the learner cannot keep up; stopping writes them all, which can take minutes).
+``ticks_over_5ms``, ``ticks_over_period`` (33 ms at 30 fps), ticks, the swaps made, the learner's
+updates and the versions it published within the measured window, how many of the measured ticks
+ran under ``SCHED_FIFO`` (``ticks_under_fifo``: the OS grants it only with CAP_SYS_NICE or an rtprio
+limit, so "realtime" says what was asked and this what ran), and the store's episodes written and still waiting for the
+dataset writer at the end (a waiting count that grows says the learner cannot keep up; stopping
+writes them all, which can take minutes).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import dataclasses
 import functools
 import logging
 import multiprocessing as mp
+import os
 import queue
 import tempfile
 import threading
@@ -49,10 +53,17 @@ OVER_MS = 5.0
 FIRST_WEIGHTS_TIMEOUT_S = 300.0  # filling the store to min_steps_to_train takes seconds; a busy CI box, more
 
 
+def _runs_under_fifo() -> bool:
+    """Whether the calling thread runs under SCHED_FIFO now (what the OS granted, not what was asked)."""
+    return hasattr(os, "SCHED_FIFO") and \
+        os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0) == os.SCHED_FIFO
+
+
 def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, scheduling: str, start: Any,
                stop: Any, out: mp.Queue) -> None:
     """Edge process: episodes on the wall clock until ``stop`` is set; send the lateness of every
-    tick between ``start`` (every edge is running) and ``stop``."""
+    tick between ``start`` (every edge is running) and ``stop``, the swaps made between them and how
+    many of those ticks ran under SCHED_FIFO."""
     import torch
 
     from robot_rl.bridges.zmq.client import ClientConfig
@@ -83,17 +94,29 @@ def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, sch
     lateness: list[float] = []
     forward = node.step_sink
     assert forward is not None
-    measuring = [False]  # from the first tick after every edge is running, as the parent says
+    measuring = [False]  # from the first tick after every edge is running to the stop, as the parent says
+    swaps = [0, 0]  # node.stats.swaps at the first and at the last measured tick
+    fifo_ticks = [0]
 
-    def sink(step: Any) -> None:  # control thread: one append
+    def sink(step: Any) -> None:  # control thread: a few counters
         if measuring[0]:
+            if not lateness:
+                swaps[0] = node.stats.swaps
+            swaps[1] = node.stats.swaps
+            fifo_ticks[0] += _runs_under_fifo()
             lateness.append(step.lateness_s)
         forward(step)
+
+    def window() -> None:
+        start.wait()
+        measuring[0] = True
+        stop.wait()
+        measuring[0] = False
 
     node.step_sink = sink
     streamer.link.wait_connected(60)
     out.put(("ready", index, None))
-    threading.Thread(target=lambda: (start.wait(), measuring.__setitem__(0, True)), daemon=True).start()
+    threading.Thread(target=window, daemon=True).start()
     try:
         episode = 0
         while not stop.is_set():
@@ -103,7 +126,8 @@ def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, sch
         streamer.stop()
         node.close()
     out.put(("done", index, {"lateness_s": np.asarray(lateness, dtype=np.float64).tolist(),
-                             "swaps": node.stats.swaps, "version": node.policy_version}))
+                             "swaps": swaps[1] - swaps[0], "ticks_under_fifo": fifo_ticks[0],
+                             "version": node.policy_version}))
 
 
 def soak(runner: str, cfg: RealtimeBenchConfig, workdir: Path, progress: Callable[[str], None],
@@ -158,9 +182,10 @@ def _soak_with_learner(runner: str, scheduling: str, cfg: RealtimeBenchConfig, w
             start.set()
             progress(f"{runner}, {scheduling} scheduling: {cfg.robots} edges running; soaking for "
                      f"{cfg.duration_s:.0f} s")
-            updates_before = learner.trainer.step
+            updates_before, version_before = learner.trainer.step, learner.trainer.version
             time.sleep(cfg.duration_s)
             updates = learner.trainer.step - updates_before
+            published = learner.trainer.version - version_before
             store = learner.store.stats()
             stop.set()
             for _ in edges:
@@ -175,7 +200,9 @@ def _soak_with_learner(runner: str, scheduling: str, cfg: RealtimeBenchConfig, w
                             "max": float(lateness_ms.max())},
             "ticks_over_5ms": int((lateness_ms > OVER_MS).sum()),
             "ticks_over_period": int((lateness_ms > period_ms).sum()),
+            "ticks_under_fifo": int(sum(r["ticks_under_fifo"] for r in results.values())),
             "swaps": int(sum(r["swaps"] for r in results.values())), "learner_updates": int(updates),
+            "versions_published": int(published),
             "episodes_stored": store["episodes_stored"], "episodes_to_write": store["episodes_to_write"],
             "duration_s": cfg.duration_s}
 
@@ -226,6 +253,11 @@ def soak_key(runner: str, scheduling: str) -> str:
     return runner if scheduling == "realtime" else f"{runner}, normal scheduling"
 
 
+def fifo_label(under_fifo: int, ticks: int) -> str:
+    """How many measured ticks SCHED_FIFO was granted for: "all", "none" or "k of n"."""
+    return "all" if under_fifo == ticks else "none" if under_fifo == 0 else f"{under_fifo} of {ticks}"
+
+
 def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -233,12 +265,13 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title=f"Tick lateness over a {report['config']['duration_s']:.0f} s wall-clock soak "
                         f"({report['config']['robots']} edges, learner training, swaps every "
                         f"{report['config']['swap_every_s']:.0f} s)")
-    for col in ("runner", "ticks", "p50 ms", "p99 ms", "max ms", ">5ms", ">period", "swaps", "updates",
-                "stored/waiting"):
+    for col in ("runner", "SCHED_FIFO ticks", "ticks", "p50 ms", "p99 ms", "max ms", ">5ms", ">period", "swaps",
+                "updates", "stored/waiting"):
         table.add_column(col, justify="right")
     for runner, row in report["by_runner"].items():
         late = row["lateness_ms"]
-        table.add_row(runner, str(row["ticks"]), f"{late['p50']:.2f}", f"{late['p99']:.2f}", f"{late['max']:.1f}",
+        table.add_row(runner, fifo_label(row["ticks_under_fifo"], row["ticks"]), str(row["ticks"]),
+                      f"{late['p50']:.2f}", f"{late['p99']:.2f}", f"{late['max']:.1f}",
                       str(row["ticks_over_5ms"]), str(row["ticks_over_period"]), str(row["swaps"]),
                       str(row["learner_updates"]), f"{row['episodes_stored']} / {row['episodes_to_write']}")
     Console().print(table)

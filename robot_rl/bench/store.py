@@ -16,8 +16,9 @@ settings run one after the other in one process (compare the ratio, not absolute
 Settings: ``store.commit_batch`` (queued episodes per open/finalize) and ``store.writer`` (in
 the learner's process or its own). Beside the writer a probe thread trains a small MLP with one
 PyTorch thread, as the learner's trainer does in ``robot-rl run``; its speed during the
-writing, over its speed alone just before, is the share of a trainer the writer leaves (the
-writer in the learner's process also takes the trainer's GIL, in its own process only CPU).
+writing, over its speed alone just before (``probe_speed``), stands for the share of a trainer the
+writer leaves: a proxy, not the project's trainer (the writer in the learner's process also takes
+the trainer's GIL, in its own process only CPU).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def writer_seconds(batch: int, cfg: StoreBenchConfig, root: Path, writer: str = 
         raise RuntimeError(f"bench store: {stored} of {cfg.episodes} episodes stored")
     return {"writer": writer, "commit_batch": batch, "episodes": cfg.episodes, "ingest_s": round(ingested, 6),
             "total_s": round(total, 6), "s_per_episode": round(total / cfg.episodes, 3),
-            "trainer_speed": round(beside / alone, 3)}
+            "probe_speed": round(beside / alone, 3)}
 
 
 def run_store_bench(cfg: StoreBenchConfig, progress: Any = print) -> dict[str, Any]:
@@ -158,12 +159,12 @@ def print_table(report: dict[str, Any]) -> None:
     table = Table(title=f"dataset writer: {report['rows'][0]['episodes']} queued episodes of "
                         f"{report['episode_steps']} steps, cameras {report['cameras']} at {report['image']} px")
     for col in ("writer", "commit_batch", "ingest s", "until all finalized s", "s / episode", "speed-up",
-                "a trainer's speed beside it"):
+                "trainer proxy (MLP probe) speed beside it"):
         table.add_column(col, justify="right")
     for row in report["rows"]:
         table.add_row(row["writer"], str(row["commit_batch"]), f"{row['ingest_s']:.1f}", f"{row['total_s']:.1f}",
                       f"{row['s_per_episode']:.2f}", f"{row['speedup_vs_first']:.2f}x",
-                      f"{row['trainer_speed']:.0%}")
+                      f"{row['probe_speed']:.0%}")
     Console().print(table)
 
 

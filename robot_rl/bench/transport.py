@@ -4,7 +4,10 @@ Two measurements, each for both transports in one run (the machine is shared and
 compare the ratios, not numbers from different runs):
 
 * **Ingest** (steps/s, MB/s on the wire) from 1 and 4 robots, each a separate process,
-  each step two 96x96 camera frames plus joint state and action.
+  each step two 96x96 camera frames plus joint state and action. The bytes are the kernel's
+  count of what the learner's TCP connections received in the window (``received_bytes``:
+  every byte of the real traffic, framing included), the same way for both transports; the
+  frames travel JPEG-encoded on ours and as raw pixels on gRPC's (``frame_encoding``).
   - ZeroMQ: ``StreamingClient`` (JPEG, segments of 15 steps, fsynced spool, acks) ->
     the full ``LearnerService`` (no training): dedup, fsynced staging, acks, and
     LeRobotDataset episode commits on the store's background thread. Each robot submits as
@@ -43,9 +46,13 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import socket
+import stat
+import struct
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -191,9 +198,8 @@ def _unacked(link: Any) -> int:
     return int(stats["queue_depth"]) + int(stats.get("pending", 0))
 
 
-def zmq_ingest(robots: int, window_s: float, workdir: Path) -> dict[str, float]:
-    from robot_rl.bridges.zmq.protocol import encode_message
-    from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
+def zmq_ingest(robots: int, window_s: float, workdir: Path) -> dict[str, Any]:
+    from robot_rl.bridges.zmq.segments import ImageEncoding
     from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig, TrainerConfig
     from robot_rl.learner.service import LearnerService
 
@@ -204,22 +210,64 @@ def zmq_ingest(robots: int, window_s: float, workdir: Path) -> dict[str, float]:
         trainer=TrainerConfig(device="cpu", log_dir="", checkpoint_dir=str(workdir / "ckpt")),
         service=ServiceConfig(router_endpoint="tcp://127.0.0.1:*", pub_endpoint="tcp://127.0.0.1:*",
                               status_every_s=1e9))
-    sample = encode_segment("r", 1, 0, synthetic_steps(SEGMENT_STEPS, 0, 1), image_encoding=ImageEncoding())
-    wire_bytes_per_step = sum(len(memoryview(f)) for f in encode_message(sample)) / SEGMENT_STEPS
     with LearnerService(config, policy, train=False) as learner:  # leaving the block stops it
         learner.start()
-        rate = _measure_with_processes(
-            robots, window_s, lambda: learner.store.stats()["steps_ingested"],
+        window = _measure_with_processes(
+            robots, window_s, lambda: learner.store.stats()["steps_ingested"], port_of(learner.router_endpoint),
             lambda i, stop, out: mp.get_context("spawn").Process(
                 target=_zmq_edge_ingest, args=(f"robot-{i}", learner.router_endpoint, str(workdir / f"spool-{i}"),
                                                policy.config_hash(), stop, out)))
-    return {"steps_per_s": rate, "mb_per_s": rate * wire_bytes_per_step / 1e6,
-            "wire_bytes_per_step": wire_bytes_per_step}
+    return window.row(f"JPEG q{ImageEncoding().jpeg_quality}")
 
 
-def _measure_with_processes(robots: int, window_s: float, counter: Callable[[], int],
-                            make: Callable[[int, Event, mp.Queue], BaseProcess]) -> float:
-    """Start ``robots`` edge processes, wait until all stream, count learner-side steps over ``window_s``."""
+TCP_INFO_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received (u64) in Linux's struct tcp_info (since 4.1)
+
+
+def received_bytes(port: int) -> int:
+    """Bytes this process's TCP connections on local ``port`` have received so far: the kernel's count
+    (``TCP_INFO``) of every payload byte on the wire, the transport's framing included."""
+    total = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as sock:  # a duplicate of the descriptor
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) not in (socket.AF_INET, socket.AF_INET6) \
+                        or sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) != socket.SOCK_STREAM \
+                        or sock.getsockname()[1] != port:
+                    continue
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES_RECEIVED + 8)
+        except OSError:  # closed meanwhile, or not a socket this call can read
+            continue
+        if len(info) >= TCP_INFO_BYTES_RECEIVED + 8:
+            total += struct.unpack_from("=Q", info, TCP_INFO_BYTES_RECEIVED)[0]
+    return total
+
+
+def port_of(endpoint: str) -> int:
+    """The port of ``tcp://host:port`` or ``host:port``."""
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True)
+class IngestWindow:
+    """What the learner received over the measured window."""
+
+    steps: int
+    wire_bytes: int
+    seconds: float
+
+    def row(self, frame_encoding: str) -> dict[str, Any]:
+        return {"steps_per_s": self.steps / self.seconds, "mb_per_s": self.wire_bytes / self.seconds / 1e6,
+                "wire_bytes_per_step": self.wire_bytes / self.steps if self.steps else float("nan"),
+                "steps_in_window": self.steps, "window_s": self.seconds, "frame_encoding": frame_encoding}
+
+
+def _measure_with_processes(robots: int, window_s: float, counter: Callable[[], int], port: int,
+                            make: Callable[[int, Event, mp.Queue], BaseProcess]) -> IngestWindow:
+    """Start ``robots`` edge processes, wait until all stream, count learner-side steps and the bytes
+    received on ``port`` over ``window_s``."""
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
     warmup_s = 30.0 + 5.0 * robots  # spawning imports numpy/zmq/torch in every process
@@ -236,12 +284,12 @@ def _measure_with_processes(robots: int, window_s: float, counter: Callable[[], 
                 break
             previous = now
         time.sleep(1.0)  # every process past its start-up
-        t0, c0 = time.monotonic(), counter()
+        t0, c0, b0 = time.monotonic(), counter(), received_bytes(port)
         time.sleep(window_s)
-        t1, c1 = time.monotonic(), counter()
+        t1, c1, b1 = time.monotonic(), counter(), received_bytes(port)
     finally:
         stop_processes(stop, procs, 40)
-    return (c1 - c0) / (t1 - t0)
+    return IngestWindow(c1 - c0, b1 - b0, t1 - t0)
 
 
 def stop_processes(stop: Any, processes: Sequence[BaseProcess], timeout_s: float) -> None:
@@ -290,7 +338,7 @@ def _grpc_edge_ingest(robot_id: str, address: str, stop: Any, out: mp.Queue) -> 
     out.put(("grpc", robot_id, sent[0]))
 
 
-def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
+def grpc_ingest(robots: int, window_s: float) -> dict[str, Any]:
     import grpc
     from lerobot.rl.learner_service import LearnerService as GrpcLearnerService
     from lerobot.transport import services_pb2_grpc
@@ -301,7 +349,7 @@ def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
     # consumer and filled this process's memory (19 GB, killed by the kernel).
     transitions: queue.Queue[bytes] = queue.Queue(maxsize=2 * robots)
     shutdown = threading.Event()
-    counts = {"steps": 0, "bytes": 0}
+    counts = {"steps": 0}
 
     def consume() -> None:  # the HIL-SERL learner's side: deserialise every message
         while not shutdown.is_set():
@@ -310,7 +358,6 @@ def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
             except queue.Empty:
                 continue
             counts["steps"] += len(bytes_to_transitions(data))
-            counts["bytes"] += len(data)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=robots + 2),
                          options=[("grpc.max_receive_message_length", 4 << 20),
@@ -322,14 +369,8 @@ def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
     consumer = threading.Thread(target=consume, daemon=True)
     consumer.start()
     try:
-        byte_marks: list[tuple[int, int]] = []
-
-        def counter() -> int:
-            byte_marks.append((counts["steps"], counts["bytes"]))
-            return counts["steps"]
-
-        rate = _measure_with_processes(
-            robots, window_s, counter,
+        window = _measure_with_processes(
+            robots, window_s, lambda: counts["steps"], port,
             lambda i, stop, out: mp.get_context("spawn").Process(
                 target=_grpc_edge_ingest, args=(f"robot-{i}", f"127.0.0.1:{port}", stop, out)))
     finally:
@@ -338,9 +379,7 @@ def grpc_ingest(robots: int, window_s: float) -> dict[str, float]:
         while not stopped.wait(0.05):  # free receivers blocked on the full queue, so the server can stop
             _drain(transitions)
         _drain(transitions)
-    steps_total, bytes_total = counts["steps"], counts["bytes"]
-    per_step = bytes_total / max(1, steps_total)
-    return {"steps_per_s": rate, "mb_per_s": rate * per_step / 1e6, "wire_bytes_per_step": per_step}
+    return window.row("raw uint8")
 
 
 def _drain(messages: queue.Queue) -> None:
@@ -563,6 +602,7 @@ class EdgeReports:
         self.out = out
         self.late_tick_times: list[float] = []
         self._seen: dict[tuple[str, int], float] = {}
+        self.counts: Counter[tuple[str, int]] = Counter()  # every message (kind, version), repeats included
 
     def wait(self, kind: str, timeout_s: float, version: int = 0) -> float:
         """Wall time of message (kind, version); bounded by ``timeout_s``."""
@@ -590,6 +630,7 @@ class EdgeReports:
             self.late_tick_times.append(t)
         else:
             self._seen.setdefault((kind, n), t)
+            self.counts[(kind, n)] += 1
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -740,6 +781,7 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
             time.sleep(cfg.swap_gap_s)
     finally:
         stop_processes(stop, edges, 10)
+        reports.drain()
         stop_serving.set()
         serving.join(5)
         server.close()
@@ -747,7 +789,13 @@ def zmq_fanout(robots: int, cfg: TransportBenchConfig, workdir: Path) -> dict[st
     # Each robot's computer does its own share in a fleet; here all share this machine's cores, and a
     # version cannot reach every robot sooner than that work takes spread over them (cpu_floor_s).
     cores = os.cpu_count() or 1
-    return {"loaded_p50_s": loaded["p50_s"], "loaded_p95_s": loaded["p95_s"], "swaps": cfg.swaps,
+    loads = {(kind.removeprefix("loaded:"), version): n for (kind, version), n in reports.counts.items()
+             if kind.startswith("loaded:") and version >= 1}
+    swaps = sum(all((rid, version) in loads for rid in ids) for version in range(1, cfg.swaps + 1))
+    return {"loaded_p50_s": loaded["p50_s"], "loaded_p95_s": loaded["p95_s"],
+            "swaps": swaps,  # versions every robot reported loaded
+            "repeated_loads": sum(n - 1 for n in loads.values()),  # a version loaded twice by one robot
+            "versions_published": cfg.swaps,
             "payload_mb": _state_mb(policy), "edge_cpu_s_per_version": edge_cpu / cfg.swaps,
             "learner_cpu_s_per_version": learner_cpu / cfg.swaps,
             "cpu_floor_s": (edge_cpu + learner_cpu) / cfg.swaps / cores, "cores": cores}
@@ -807,15 +855,17 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    ingest = Table(title="Ingest on loopback (learner-side count; 2 cameras 96x96 per step)")
-    for col in ("robots", "ZeroMQ steps/s", "ZeroMQ MB/s", "gRPC steps/s", "gRPC MB/s", "ZeroMQ / gRPC"):
+    ingest = Table(title="Ingest on loopback (learner-side count of steps; MB/s: bytes its TCP connections "
+                         "received; 2 cameras 96x96 per step)")
+    for col in ("robots", "ZeroMQ frames", "ZeroMQ steps/s", "ZeroMQ MB/s", "gRPC frames", "gRPC steps/s",
+                "gRPC MB/s", "ZeroMQ / gRPC"):
         ingest.add_column(col, justify="right")
     for robots, ours in report["ingest"].items():
         base = report["baseline_grpc"]["ingest"].get(robots, {})
         ratio = ours["steps_per_s"] / base["steps_per_s"] if base.get("steps_per_s") else float("nan")
-        ingest.add_row(robots, f"{ours['steps_per_s']:.0f}", f"{ours['mb_per_s']:.2f}",
-                       f"{base.get('steps_per_s', float('nan')):.0f}", f"{base.get('mb_per_s', float('nan')):.2f}",
-                       f"{ratio:.2f}x")
+        ingest.add_row(robots, ours["frame_encoding"], f"{ours['steps_per_s']:.0f}", f"{ours['mb_per_s']:.2f}",
+                       base.get("frame_encoding", "-"), f"{base.get('steps_per_s', float('nan')):.0f}",
+                       f"{base.get('mb_per_s', float('nan')):.2f}", f"{ratio:.2f}x")
     console.print(ingest)
     swap = Table(title="Weight hot-swap (s). Ours: publish -> verified in the shadow (loaded) -> first tick on it "
                        "(in use), late ticks inside / outside swap windows; gRPC: publish -> load_state_dict done")
