@@ -47,6 +47,7 @@ from robot_rl.bridges.zmq.protocol import (
     HelloOk,
     Message,
     ProtocolError,
+    Refused,
     Segment,
     Stats,
     WeightsAnnounce,
@@ -54,6 +55,7 @@ from robot_rl.bridges.zmq.protocol import (
     decode_message,
     encode_message,
     error_for,
+    segment_refusal,
 )
 from robot_rl.bridges.zmq.weights import WeightsBlob
 
@@ -205,6 +207,8 @@ class ServerHandlers:
         return None
 
     def on_peer_lost(self, peer: Peer) -> None:
+        """``peer.robot_id`` holds no session any more (silent past the peer timeout, ignored, or its
+        connection now speaks as another robot): forget what is kept per robot."""
         return None
 
 
@@ -405,8 +409,7 @@ class ZmqServer:
                   "client); its sessions are forgotten and its messages dropped unread until then",
                   self._name(sender, identity), limits.cooloff_s, limits.max_refusals, limits.refusal_window_s)
         for gone in [p for p in self._peers.values() if p.sender == sender]:
-            del self._peers[gone.identity]
-            self.handlers.on_peer_lost(gone)
+            self._forget(gone.identity)
 
     def _name(self, sender: bytes, identity: bytes) -> str:
         """A sender for logs: the robot its CURVE key or session belongs to, else its connection (``who``)."""
@@ -419,7 +422,7 @@ class ZmqServer:
         """Send ``reply``; an error the sender caused counts against it."""
         if reply is None:
             return
-        if isinstance(reply, Error) and reply.code not in _NOT_THE_SENDERS_FAULT:
+        if isinstance(reply, Refused) or (isinstance(reply, Error) and reply.code not in _NOT_THE_SENDERS_FAULT):
             self._refused(sender, identity)
         self._reply(identity, reply)
 
@@ -465,7 +468,7 @@ class ZmqServer:
         except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
             self.counters["bad_messages"] += 1
             log.warning("refused %s from %s: %s", msg.TYPE, who(identity), exc)
-            reply = error_for(exc, msg.TYPE)
+            reply = segment_refusal(exc, msg) if isinstance(msg, Segment) else error_for(exc, msg.TYPE)
         except Exception as exc:  # a handler bug must not take the learner down
             self.counters["handler_errors"] += 1
             log.exception("handler failed on %s from %s", msg.TYPE, who(identity))
@@ -500,7 +503,7 @@ class ZmqServer:
             if isinstance(reply, ProtocolError):
                 self.counters["bad_messages"] += 1
                 log.warning("refused %s from %s: %s", msg.TYPE, who(item.identity), reply)
-                reply = error_for(reply, msg.TYPE)
+                reply = segment_refusal(reply, msg)
             elif isinstance(reply, Exception):
                 self.counters["handler_errors"] += 1
                 log.error("handler failed on %s from %s", msg.TYPE, who(item.identity), exc_info=reply)
@@ -578,7 +581,10 @@ class ZmqServer:
                            or len(self._peers) >= cfg.peer_limits.max_sessions):
                 del self._peers[own.pop(0).identity]
                 self.counters["sessions_replaced"] += 1
+        replaced = self._peers.get(identity)
         self._peers[identity] = peer
+        if replaced is not None and replaced.robot_id != peer.robot_id:  # the connection speaks as another robot now
+            self._lost(replaced)
         latest = self.latest_weights
         self._reply(identity, HelloOk(server_id=cfg.server_id, config_hash=cfg.config_hash,
                                       latest_version=latest.version if latest else -1,
@@ -646,12 +652,21 @@ class ZmqServer:
         for identity, peer in list(self._peers.items()):
             if now - peer.last_seen_s > self.config.peer_timeout_s:
                 log.warning("robot %s silent for %.0f s; forgetting its session", peer.robot_id, now - peer.last_seen_s)
-                del self._peers[identity]
-                self.handlers.on_peer_lost(peer)
+                self._forget(identity)
         if len(self._peers) < self.config.peer_limits.max_sessions:
             self._sessions_full_logged = False
         if now - self._last_prune_s >= 1.0:
             self._prune_senders(now)
+
+    def _forget(self, identity: bytes) -> None:
+        """Drop a session; the learner hears of it when its robot holds no other."""
+        peer = self._peers.pop(identity, None)
+        if peer is not None:
+            self._lost(peer)
+
+    def _lost(self, peer: Peer) -> None:
+        if not any(p.robot_id == peer.robot_id for p in self._peers.values()):
+            self.handlers.on_peer_lost(peer)
 
     def _serve_locked(self, new: list[WeightsBlob]) -> list[WeightsBlob]:
         """Serve ``new``; drop the oldest unpinned versions beyond ``keep_weight_versions`` and return them."""
