@@ -149,6 +149,7 @@ class Peer:
     last_seen_s: float
     stats: dict[str, Any] = field(default_factory=dict)
     key: str | None = None  # the CURVE public key its hello was authenticated with (None without CURVE)
+    held_by_another_key: bool = False  # the last message on its routing id came with another key
 
     @property
     def sender(self) -> bytes:
@@ -443,7 +444,7 @@ class ZmqServer:
                                      "bad_message", Error(code="bad_message",
                                                           message="the learner cannot decode this message"))
             return
-        if peer is not None and not isinstance(msg, Hello) and self._impersonates(peer, key, msg):
+        if peer is not None and self._impersonates(peer, key, msg):
             self._answer(identity, sender, Error(
                 code="identity_mismatch", in_reply_to=msg.TYPE,
                 message="this message was not sent with the key this session said hello with"))
@@ -516,10 +517,15 @@ class ZmqServer:
 
         The routing id alone proves nothing: any client can set it, and ROUTER_HANDOVER gives the newest
         connection with that id the session. With CURVE, every message carries the key ZAP authenticated
-        its connection with, so a robot holding its own valid key still cannot write as another robot.
+        its connection with, so a robot holding its own valid key still cannot write as another robot,
+        nor say hello on its routing id: the id stays bound to the key that first said hello on it.
+        Until that key is heard on it again, the connection holding the id is not the robot's, and it
+        is sent nothing but the refusal (``_reply``): the robot's replies do not go to another key.
         """
         if self.config.curve is None or key == peer.key:
+            peer.held_by_another_key = False
             return False
+        peer.held_by_another_key = True
         self.counters["impersonations_refused"] += 1
         log.error("refused %s on robot %s's session: sent with another key than its hello", msg.TYPE, peer.robot_id)
         return True
@@ -618,6 +624,10 @@ class ZmqServer:
         return blob.chunk_message(msg.chunk)
 
     def _reply(self, identity: bytes, msg: Message) -> None:
+        peer = self._peers.get(identity)
+        if peer is not None and peer.held_by_another_key and not isinstance(msg, Error):
+            self.counters["replies_withheld"] += 1  # the connection with this id now is another robot's
+            return
         try:
             self._router.send_multipart([identity, *encode_message(msg)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # peer gone or its queue full: it will retry
