@@ -40,9 +40,10 @@ from robot_rl.bridges.zmq import (
     encode_segment,
     generate_keypair,
 )
+from robot_rl.bridges.zmq.admission import PeerLimits
 from robot_rl.bridges.zmq.codec import BusyError
 from robot_rl.bridges.zmq.keys import apply_client_curve
-from robot_rl.bridges.zmq.server import PeerLimits, who
+from robot_rl.bridges.zmq.server import who
 from tests.zmq_helpers import FAST, MemoryIngest, client_config, make_steps, serving, wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,9 +15,9 @@ and is dropped; a handler exception is logged and answered with ``internal``. A 
 without an accepted hello is told only a generic code ("send hello first", "refused"):
 what was wrong goes to the learner's log, never to a peer it does not know.
 
-Every sender (a CURVE key, else a connection) is held to ``PeerLimits``: a message rate,
-a number of sessions per robot and in all, and a budget of refused messages past which
-it is ignored for a cool-off. Robots streaming normally never come near them.
+Every sender (a CURVE key, else a connection) is held to ``PeerLimits`` (``admission.py``): a
+message rate, a number of sessions per robot and in all, and a budget of refused messages past
+which it is ignored for a cool-off. Robots streaming normally never come near them.
 
 Segments are handled in batches: ``serve_once`` collects the segments that are ready
 (up to ``ServerConfig.segment_batch``) and hands them to ``ServerHandlers.on_segments``
@@ -33,10 +33,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import zmq
 
+from robot_rl.bridges.zmq.admission import Admission, PeerLimits
 from robot_rl.bridges.zmq.codec import DEFAULT_LIMITS, BusyError, Limits
 from robot_rl.bridges.zmq.keys import ServerCurve, apply_server_curve, check_endpoint_security, start_authenticator
 from robot_rl.bridges.zmq.protocol import (
@@ -67,52 +69,9 @@ log = logging.getLogger(__name__)
 MAX_SUBSCRIPTION_BYTES = 4096
 
 
-# Senders whose rate and refusals are remembered; past it the least recently heard is forgotten. With
-# CURVE a sender is a robot's key (a few dozen); without, a connection, which a client can renew anyway.
-TRACKED_SENDERS = 4096
 # Replies that say nothing against the sender: the learner restarted (hello again), a weights version
 # rotated out, a learner bug. Every other error reply is a refused message, counted against its sender.
 _NOT_THE_SENDERS_FAULT = frozenset({"hello_required", "weights_unavailable", "internal"})
-
-
-@dataclass
-class PeerLimits:
-    """What one sender may cost the learner, so that a broken or hostile client gets bounded work,
-    memory and log lines and never crowds out the robots. A sender is a CURVE key (one per robot),
-    or without CURVE one connection (its routing id).
-
-    Sized far above what robots do: a robot at 30 fps with segments of a few steps sends 10-40
-    messages a second (segments and a heartbeat); draining its spool after an outage (at most
-    ``max_in_flight`` segments unacked) or downloading weights (``weights_window`` chunk requests
-    unacked, 1 MB answered to each) a few hundred. A message over the rate is dropped unread: the
-    edge re-sends a segment after its ack timeout and re-asks a chunk after its chunk timeout.
-    """
-
-    max_messages_per_s: float = 2000.0  # per sender, sustained
-    burst_messages: int = 4000  # per sender at once: every chunk request of a 4 GB weights download
-    # Refused messages (malformed, failing the checks, another robot's name, a refused hello) within
-    # refusal_window_s; one more and the sender is ignored for cooloff_s: its sessions are forgotten and
-    # its messages dropped unread, with one log line. A misconfigured robot's own retries cost it 1-4 a
-    # second (its in-flight segments once per ack timeout, a hello every refused_retry_s).
-    max_refusals: int = 100
-    refusal_window_s: float = 10.0
-    cooloff_s: float = 60.0
-    # Sessions (accepted hellos) of one robot id: an edge restarted within peer_timeout_s leaves its old
-    # session behind, so a new hello replaces the robot's oldest instead of being refused.
-    max_sessions_per_robot: int = 4
-    max_sessions: int = 1024  # in all; a hello from another robot past it is refused until one is forgotten
-    # Messages libzmq queues per connection before the learner reads them (RCVHWM); past it the learner
-    # stops reading that connection (TCP pushes back). A robot has ~30 outstanding at most.
-    max_queued_messages: int = 256
-
-    def __post_init__(self) -> None:
-        if self.max_messages_per_s <= 0 or self.burst_messages < 1 or self.max_refusals < 0:
-            raise ValueError(f"PeerLimits: max_messages_per_s > 0, burst_messages >= 1, max_refusals >= 0; got {self}")
-        if self.max_sessions_per_robot < 1 or self.max_sessions < 1 or self.max_queued_messages < 1:
-            raise ValueError(f"PeerLimits: max_sessions_per_robot, max_sessions and max_queued_messages must be >= 1, "
-                             f"got {self}")
-        if self.refusal_window_s <= 0 or self.cooloff_s < 0:
-            raise ValueError(f"PeerLimits: refusal_window_s > 0 and cooloff_s >= 0, got {self}")
 
 
 @dataclass
@@ -154,19 +113,6 @@ class Peer:
     @property
     def sender(self) -> bytes:
         return _sender(self.identity, self.key)
-
-
-@dataclass
-class _SenderState:
-    """One sender's token bucket and refused messages (``PeerLimits``)."""
-
-    tokens: float
-    last_s: float
-    refusals: int = 0
-    window_start_s: float = 0.0
-    ignored_until_s: float = 0.0
-    over_rate: int = 0  # messages dropped for the rate since the last log line about it
-    over_rate_logged_s: float = -1e9
 
 
 class ServerHandlers:
@@ -223,8 +169,7 @@ class ZmqServer:
         self.handlers = handlers or ServerHandlers()
         self.counters: collections.Counter[str] = collections.Counter()
         self._peers: dict[bytes, Peer] = {}
-        self._senders: collections.OrderedDict[bytes, _SenderState] = collections.OrderedDict()
-        self._last_prune_s = 0.0
+        self._admission = Admission(config.peer_limits, self.counters)
         self._sessions_full_logged = False
         self._blobs: collections.OrderedDict[int, WeightsBlob] = collections.OrderedDict()
         self._to_publish: list[WeightsBlob] = []
@@ -287,7 +232,7 @@ class ZmqServer:
                     identity, body = frames[0].bytes, frames[1:]
                     key = _authenticated_key(body) if self.config.curve else None
                     sender = _sender(identity, key)
-                    if not self._admit(sender, identity, time.monotonic()):
+                    if not self._admission.admit(sender, time.monotonic(), partial(self._name, sender, identity)):
                         continue
                     self._handle(identity, sender, key, body, segments)
                     if len(segments) >= self.config.segment_batch:
@@ -365,53 +310,6 @@ class ZmqServer:
 
     # ------------------------------------------------------------ per-sender limits
 
-    def _admit(self, sender: bytes, identity: bytes, now: float) -> bool:
-        """Whether to read this sender's message: not while it is ignored, nor over its rate (token bucket)."""
-        limits = self.config.peer_limits
-        state = self._senders.get(sender)
-        if state is None:
-            state = self._senders[sender] = _SenderState(tokens=float(limits.burst_messages), last_s=now)
-            if len(self._senders) > TRACKED_SENDERS:
-                self._senders.popitem(last=False)
-        else:
-            self._senders.move_to_end(sender)
-        if now < state.ignored_until_s:
-            self.counters["messages_ignored"] += 1
-            return False
-        refill = (now - state.last_s) * limits.max_messages_per_s
-        state.tokens = min(float(limits.burst_messages), state.tokens + refill)
-        state.last_s = now
-        if state.tokens >= 1.0:
-            state.tokens -= 1.0
-            return True
-        self.counters["messages_over_rate"] += 1
-        state.over_rate += 1
-        if now - state.over_rate_logged_s >= limits.refusal_window_s:  # one line per window, not one per message
-            log.warning("%s sends more than %g messages/s: %d dropped unread since the last such line",
-                        self._name(sender, identity), limits.max_messages_per_s, state.over_rate)
-            state.over_rate, state.over_rate_logged_s = 0, now
-        return False
-
-    def _refused(self, sender: bytes, identity: bytes) -> None:
-        """Count a refused message against its sender; past ``max_refusals`` in a window it is ignored."""
-        limits = self.config.peer_limits
-        state = self._senders.get(sender)
-        if state is None:
-            return
-        now = time.monotonic()
-        if now - state.window_start_s > limits.refusal_window_s:
-            state.window_start_s, state.refusals = now, 0
-        state.refusals += 1
-        if state.refusals <= limits.max_refusals:
-            return
-        state.ignored_until_s, state.refusals = now + limits.cooloff_s, 0
-        self.counters["senders_ignored"] += 1
-        log.error("ignoring %s for %.0f s: more than %d refused messages within %.0f s (a broken or hostile "
-                  "client); its sessions are forgotten and its messages dropped unread until then",
-                  self._name(sender, identity), limits.cooloff_s, limits.max_refusals, limits.refusal_window_s)
-        for gone in [p for p in self._peers.values() if p.sender == sender]:
-            self._forget(gone.identity)
-
     def _name(self, sender: bytes, identity: bytes) -> str:
         """A sender for logs: the robot its CURVE key or session belongs to, else its connection (``who``)."""
         if self.config.curve is not None and sender.startswith(b"key:"):
@@ -423,8 +321,11 @@ class ZmqServer:
         """Send ``reply``; an error the sender caused counts against it."""
         if reply is None:
             return
-        if isinstance(reply, Refused) or (isinstance(reply, Error) and reply.code not in _NOT_THE_SENDERS_FAULT):
-            self._refused(sender, identity)
+        held_against = isinstance(reply, Refused) or (isinstance(reply, Error)
+                                                      and reply.code not in _NOT_THE_SENDERS_FAULT)
+        if held_against and self._admission.refused(sender, time.monotonic(), partial(self._name, sender, identity)):
+            for gone in [p for p in self._peers.values() if p.sender == sender]:
+                self._forget(gone.identity)  # ignored for a cool-off: its sessions go now
         self._reply(identity, reply)
 
     # ------------------------------------------------------------ dispatch
@@ -665,8 +566,7 @@ class ZmqServer:
                 self._forget(identity)
         if len(self._peers) < self.config.peer_limits.max_sessions:
             self._sessions_full_logged = False
-        if now - self._last_prune_s >= 1.0:
-            self._prune_senders(now)
+        self._admission.prune(now)
 
     def _forget(self, identity: bytes) -> None:
         """Drop a session; the learner hears of it when its robot holds no other."""
@@ -688,16 +588,6 @@ class ZmqServer:
             while len(unpinned) > self.config.keep_weight_versions:
                 dropped.append(self._blobs.pop(unpinned.pop(0)))
         return dropped
-
-    def _prune_senders(self, now: float) -> None:
-        """Forget senders with nothing to remember: a full bucket, no recent refusal, not ignored."""
-        self._last_prune_s = now
-        limits = self.config.peer_limits
-        idle_s = max(limits.refusal_window_s, limits.burst_messages / limits.max_messages_per_s)
-        for sender, state in list(self._senders.items()):
-            if now - state.last_s > idle_s and now >= state.ignored_until_s:
-                del self._senders[sender]
-
 
 @dataclass
 class _QueuedSegment:

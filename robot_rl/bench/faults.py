@@ -60,7 +60,7 @@ from robot_rl.bench.fault_edge import FPS
 from robot_rl.bench.fault_peers import peer_faults, peer_faults_passed
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import CAMERAS, IMAGE
-from robot_rl.bridges.zmq.server import PeerLimits
+from robot_rl.bridges.zmq.admission import PeerLimits
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
