@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import numpy as np
 
+from robot_rl.bench.fault_peers import serving_thread
 from robot_rl.bridges.zmq import (
     Ack,
     ClientConfig,
@@ -44,18 +44,8 @@ class MemoryIngest(ServerHandlers):
         return Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq, duplicate=duplicate)
 
 
-@contextmanager
 def serving(config: ServerConfig | None = None, handlers: ServerHandlers | None = None) -> Iterator[ZmqServer]:
-    server = ZmqServer(config or ServerConfig(), handlers if handlers is not None else MemoryIngest())
-    stop = threading.Event()
-    thread = threading.Thread(target=server.serve_forever, args=(stop, 10), daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+    return serving_thread(config or ServerConfig(), handlers if handlers is not None else MemoryIngest())
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, tick: Callable[[], None] | None = None) -> bool:

@@ -74,8 +74,9 @@ class _Ingest(ServerHandlers):
 
 
 @contextmanager
-def _serving(config: ServerConfig, ingest: _Ingest) -> Iterator[ZmqServer]:
-    server = ZmqServer(config, ingest)
+def serving_thread(config: ServerConfig, handlers: ServerHandlers) -> Iterator[ZmqServer]:
+    """A learner endpoint serving on a thread of this process until the block ends."""
+    server = ZmqServer(config, handlers)
     stop = threading.Event()
     thread = threading.Thread(target=server.serve_forever, args=(stop, 10), daemon=True)
     thread.start()
@@ -108,7 +109,7 @@ def _client(server: ZmqServer, spool: Path, robot_id: str) -> ZmqClient:
 
 def refused_then_clean(cfg: FaultsBenchConfig, root: Path) -> dict[str, int]:
     ingest = _Ingest()
-    with _serving(ServerConfig(), ingest) as server:
+    with serving_thread(ServerConfig(), ingest) as server:
         client = _client(server, root / "refused-spool", "robot-nan")
         try:
             bad = [dataclasses.replace(s, reward=float("nan")) for s in _steps(0)]
@@ -132,7 +133,7 @@ def _rss_mb() -> float:
 
 
 def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float]:
-    with _serving(ServerConfig(announce_interval_s=0.05), _Ingest()) as server:
+    with serving_thread(ServerConfig(announce_interval_s=0.05), _Ingest()) as server:
         time.sleep(0.5)
         before = peak = _rss_mb()
         flood = subprocess.Popen([sys.executable, "-c", _FLOOD.format(size=SUBSCRIPTION_BYTES),
@@ -145,7 +146,7 @@ def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float]:
 
 def stale_ids(cfg: FaultsBenchConfig, root: Path) -> dict[str, int]:
     ingest = _Ingest()
-    with _serving(ServerConfig(peer_timeout_s=PEER_TIMEOUT_S), ingest) as server:
+    with serving_thread(ServerConfig(peer_timeout_s=PEER_TIMEOUT_S), ingest) as server:
         live = _client(server, root / "live-spool", "robot-live")
         ctx = zmq.Context()
         hellos = ctx.socket(zmq.DEALER)
