@@ -106,3 +106,4 @@ def test_a_routing_id_stays_with_the_curve_key_that_said_hello_on_it(tmp_path):
         assert [(p.robot_id, p.key) for p in server.peers()] == [("so101-a", a_key)]
         assert server.counters["impersonations_refused"] >= 1
         a.close()
+

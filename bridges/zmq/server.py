@@ -1,10 +1,10 @@
-"""Learner side of the wire: a ROUTER for requests and a PUB for weight announcements.
+"""Learner side of the wire: a ROUTER for requests, dispatched here, and a weights socket.
 
 The server only moves and validates messages. What to *do* with them (store
 segments exactly once, track robots) belongs to the learner, which plugs in a
 ``ServerHandlers`` subclass. Weights are the exception: serving chunks of a
 published snapshot is pure transport, so the server keeps the last few
-``WeightsBlob`` s itself.
+``WeightsBlob`` s itself (``weight_serving.py``: versions, pins, the weights socket).
 
 Threading: every socket call happens inside ``serve_once`` (call it from one
 thread in a loop, or use ``serve_forever``). ``publish_weights`` may be called
@@ -28,7 +28,6 @@ any of their acks goes out. Other messages are answered as they come.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import time
@@ -52,21 +51,16 @@ from robot_rl.bridges.zmq.protocol import (
     Refused,
     Segment,
     Stats,
-    WeightsAnnounce,
     WeightsFetch,
     decode_message,
     encode_message,
     error_for,
     segment_refusal,
 )
+from robot_rl.bridges.zmq.weight_serving import WeightServing
 from robot_rl.bridges.zmq.weights import WeightsBlob
 
 log = logging.getLogger(__name__)
-
-
-# The largest inbound message a PUB takes. It receives only subscriptions (robots send b"") and the
-# handshake's commands, which count too: CURVE's INITIATE (vouch and metadata) is over 256 bytes.
-MAX_SUBSCRIPTION_BYTES = 4096
 
 
 # Replies that say nothing against the sender: the learner restarted (hello again), a weights version
@@ -171,45 +165,37 @@ class ZmqServer:
         self._peers: dict[bytes, Peer] = {}
         self._admission = Admission(config.peer_limits, self.counters)
         self._sessions_full_logged = False
-        self._blobs: collections.OrderedDict[int, WeightsBlob] = collections.OrderedDict()
-        self._to_publish: list[WeightsBlob] = []
-        self._publish_lock = threading.Lock()
-        self._fleet_pin: int | None = None  # every robot's version (None: the newest), under _publish_lock
-        self._robot_pins: dict[str, int] = {}  # robots pinned apart from the fleet, under _publish_lock
-        self._pins_changed = False
-        self._last_announce_s = 0.0
         self._ctx = zmq.Context()
         self._auth = start_authenticator(self._ctx, config.curve.allowed_clients) if config.curve else None
         self._router = self._bind(zmq.ROUTER, config.router_endpoint)
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
-        self._pub = self._bind(zmq.PUB, config.pub_endpoint)
+        self._weights = WeightServing(self._ctx, config.pub_endpoint, self._secure, config.keep_weight_versions,
+                                      self.counters)
         self.router_endpoint: str = cast(bytes, self._router.last_endpoint).decode()
-        self.pub_endpoint: str = cast(bytes, self._pub.last_endpoint).decode()
-        # publish_weights (any thread) wakes the serving loop, so an announcement waits for no poll timeout.
-        wake = f"inproc://wake-{id(self)}"
-        self._wake_rx = self._ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(wake)
-        self._wake_tx = self._ctx.socket(zmq.PAIR)  # used under _publish_lock only: one thread at a time
-        self._wake_tx.connect(wake)
-        self._poller = zmq.Poller()
-        self._poller.register(self._router, zmq.POLLIN)
-        self._poller.register(self._wake_rx, zmq.POLLIN)
+        self.pub_endpoint: str = self._weights.endpoint
+        self._poller = self._new_poller()
         log.info("learner server %s: requests on %s, weights on %s, CURVE %s", config.server_id,
                  self.router_endpoint, self.pub_endpoint, "on" if config.curve else "off")
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.linger = 0
-        # Inbound bytes per message, enforced by libzmq (a peer past it is disconnected). On the PUB a
-        # long subscription is only memory in its topic tree (a 1 MiB one cost the learner ~88 MB).
-        inbound = MAX_SUBSCRIPTION_BYTES if kind == zmq.PUB else self.config.limits.max_message_bytes
-        sock.setsockopt(zmq.MAXMSGSIZE, inbound)
-        if kind == zmq.ROUTER:
-            sock.setsockopt(zmq.RCVHWM, self.config.peer_limits.max_queued_messages)
-        if self.config.curve:
-            apply_server_curve(sock, self.config.curve)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)  # a peer past it is disconnected
+        sock.setsockopt(zmq.RCVHWM, self.config.peer_limits.max_queued_messages)
+        self._secure(sock)
         sock.bind(endpoint)
         return sock
+
+    def _secure(self, sock: zmq.Socket) -> None:
+        if self.config.curve:
+            apply_server_curve(sock, self.config.curve)
+
+    def _new_poller(self) -> zmq.Poller:
+        """What ``serve_once`` waits on: requests, and wake-ups for what to publish or pin."""
+        poller = zmq.Poller()
+        for sock in (self._router, self._weights.wake_socket):
+            poller.register(sock, zmq.POLLIN)
+        return poller
 
     # ------------------------------------------------------------ public API
 
@@ -249,55 +235,33 @@ class ZmqServer:
 
     def publish_weights(self, blob: WeightsBlob) -> None:
         """Serve ``blob`` and announce it (thread-safe; the serving loop wakes up and sends it at once)."""
-        with self._publish_lock:
-            self._to_publish.append(blob)
-            with contextlib.suppress(zmq.Again):
-                self._wake_tx.send(b"", zmq.NOBLOCK)  # one pending wake-up is enough
+        self._weights.publish(blob)
 
     @property
     def latest_weights(self) -> WeightsBlob | None:
-        return next(reversed(self._blobs.values()), None)
+        return self._weights.latest
 
     def served_versions(self) -> list[int]:
         """The versions robots can fetch now, oldest first: what a robot can be pinned to."""
-        return list(self._blobs.copy())  # OrderedDict.copy is atomic: safe from other threads
+        return self._weights.served_versions()
 
     def pin(self, version: int | None, robot_id: str | None = None) -> None:
         """Have ``robot_id`` run weights ``version`` (None: the newest again, or the fleet's pin) from
         its next chunk on, or, with ``robot_id`` None, every robot now and later (a fleet rollback;
         it clears every robot's own pin). Thread-safe; the robots are told on the serving thread,
         and a robot that says hello later is told at once. A pinned version is served until unpinned."""
-        with self._publish_lock:
-            if version is not None and version not in self._blobs:
-                raise ValueError(f"weights v{version} are not served any more: pin one of {self.served_versions()} "
-                                 f"(the learner keeps its last learner.service.keep_weight_versions versions and "
-                                 f"every pinned one)")
-            if robot_id is None:
-                self._fleet_pin = version
-                self._robot_pins.clear()
-            elif version is None:
-                self._robot_pins.pop(robot_id, None)
-            else:
-                self._robot_pins[robot_id] = version
-            self._pins_changed = True
-            with contextlib.suppress(zmq.Again):
-                self._wake_tx.send(b"", zmq.NOBLOCK)
-        log.info("weights pinned: %s -> %s", robot_id or "every robot", f"v{version}" if version is not None
-                 else "the newest")
+        self._weights.pin(version, robot_id)
 
     def pinned_version(self, robot_id: str | None = None) -> int | None:
         """The version ``robot_id`` (None: the fleet) is pinned to; None: it follows the newest."""
-        with self._publish_lock:
-            return self._robot_pins.get(robot_id, self._fleet_pin) if robot_id is not None else self._fleet_pin
+        return self._weights.pinned_version(robot_id)
 
     def peers(self) -> list[Peer]:
         return list(self._peers.copy().values())  # dict.copy is atomic: safe from other threads
 
     def close(self) -> None:
         self._router.close(0)
-        self._pub.close(0)
-        self._wake_tx.close(0)
-        self._wake_rx.close(0)
+        self._weights.close()
         if self._auth:
             self._auth.stop()
         self._ctx.term()
@@ -402,16 +366,19 @@ class ZmqServer:
                 self.counters["segments_deferred"] += 1
                 self._reply(item.identity, Error(code="busy", message=str(reply), in_reply_to=msg.TYPE))
                 continue
+            answer: Message
             if isinstance(reply, ProtocolError):
                 self.counters["bad_messages"] += 1
                 log.warning("refused %s from %s: %s", msg.TYPE, who(item.identity), reply)
-                reply = segment_refusal(reply, msg)
+                answer = segment_refusal(reply, msg)
             elif isinstance(reply, Exception):
                 self.counters["handler_errors"] += 1
                 log.error("handler failed on %s from %s", msg.TYPE, who(item.identity), exc_info=reply)
-                reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(reply).__name__}: {reply}",
-                              in_reply_to=msg.TYPE)
-            self._answer(item.identity, item.sender, reply)
+                answer = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(reply).__name__}: "
+                               f"{reply}", in_reply_to=msg.TYPE)
+            else:
+                answer = reply
+            self._answer(item.identity, item.sender, answer)
 
     def _impersonates(self, peer: Peer, key: str | None, msg: Message) -> bool:
         """True when a message on a robot's connection was not sent with the key its hello was.
@@ -442,7 +409,7 @@ class ZmqServer:
         if isinstance(msg, Segment):
             return self._on_segment(peer, msg)
         if isinstance(msg, WeightsFetch):
-            return self._on_weights_fetch(msg)
+            return self._weights.chunk(msg)
         if isinstance(msg, Heartbeat):
             peer.policy_version, peer.stats = msg.policy_version, dict(msg.stats)
             self.handlers.on_heartbeat(peer, msg)
@@ -498,16 +465,7 @@ class ZmqServer:
                                       heartbeat_interval_s=cfg.heartbeat_interval_s,
                                       max_message_bytes=cfg.limits.max_message_bytes))
         # What to run: its pin, or the newest (whose PUB announcement may have gone out before it subscribed).
-        return self._announcement_for(msg.robot_id)
-
-    def _announcement_for(self, robot_id: str) -> WeightsAnnounce | None:
-        """What ``robot_id`` is to run, said to it alone: its pinned version, else the newest."""
-        version = self.pinned_version(robot_id)
-        blob = self._blobs.get(version) if version is not None else None
-        if blob is not None:
-            return blob.announce(pinned=True)
-        latest = self.latest_weights
-        return latest.announce() if latest is not None else None
+        return self._weights.announcement_for(msg.robot_id)
 
     def _on_segment(self, peer: Peer, msg: Segment) -> Message:
         if msg.robot_id != peer.robot_id:
@@ -515,14 +473,6 @@ class ZmqServer:
                 f"segment for robot {msg.robot_id!r} on the connection of robot {peer.robot_id!r}"))
         self.counters["segments"] += 1
         return self.handlers.on_segment(peer, msg)
-
-    def _on_weights_fetch(self, msg: WeightsFetch) -> Message:
-        blob = self._blobs.get(msg.version)
-        if blob is None or msg.chunk >= blob.num_chunks:
-            return Error(code="weights_unavailable", in_reply_to=msg.TYPE, message=(
-                f"weights v{msg.version} chunk {msg.chunk} is not served (versions served: {list(self._blobs)})"))
-        self.counters["weight_chunks_sent"] += 1
-        return blob.chunk_message(msg.chunk)
 
     def _reply(self, identity: bytes, msg: Message) -> None:
         peer = self._peers.get(identity)
@@ -538,28 +488,13 @@ class ZmqServer:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        with self._publish_lock:
-            new, self._to_publish = self._to_publish, []
-            with contextlib.suppress(zmq.Again):
-                while True:
-                    self._wake_rx.recv(zmq.NOBLOCK)
-            pins_changed, self._pins_changed = self._pins_changed, False
-            # Under the lock ``pin`` checks against: a pin lands before a version is dropped (and keeps
-            # it) or after (and is refused), never between the two.
-            dropped = self._serve_locked(new)
-        for blob in dropped:
-            blob.retire()
-        for blob in new:
-            log.info("publishing weights v%d (%d bytes, %d chunks)", blob.version, len(blob.data), blob.num_chunks)
+        new, pins_changed = self._weights.take_changes()
         if pins_changed:
             for identity, peer in list(self._peers.items()):
-                announcement = self._announcement_for(peer.robot_id)
+                announcement = self._weights.announcement_for(peer.robot_id)
                 if announcement is not None:
                     self._reply(identity, announcement)
-        latest = self.latest_weights
-        if latest and (new or now - self._last_announce_s >= self.config.announce_interval_s):
-            self._pub.send_multipart(encode_message(latest.announce()), copy=False)
-            self._last_announce_s = now
+        self._weights.announce(now, self.config.announce_interval_s, at_once=bool(new))
         for identity, peer in list(self._peers.items()):
             if now - peer.last_seen_s > self.config.peer_timeout_s:
                 log.warning("robot %s silent for %.0f s; forgetting its session", peer.robot_id, now - peer.last_seen_s)
@@ -577,17 +512,6 @@ class ZmqServer:
     def _lost(self, peer: Peer) -> None:
         if not any(p.robot_id == peer.robot_id for p in self._peers.values()):
             self.handlers.on_peer_lost(peer)
-
-    def _serve_locked(self, new: list[WeightsBlob]) -> list[WeightsBlob]:
-        """Serve ``new``; drop the oldest unpinned versions beyond ``keep_weight_versions`` and return them."""
-        pinned = {*self._robot_pins.values(), self._fleet_pin}
-        dropped = []
-        for blob in new:
-            self._blobs[blob.version] = blob
-            unpinned = [v for v in self._blobs if v not in pinned]
-            while len(unpinned) > self.config.keep_weight_versions:
-                dropped.append(self._blobs.pop(unpinned.pop(0)))
-        return dropped
 
 @dataclass
 class _QueuedSegment:

@@ -34,21 +34,25 @@ from robot_rl.bridges.zmq.client import ClientConfig, ZmqClient
 from robot_rl.bridges.zmq.protocol import Ack, Hello, HelloOk, Segment, decode_message, encode_message
 from robot_rl.bridges.zmq.segments import decode_segment, encode_segment
 from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from robot_rl.bridges.zmq.weights import WeightsBlob
 from robot_rl.core import Step
 
 CLEAN_SEGMENTS = 20
 STEPS_PER_SEGMENT = 3
 SUBSCRIPTION_BYTES = 1024
 PEER_TIMEOUT_S = 1.0  # short, so the stale ids' check takes seconds
-_FAST = dict(hello_retry_s=0.05, heartbeat_interval_s=0.2, server_timeout_s=3.0)
 # The flooding subscriber: every subscription a distinct 1 KiB topic, then it stays a moment and leaves.
 _FLOOD = """
 import os, sys, time, zmq
 sub = zmq.Context().socket(zmq.SUB)
 sub.connect(sys.argv[1])
-for _ in range(int(sys.argv[2])):
+for i in range(int(sys.argv[2])):
     sub.setsockopt(zmq.SUBSCRIBE, os.urandom({size}))
-time.sleep(2.0)
+    if i % 100 == 0:
+        sub.poll(0)  # a SUB that is used sends all its topics again after each reconnect
+deadline = time.monotonic() + 2.0
+while time.monotonic() < deadline:
+    sub.poll(100)
 """
 
 
@@ -84,7 +88,7 @@ def serving_thread(config: ServerConfig, handlers: ServerHandlers) -> Iterator[Z
         yield server
     finally:
         stop.set()
-        thread.join(5)
+        thread.join()  # a serve_once under way ends first: the context must outlive it
         server.close()
 
 
@@ -104,7 +108,8 @@ def _steps(start_tick: int, reward: float = 0.0) -> list[Step]:
 
 def _client(server: ZmqServer, spool: Path, robot_id: str) -> ZmqClient:
     return ZmqClient(ClientConfig(robot_id=robot_id, router_endpoint=server.router_endpoint,
-                                  pub_endpoint=server.pub_endpoint, spool_dir=spool, **_FAST))
+                                  pub_endpoint=server.pub_endpoint, spool_dir=spool, hello_retry_s=0.05,
+                                  heartbeat_interval_s=0.2, server_timeout_s=3.0))
 
 
 def refused_then_clean(cfg: FaultsBenchConfig, root: Path) -> dict[str, int]:
@@ -134,6 +139,8 @@ def _rss_mb() -> float:
 
 def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float]:
     with serving_thread(ServerConfig(announce_interval_s=0.05), _Ingest()) as server:
+        # A learner with weights announces them: its socket then takes in what subscribers sent.
+        server.publish_weights(WeightsBlob(version=1, data=b"w" * 1024, config_hash=""))
         time.sleep(0.5)
         before = peak = _rss_mb()
         flood = subprocess.Popen([sys.executable, "-c", _FLOOD.format(size=SUBSCRIPTION_BYTES),
