@@ -88,6 +88,9 @@ class ServerConfig:
     max_batch: int = 256  # messages handled per serve_once before housekeeping
     segment_batch: int = 32  # segments handed to on_segments at once (one group commit, then their acks)
     peer_limits: PeerLimits = field(default_factory=PeerLimits)  # what one sender may cost
+    # Subscriptions on the weights socket to topics no robot sends (robots subscribe to the empty one);
+    # past it the socket is opened anew, dropping every subscriber (weight_serving.py says why).
+    max_foreign_subscriptions: int = 64
 
 
 @dataclass
@@ -170,7 +173,7 @@ class ZmqServer:
         self._router = self._bind(zmq.ROUTER, config.router_endpoint)
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
         self._weights = WeightServing(self._ctx, config.pub_endpoint, self._secure, config.keep_weight_versions,
-                                      self.counters)
+                                      config.max_foreign_subscriptions, self.counters)
         self.router_endpoint: str = cast(bytes, self._router.last_endpoint).decode()
         self.pub_endpoint: str = self._weights.endpoint
         self._poller = self._new_poller()
@@ -191,10 +194,12 @@ class ZmqServer:
             apply_server_curve(sock, self.config.curve)
 
     def _new_poller(self) -> zmq.Poller:
-        """What ``serve_once`` waits on: requests, and wake-ups for what to publish or pin."""
+        """What ``serve_once`` waits on: requests, subscriptions, and wake-ups for what to publish or pin
+        (built anew when the weights socket is)."""
         poller = zmq.Poller()
-        for sock in (self._router, self._weights.wake_socket):
-            poller.register(sock, zmq.POLLIN)
+        for sock in (self._router, self._weights.socket, self._weights.wake_socket):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
         return poller
 
     # ------------------------------------------------------------ public API
@@ -494,6 +499,10 @@ class ZmqServer:
                 announcement = self._weights.announcement_for(peer.robot_id)
                 if announcement is not None:
                     self._reply(identity, announcement)
+        self._weights.read_subscriptions(now)
+        if self._weights.reopened:
+            self._weights.reopened = False
+            self._poller = self._new_poller()
         self._weights.announce(now, self.config.announce_interval_s, at_once=bool(new))
         for identity, peer in list(self._peers.items()):
             if now - peer.last_seen_s > self.config.peer_timeout_s:

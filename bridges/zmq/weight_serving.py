@@ -5,8 +5,16 @@ Serving chunks of a published snapshot is pure transport, so the wire keeps the 
 ``pin`` may be called from any thread: they queue the change under a lock and wake the serving
 loop (``wake_socket``), which applies it in ``take_changes`` and says it on the weights socket.
 
-The weights socket is a PUB. What a subscriber sends it (subscriptions) stays inside libzmq, which
-keeps every topic a peer subscribes to until the peer leaves; ``MAX_SUBSCRIPTION_BYTES`` bounds each.
+The weights socket is an XPUB, so the learner sees what peers subscribe to. A robot subscribes to
+the empty topic (every announcement) and to nothing else. libzmq keeps every topic a peer subscribes
+to, ~45 KB of its topic tree for a 1 KiB one, until that peer's connection ends, and a peer may send
+any number: 10,000 took a learner from 0.8 to 1.3 GB. The learner cannot end one connection of an
+XPUB, so past ``max_foreign_subscriptions`` topics no robot sends it opens the socket anew on the
+same address, which ends every connection and frees every topic (said once a minute, counted as
+``weights_socket_reopened``). A small receive queue (``SUBSCRIPTION_QUEUE``) keeps what one peer can
+put in before the count is read to a few topics. The robots' SUB sockets reconnect and subscribe
+again by themselves within their reconnect interval; the next announcement (every
+``announce_interval_s``, and after each hello on the request socket) reaches them.
 """
 
 from __future__ import annotations
@@ -28,15 +36,19 @@ log = logging.getLogger(__name__)
 # The largest inbound message the weights socket takes. It receives only subscriptions (robots send an
 # empty one) and the handshake's commands, which count too: CURVE's INITIATE is over 256 bytes.
 MAX_SUBSCRIPTION_BYTES = 4096
+SUBSCRIPTION_QUEUE = 16  # subscriptions libzmq takes from one peer before the learner reads them (RCVHWM)
+REOPEN_SAID_EVERY_S = 60.0  # the weights socket's re-opening is said at most this often
 
 
 class WeightServing:
     """Versions served, pins, and the weights socket of one server (``ZmqServer`` holds one)."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, configure: Callable[[zmq.Socket], None],
-                 keep_versions: int, counters: collections.Counter[str]) -> None:
+                 keep_versions: int, max_foreign_subscriptions: int, counters: collections.Counter[str]) -> None:
+        self._ctx, self._configure = ctx, configure  # configure: CURVE, on every weights socket opened
         self.keep_versions = keep_versions
-        self.counters = counters  # the server's: weight_chunks_sent
+        self.max_foreign_subscriptions = max_foreign_subscriptions
+        self.counters = counters  # the server's: weight_chunks_sent, subscriptions_refused, weights_socket_reopened
         self._blobs: collections.OrderedDict[int, WeightsBlob] = collections.OrderedDict()
         self._to_publish: list[WeightsBlob] = []
         self._lock = threading.Lock()
@@ -44,20 +56,32 @@ class WeightServing:
         self._robot_pins: dict[str, int] = {}  # robots pinned apart from the fleet, under _lock
         self._pins_changed = False
         self._last_announce_s = 0.0
-        self.socket = ctx.socket(zmq.PUB)
-        self.socket.linger = 0
-        # Inbound bytes per message, enforced by libzmq (a peer past it is disconnected): a long
-        # subscription is only memory in the topic tree (a 1 MiB one cost the learner ~88 MB).
-        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
-        configure(self.socket)  # CURVE
-        self.socket.bind(endpoint)
+        self._foreign = 0  # topics no robot sends that the socket holds
+        self._reopen_said_s = -REOPEN_SAID_EVERY_S
+        self.socket: zmq.Socket | None = self._open(endpoint)  # None: closed, its address not free yet
         self.endpoint: str = cast(bytes, self.socket.last_endpoint).decode()
+        self.reopened = False  # set when ``socket`` is another object (the server's poller follows)
         # publish and pin (any thread) wake the serving loop, so a change waits for no poll timeout.
         wake = f"inproc://wake-{id(self)}"
         self.wake_socket = ctx.socket(zmq.PAIR)
         self.wake_socket.bind(wake)
         self._wake_tx = ctx.socket(zmq.PAIR)  # used under _lock only: one thread at a time
         self._wake_tx.connect(wake)
+
+    def _open(self, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.XPUB)
+        sock.linger = 0
+        # Inbound bytes per message, enforced by libzmq (a peer past it is disconnected): a long
+        # subscription is only memory in the topic tree (a 1 MiB one cost the learner ~88 MB).
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
+        sock.setsockopt(zmq.RCVHWM, SUBSCRIPTION_QUEUE)
+        self._configure(sock)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError:
+            sock.close(0)
+            raise
+        return sock
 
     # ------------------------------------------------------------ any thread
 
@@ -128,7 +152,7 @@ class WeightServing:
     def announce(self, now: float, interval_s: float, *, at_once: bool) -> None:
         """Announce the newest version to every subscriber, ``at_once`` or every ``interval_s``."""
         latest = self.latest
-        if latest and (at_once or now - self._last_announce_s >= interval_s):
+        if self.socket is not None and latest and (at_once or now - self._last_announce_s >= interval_s):
             self.socket.send_multipart(encode_message(latest.announce()), copy=False)
             self._last_announce_s = now
 
@@ -149,7 +173,44 @@ class WeightServing:
         self.counters["weight_chunks_sent"] += 1
         return blob.chunk_message(msg.chunk)
 
-    def close(self) -> None:
+    def read_subscriptions(self, now: float) -> None:
+        """Count what peers subscribed to; past ``max_foreign_subscriptions`` topics no robot sends,
+        close the socket (every subscriber and its topics go) and bind it anew (``reopened``)."""
+        if self.socket is None:  # closed; its address not free yet
+            self._rebind()
+            return
+        while self._foreign <= self.max_foreign_subscriptions:
+            try:
+                message = self.socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if message[:1] == b"\x01" and len(message) > 1:
+                self._foreign += 1
+                self.counters["subscriptions_refused"] += 1
+        if now - self._reopen_said_s >= REOPEN_SAID_EVERY_S:
+            log.warning("the weights socket holds %d subscriptions no robot sends (a broken or hostile peer); "
+                        "opening it anew: every subscriber is dropped, robots subscribe again by themselves "
+                        "(said at most once a minute; counted as weights_socket_reopened)", self._foreign)
+            self._reopen_said_s = now
+        self.counters["weights_socket_reopened"] += 1
         self.socket.close(0)
+        self.socket, self._foreign = None, 0
+        self.reopened = True  # the poller forgets the closed socket
+        self._rebind()
+
+    def _rebind(self) -> None:
+        """Bind the weights socket again; while the closed one's listener still holds the address
+        (libzmq closes it on its own thread, a moment later), the next housekeeping tries again."""
+        try:
+            self.socket = self._open(self.endpoint)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE:
+                raise
+            return
+        self.reopened = True
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close(0)
         self._wake_tx.close(0)
         self.wake_socket.close(0)

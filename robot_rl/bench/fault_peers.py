@@ -8,8 +8,8 @@ an ingest that stores every decoded step once) on loopback:
   answers the bad ones ``refused``; the link sets them aside and its slots go to the clean ones, every
   step of which must be stored, with the link drained.
 * ``subscription_flood``: a process of its own sends ``bench.flood_subscriptions`` subscriptions of
-  1 KiB each on the weights socket; the learner's resident memory must grow by at most
-  ``bench.max_flood_growth_mb``.
+  1 KiB each on the weights socket (and again after each reconnect); the learner's resident memory
+  must grow by at most ``bench.max_flood_growth_mb`` (it opens the socket anew past its bound).
 * ``stale_ids``: one connection says hello ``bench.stale_hellos`` times under new ids while one robot
   streams; after the peer timeout the learner must believe only the live robot connected.
 """
@@ -137,7 +137,7 @@ def _rss_mb() -> float:
     return 0.0
 
 
-def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float]:
+def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float | int]:
     with serving_thread(ServerConfig(announce_interval_s=0.05), _Ingest()) as server:
         # A learner with weights announces them: its socket then takes in what subscribers sent.
         server.publish_weights(WeightsBlob(version=1, data=b"w" * 1024, config_hash=""))
@@ -148,7 +148,9 @@ def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float]:
         while flood.poll() is None:
             peak = max(peak, _rss_mb())
             time.sleep(0.05)
-    return {"subscriptions": cfg.flood_subscriptions, "rss_growth_mb": round(peak - before, 1)}
+        reopened = server.counters["weights_socket_reopened"]
+    return {"subscriptions": cfg.flood_subscriptions, "rss_growth_mb": round(peak - before, 1),
+            "weights_socket_reopened": reopened}
 
 
 def stale_ids(cfg: FaultsBenchConfig, root: Path) -> dict[str, int]:
