@@ -182,7 +182,7 @@ def test_a_pin_that_lands_while_a_publish_drops_its_version_is_refused_never_lef
     with serving(ServerConfig(keep_weight_versions=1, announce_interval_s=0.05)) as server:
         server.publish_weights(blob(1))
         assert wait_until(lambda: server.served_versions() == [1])
-        server._blobs = PinsMidPublish(server._blobs)
+        server._weights._blobs = PinsMidPublish(server._weights._blobs)
         server.publish_weights(blob(2))
         assert wait_until(lambda: len(outcome) == 2 and 2 in server.served_versions())
         assert outcome[1] == "refused" or 1 in server.served_versions(), (outcome, server.served_versions())

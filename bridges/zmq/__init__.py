@@ -8,7 +8,9 @@ Layers, bottom up (each module has one job):
 * ``weights``   -- tensors <-> safetensors bytes, chunking, sha256 verification
 * ``spool``     -- the edge's crash-safe on-disk queue of unacked segments
 * ``keys``      -- CURVE key files, the loopback-only-plaintext policy, the server's allow-list
-* ``server``    -- learner endpoint: ROUTER (requests) + PUB (weight announcements), handler callbacks
+* ``admission`` -- what one sender may cost the learner (``PeerLimits``: rate, refusals, cool-off)
+* ``weight_serving`` -- the versions the learner serves, pins, and its PUB of weight announcements
+* ``server``    -- learner endpoint: ROUTER (requests, dispatched to handler callbacks) + weight serving
 * ``client``    -- edge endpoint: DEALER + SUB, handshake, acks, re-sends, weight fetch (one thread)
 * ``streaming`` -- ``StreamingClient``: ``client`` on a background thread behind a bounded queue
 

@@ -9,9 +9,11 @@ should use ``StreamingClient`` (streaming.py), which runs this on a background
 thread.
 
 Delivery: ``send_segment`` writes to the on-disk spool *before* sending; only an
-ack removes it. Anything unacked is re-sent after an ack timeout, a reconnect or a
-process restart, so the learner sees each segment at least once and drops
-duplicates by (robot_id, episode_id, seq): each step is stored exactly once.
+ack removes it, or a ``refused`` (the segment is malformed as sent: it is moved to the
+spool's ``refused/`` folder with the reason, and its sending slot goes to the next).
+Anything unacked is re-sent after an ack timeout, a reconnect or a process restart,
+so the learner sees each segment at least once and drops duplicates by
+(robot_id, episode_id, seq): each step is stored exactly once.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from robot_rl.bridges.zmq.protocol import (
     HelloOk,
     Message,
     ProtocolError,
+    Refused,
     Segment,
     StatsMap,
     WeightsAnnounce,
     WeightsChunk,
     WeightsFetch,
+    check_robot_id,
     decode_message,
     encode_message,
 )
@@ -89,6 +93,12 @@ class ClientConfig:
     weights_download_attempts: int = 3  # per version, across re-announcements
     max_weights_bytes: int = 16 << 30
 
+    def __post_init__(self) -> None:
+        try:
+            check_robot_id(self.robot_id)
+        except ProtocolError as exc:
+            raise ValueError(f"{exc}: choose a shorter link.robot_id") from exc
+
 
 @dataclass
 class ClientStats:
@@ -101,6 +111,7 @@ class ClientStats:
     duplicate_acks: int = 0
     errors_received: int = 0
     busy_replies: int = 0  # segments the learner could not take yet (re-sent later)
+    segments_refused: int = 0  # malformed segments set aside in the spool's refused/ (never re-sent)
     bad_messages: int = 0
     link_resets: int = 0
     weights_received: int = 0
@@ -141,6 +152,7 @@ class ZmqClient:
         self.pinned: int | None = None  # the version the learner pins this robot to (None: the newest)
         self._pin: WeightsAnnounce | None = None  # the learner's announcement of that pin
         self._learner_busy = False  # said once: the learner answered busy and has acked nothing since
+        self._refusal_said = False  # the first segment set aside is logged; the rest are counted
         # More of this robot's state for its heartbeats (the edge's tick lateness, its episode), read on
         # the link's thread; None: the link's own counters only.
         self.report: Callable[[], StatsMap] | None = None
@@ -243,6 +255,12 @@ class ZmqClient:
         self.stats.pending = len(self._spool)
         self._pump_segments(time.monotonic())
 
+    def set_aside(self, segment: Segment, reason: str) -> None:
+        """Keep a segment that must not be sent (the edge's own checks refused it) in the spool's
+        ``refused/`` folder with ``reason``, counted like one the learner refused."""
+        key = f"{segment.episode_id}:{segment.seq}"
+        self._refuse(key, reason, encode_message(segment))
+
     def poll(self, timeout_ms: int = 10) -> None:
         """Wait up to ``timeout_ms`` for messages, handle them, run timers and sends."""
         ready = dict(self._poller.poll(timeout_ms))
@@ -319,6 +337,8 @@ class ZmqClient:
             self._on_hello_ok(msg)
         elif isinstance(msg, Ack):
             self._on_ack(msg)
+        elif isinstance(msg, Refused):
+            self._on_refused(msg)
         elif isinstance(msg, Error):
             self._on_error(msg)
         elif isinstance(msg, WeightsChunk):
@@ -347,6 +367,22 @@ class ZmqClient:
             self.stats.segments_acked += 1
             self.stats.duplicate_acks += int(msg.duplicate)
         self.stats.pending = len(self._spool)
+
+    def _on_refused(self, msg: Refused) -> None:
+        """The learner will never store this segment as sent: out of the spool, into ``refused/``."""
+        key = f"{msg.episode_id}:{msg.seq}"
+        self._in_flight.pop(key, None)
+        if msg.robot_id == self.config.robot_id and key in self._spool:
+            self._refuse(key, f"refused by the learner ({msg.code}): {msg.message}")
+
+    def _refuse(self, key: str, reason: str, frames: list | None = None) -> None:
+        path = self._spool.set_aside(key, reason, frames)
+        self.stats.segments_refused += 1
+        self.stats.pending = len(self._spool)
+        if not self._refusal_said:
+            log.error("robot %s: segment %s set aside in %s, never to be sent: %s (further ones go there too, "
+                      "counted as segments_refused)", self.config.robot_id, key, path.parent, reason)
+            self._refusal_said = True
 
     def _on_error(self, msg: Error) -> None:
         self.stats.errors_received += 1

@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 import zmq
 
-PROTOCOL_VERSION = 4  # 4: weights announcements can pin a robot to a version (a 3 edge would ignore pins)
+PROTOCOL_VERSION = 5  # 5: a malformed segment is answered `refused` (set aside by the edge, never re-sent)
 
 # Little-endian, fixed-size dtypes only ("|" = byte order irrelevant). Object,
 # string, void and structured dtypes are refused: they are either unsafe or not

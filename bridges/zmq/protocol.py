@@ -12,6 +12,7 @@ Who sends what (E = edge client, L = learner server)::
     L->E  hello_ok
     E->L  segment          steps of one episode, keyed (robot_id, episode_id, seq)
     L->E  ack              the segment is stored (or was already: duplicate=True)
+    L->E  refused          the segment is malformed and never will be stored: the edge sets it aside
     both  heartbeat        liveness + policy version in use + small stats
     E->L  stats            free-form numeric stats report
     L->E  weights_announce on PUB (and after hello): a new weights snapshot exists
@@ -67,6 +68,13 @@ ERROR_CODES = frozenset(
         "internal",  # a bug on the replying side; the message says what
     }
 )
+# A segment refused with one of these is malformed as sent (a NaN reward, a wrong dtype or size): no
+# learner will ever store those bytes, so it is answered ``refused`` and the edge sets it aside instead
+# of re-sending it. ``rejected`` (this learner's layout) and ``busy`` are not: another learner, or this
+# one later, takes it.
+PERMANENT_REFUSALS = frozenset({"bad_message", "bad_dtype", "too_large"})
+# Robot ids name files, log lines and console rows: a robot's name, not a payload.
+MAX_ROBOT_ID_CHARS = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +140,20 @@ class Ack(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Refused(Message):
+    """The segment (robot_id, episode_id, seq) is malformed and will never be stored as sent (a code of
+    ``PERMANENT_REFUSALS``). The edge moves it out of its spool with this reason, so it neither holds
+    a sending slot nor is re-sent; the robot's other segments flow on."""
+
+    TYPE: ClassVar[str] = "refused"
+    robot_id: str
+    episode_id: int
+    seq: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Heartbeat(Message):
     TYPE: ClassVar[str] = "heartbeat"
     sender: str
@@ -186,7 +208,8 @@ class WeightsChunk(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, HelloOk, Error, Segment, Ack, Heartbeat, Stats, WeightsAnnounce, WeightsFetch, WeightsChunk)
+    for cls in (Hello, HelloOk, Error, Segment, Ack, Refused, Heartbeat, Stats, WeightsAnnounce, WeightsFetch,
+                WeightsChunk)
 }
 
 
@@ -319,12 +342,30 @@ def _check_semantics(msg: Message) -> None:
         raise ProtocolError(f"segment: num_steps ({msg.num_steps}) and seq ({msg.seq}) must be >= 0")
     if isinstance(msg, (WeightsFetch, WeightsChunk)) and msg.chunk < 0:
         raise ProtocolError(f"{msg.TYPE}.chunk must be >= 0, got {msg.chunk}")
+    robot_id = getattr(msg, "robot_id", None)
+    if robot_id is not None:
+        check_robot_id(robot_id, msg.TYPE)
+
+
+def check_robot_id(robot_id: str, where: str = "robot id") -> None:
+    """A robot id is 1..``MAX_ROBOT_ID_CHARS`` characters (``ProtocolError`` otherwise)."""
+    if not 0 < len(robot_id) <= MAX_ROBOT_ID_CHARS:
+        raise ProtocolError(f"{where}: robot id of {len(robot_id)} characters; a robot id has 1 to "
+                            f"{MAX_ROBOT_ID_CHARS}")
 
 
 def error_for(exc: ProtocolError, in_reply_to: str = "") -> Error:
     """The ``error`` reply for a refused message."""
     code = exc.code if exc.code in ERROR_CODES else "bad_message"
     return Error(code=code, message=str(exc), in_reply_to=exc.in_reply_to or in_reply_to)
+
+
+def segment_refusal(exc: ProtocolError, msg: Segment) -> Error | Refused:
+    """The reply to a segment the learner refuses: ``refused`` (set aside by the edge) when it is
+    malformed as sent, else the ``error`` (the edge keeps it and sends it again)."""
+    if exc.code not in PERMANENT_REFUSALS:
+        return error_for(exc, msg.TYPE)
+    return Refused(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq, code=exc.code, message=str(exc))
 
 
 def config_hash(config: Any) -> str:
@@ -341,7 +382,9 @@ __all__ = [
     "config_hash",
     "PROTOCOL_VERSION",
     "ERROR_CODES",
+    "MAX_ROBOT_ID_CHARS",
     "MESSAGE_TYPES",
+    "PERMANENT_REFUSALS",
     "Ack",
     "Error",
     "Hello",
@@ -350,12 +393,15 @@ __all__ = [
     "Limits",
     "Message",
     "ProtocolError",
+    "Refused",
     "Segment",
     "Stats",
     "WeightsAnnounce",
     "WeightsChunk",
     "WeightsFetch",
+    "check_robot_id",
     "decode_message",
     "encode_message",
     "error_for",
+    "segment_refusal",
 ]

@@ -312,23 +312,34 @@ def _decode_images(msg: Segment) -> list[dict[str, np.ndarray]]:
     return per_step
 
 
-def decode_segment(msg: Segment) -> list[Step]:
-    """``segment`` message -> Steps, validating everything; ProtocolError if inconsistent.
-
-    Array attributes are read-only views into the received frames; copy to mutate.
-    """
+def check_segment(msg: Segment) -> dict[str, np.ndarray | None]:
+    """Every check of ``decode_segment`` but the images' decoding (columns, array shapes, finite
+    values, integer ranges); ``ProtocolError`` if one fails. The edge runs it before it spools a
+    segment, so what the learner would refuse never enters the spool. Returns the step arrays."""
     _check_columns(msg)
     known = set(REQUIRED_ARRAYS + OPTIONAL_ARRAYS)
     unknown = [k for k in msg.arrays if k not in known and not k.startswith("image/")]
     if unknown:
         raise ProtocolError(f"segment has unknown arrays {unknown[:5]}")
-    state = _check_array(msg, "state", required=True)
-    action = _check_array(msg, "action", required=True)
-    optional = {name: _check_array(msg, name, required=False) for name in OPTIONAL_ARRAYS}
-    for name, arr in optional.items():
-        if arr is None and any(msg.columns[_MASKS[name]]):
+    arrays = {"state": _check_array(msg, "state", required=True),
+              "action": _check_array(msg, "action", required=True),
+              **{name: _check_array(msg, name, required=False) for name in OPTIONAL_ARRAYS}}
+    for name in OPTIONAL_ARRAYS:
+        if arrays[name] is None and any(msg.columns[_MASKS[name]]):
             raise ProtocolError(f"segment says some steps have {name} but sends no {name!r} array")
-    _check_values(msg, {"state": state, "action": action, **optional})
+    _check_values(msg, arrays)
+    return arrays
+
+
+def decode_segment(msg: Segment) -> list[Step]:
+    """``segment`` message -> Steps, validating everything; ProtocolError if inconsistent.
+
+    Array attributes are read-only views into the received frames; copy to mutate.
+    """
+    arrays = check_segment(msg)
+    state, action = arrays["state"], arrays["action"]
+    assert state is not None and action is not None  # required: check_segment raised otherwise
+    optional = {name: arrays[name] for name in OPTIONAL_ARRAYS}
     images = _decode_images(msg)
     steps = []
     for i in range(msg.num_steps):

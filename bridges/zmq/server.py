@@ -1,10 +1,10 @@
-"""Learner side of the wire: a ROUTER for requests and a PUB for weight announcements.
+"""Learner side of the wire: a ROUTER for requests, dispatched here, and a weights socket.
 
 The server only moves and validates messages. What to *do* with them (store
 segments exactly once, track robots) belongs to the learner, which plugs in a
 ``ServerHandlers`` subclass. Weights are the exception: serving chunks of a
 published snapshot is pure transport, so the server keeps the last few
-``WeightsBlob`` s itself.
+``WeightsBlob`` s itself (``weight_serving.py``: versions, pins, the weights socket).
 
 Threading: every socket call happens inside ``serve_once`` (call it from one
 thread in a loop, or use ``serve_forever``). ``publish_weights`` may be called
@@ -15,9 +15,9 @@ and is dropped; a handler exception is logged and answered with ``internal``. A 
 without an accepted hello is told only a generic code ("send hello first", "refused"):
 what was wrong goes to the learner's log, never to a peer it does not know.
 
-Every sender (a CURVE key, else a connection) is held to ``PeerLimits``: a message rate,
-a number of sessions per robot and in all, and a budget of refused messages past which
-it is ignored for a cool-off. Robots streaming normally never come near them.
+Every sender (a CURVE key, else a connection) is held to ``PeerLimits`` (``admission.py``): a
+message rate, a number of sessions per robot and in all, and a budget of refused messages past
+which it is ignored for a cool-off. Robots streaming normally never come near them.
 
 Segments are handled in batches: ``serve_once`` collects the segments that are ready
 (up to ``ServerConfig.segment_batch``) and hands them to ``ServerHandlers.on_segments``
@@ -28,15 +28,16 @@ any of their acks goes out. Other messages are answered as they come.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import zmq
 
+from robot_rl.bridges.zmq.admission import Admission, PeerLimits
 from robot_rl.bridges.zmq.codec import DEFAULT_LIMITS, BusyError, Limits
 from robot_rl.bridges.zmq.keys import ServerCurve, apply_server_curve, check_endpoint_security, start_authenticator
 from robot_rl.bridges.zmq.protocol import (
@@ -47,70 +48,24 @@ from robot_rl.bridges.zmq.protocol import (
     HelloOk,
     Message,
     ProtocolError,
+    Refused,
     Segment,
     Stats,
-    WeightsAnnounce,
     WeightsFetch,
     decode_message,
     encode_message,
     error_for,
+    segment_refusal,
 )
+from robot_rl.bridges.zmq.weight_serving import WeightServing
 from robot_rl.bridges.zmq.weights import WeightsBlob
 
 log = logging.getLogger(__name__)
 
 
-# The largest inbound message a PUB takes. It receives only subscriptions (robots send b"") and the
-# handshake's commands, which count too: CURVE's INITIATE (vouch and metadata) is over 256 bytes.
-MAX_SUBSCRIPTION_BYTES = 4096
-
-
-# Senders whose rate and refusals are remembered; past it the least recently heard is forgotten. With
-# CURVE a sender is a robot's key (a few dozen); without, a connection, which a client can renew anyway.
-TRACKED_SENDERS = 4096
 # Replies that say nothing against the sender: the learner restarted (hello again), a weights version
 # rotated out, a learner bug. Every other error reply is a refused message, counted against its sender.
 _NOT_THE_SENDERS_FAULT = frozenset({"hello_required", "weights_unavailable", "internal"})
-
-
-@dataclass
-class PeerLimits:
-    """What one sender may cost the learner, so that a broken or hostile client gets bounded work,
-    memory and log lines and never crowds out the robots. A sender is a CURVE key (one per robot),
-    or without CURVE one connection (its routing id).
-
-    Sized far above what robots do: a robot at 30 fps with segments of a few steps sends 10-40
-    messages a second (segments and a heartbeat); draining its spool after an outage (at most
-    ``max_in_flight`` segments unacked) or downloading weights (``weights_window`` chunk requests
-    unacked, 1 MB answered to each) a few hundred. A message over the rate is dropped unread: the
-    edge re-sends a segment after its ack timeout and re-asks a chunk after its chunk timeout.
-    """
-
-    max_messages_per_s: float = 2000.0  # per sender, sustained
-    burst_messages: int = 4000  # per sender at once: every chunk request of a 4 GB weights download
-    # Refused messages (malformed, failing the checks, another robot's name, a refused hello) within
-    # refusal_window_s; one more and the sender is ignored for cooloff_s: its sessions are forgotten and
-    # its messages dropped unread, with one log line. A misconfigured robot's own retries cost it 1-4 a
-    # second (its in-flight segments once per ack timeout, a hello every refused_retry_s).
-    max_refusals: int = 100
-    refusal_window_s: float = 10.0
-    cooloff_s: float = 60.0
-    # Sessions (accepted hellos) of one robot id: an edge restarted within peer_timeout_s leaves its old
-    # session behind, so a new hello replaces the robot's oldest instead of being refused.
-    max_sessions_per_robot: int = 4
-    max_sessions: int = 1024  # in all; a hello from another robot past it is refused until one is forgotten
-    # Messages libzmq queues per connection before the learner reads them (RCVHWM); past it the learner
-    # stops reading that connection (TCP pushes back). A robot has ~30 outstanding at most.
-    max_queued_messages: int = 256
-
-    def __post_init__(self) -> None:
-        if self.max_messages_per_s <= 0 or self.burst_messages < 1 or self.max_refusals < 0:
-            raise ValueError(f"PeerLimits: max_messages_per_s > 0, burst_messages >= 1, max_refusals >= 0; got {self}")
-        if self.max_sessions_per_robot < 1 or self.max_sessions < 1 or self.max_queued_messages < 1:
-            raise ValueError(f"PeerLimits: max_sessions_per_robot, max_sessions and max_queued_messages must be >= 1, "
-                             f"got {self}")
-        if self.refusal_window_s <= 0 or self.cooloff_s < 0:
-            raise ValueError(f"PeerLimits: refusal_window_s > 0 and cooloff_s >= 0, got {self}")
 
 
 @dataclass
@@ -133,6 +88,9 @@ class ServerConfig:
     max_batch: int = 256  # messages handled per serve_once before housekeeping
     segment_batch: int = 32  # segments handed to on_segments at once (one group commit, then their acks)
     peer_limits: PeerLimits = field(default_factory=PeerLimits)  # what one sender may cost
+    # Subscriptions on the weights socket to topics no robot sends (robots subscribe to the empty one);
+    # past it the socket is opened anew, dropping every subscriber (weight_serving.py says why).
+    max_foreign_subscriptions: int = 64
 
 
 @dataclass
@@ -147,23 +105,11 @@ class Peer:
     last_seen_s: float
     stats: dict[str, Any] = field(default_factory=dict)
     key: str | None = None  # the CURVE public key its hello was authenticated with (None without CURVE)
+    held_by_another_key: bool = False  # the last message on its routing id came with another key
 
     @property
     def sender(self) -> bytes:
         return _sender(self.identity, self.key)
-
-
-@dataclass
-class _SenderState:
-    """One sender's token bucket and refused messages (``PeerLimits``)."""
-
-    tokens: float
-    last_s: float
-    refusals: int = 0
-    window_start_s: float = 0.0
-    ignored_until_s: float = 0.0
-    over_rate: int = 0  # messages dropped for the rate since the last log line about it
-    over_rate_logged_s: float = -1e9
 
 
 class ServerHandlers:
@@ -205,6 +151,8 @@ class ServerHandlers:
         return None
 
     def on_peer_lost(self, peer: Peer) -> None:
+        """``peer.robot_id`` holds no session any more (silent past the peer timeout, ignored, or its
+        connection now speaks as another robot): forget what is kept per robot."""
         return None
 
 
@@ -218,48 +166,41 @@ class ZmqServer:
         self.handlers = handlers or ServerHandlers()
         self.counters: collections.Counter[str] = collections.Counter()
         self._peers: dict[bytes, Peer] = {}
-        self._senders: collections.OrderedDict[bytes, _SenderState] = collections.OrderedDict()
-        self._last_prune_s = 0.0
+        self._admission = Admission(config.peer_limits, self.counters)
         self._sessions_full_logged = False
-        self._blobs: collections.OrderedDict[int, WeightsBlob] = collections.OrderedDict()
-        self._to_publish: list[WeightsBlob] = []
-        self._publish_lock = threading.Lock()
-        self._fleet_pin: int | None = None  # every robot's version (None: the newest), under _publish_lock
-        self._robot_pins: dict[str, int] = {}  # robots pinned apart from the fleet, under _publish_lock
-        self._pins_changed = False
-        self._last_announce_s = 0.0
         self._ctx = zmq.Context()
         self._auth = start_authenticator(self._ctx, config.curve.allowed_clients) if config.curve else None
         self._router = self._bind(zmq.ROUTER, config.router_endpoint)
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting client keeps its routing id
-        self._pub = self._bind(zmq.PUB, config.pub_endpoint)
+        self._weights = WeightServing(self._ctx, config.pub_endpoint, self._secure, config.keep_weight_versions,
+                                      config.max_foreign_subscriptions, self.counters)
         self.router_endpoint: str = cast(bytes, self._router.last_endpoint).decode()
-        self.pub_endpoint: str = cast(bytes, self._pub.last_endpoint).decode()
-        # publish_weights (any thread) wakes the serving loop, so an announcement waits for no poll timeout.
-        wake = f"inproc://wake-{id(self)}"
-        self._wake_rx = self._ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(wake)
-        self._wake_tx = self._ctx.socket(zmq.PAIR)  # used under _publish_lock only: one thread at a time
-        self._wake_tx.connect(wake)
-        self._poller = zmq.Poller()
-        self._poller.register(self._router, zmq.POLLIN)
-        self._poller.register(self._wake_rx, zmq.POLLIN)
+        self.pub_endpoint: str = self._weights.endpoint
+        self._poller = self._new_poller()
         log.info("learner server %s: requests on %s, weights on %s, CURVE %s", config.server_id,
                  self.router_endpoint, self.pub_endpoint, "on" if config.curve else "off")
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.linger = 0
-        # Inbound bytes per message, enforced by libzmq (a peer past it is disconnected). On the PUB a
-        # long subscription is only memory in its topic tree (a 1 MiB one cost the learner ~88 MB).
-        inbound = MAX_SUBSCRIPTION_BYTES if kind == zmq.PUB else self.config.limits.max_message_bytes
-        sock.setsockopt(zmq.MAXMSGSIZE, inbound)
-        if kind == zmq.ROUTER:
-            sock.setsockopt(zmq.RCVHWM, self.config.peer_limits.max_queued_messages)
-        if self.config.curve:
-            apply_server_curve(sock, self.config.curve)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_message_bytes)  # a peer past it is disconnected
+        sock.setsockopt(zmq.RCVHWM, self.config.peer_limits.max_queued_messages)
+        self._secure(sock)
         sock.bind(endpoint)
         return sock
+
+    def _secure(self, sock: zmq.Socket) -> None:
+        if self.config.curve:
+            apply_server_curve(sock, self.config.curve)
+
+    def _new_poller(self) -> zmq.Poller:
+        """What ``serve_once`` waits on: requests, subscriptions, and wake-ups for what to publish or pin
+        (built anew when the weights socket is)."""
+        poller = zmq.Poller()
+        for sock in (self._router, self._weights.socket, self._weights.wake_socket):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+        return poller
 
     # ------------------------------------------------------------ public API
 
@@ -282,7 +223,7 @@ class ZmqServer:
                     identity, body = frames[0].bytes, frames[1:]
                     key = _authenticated_key(body) if self.config.curve else None
                     sender = _sender(identity, key)
-                    if not self._admit(sender, identity, time.monotonic()):
+                    if not self._admission.admit(sender, time.monotonic(), partial(self._name, sender, identity)):
                         continue
                     self._handle(identity, sender, key, body, segments)
                     if len(segments) >= self.config.segment_batch:
@@ -299,55 +240,33 @@ class ZmqServer:
 
     def publish_weights(self, blob: WeightsBlob) -> None:
         """Serve ``blob`` and announce it (thread-safe; the serving loop wakes up and sends it at once)."""
-        with self._publish_lock:
-            self._to_publish.append(blob)
-            with contextlib.suppress(zmq.Again):
-                self._wake_tx.send(b"", zmq.NOBLOCK)  # one pending wake-up is enough
+        self._weights.publish(blob)
 
     @property
     def latest_weights(self) -> WeightsBlob | None:
-        return next(reversed(self._blobs.values()), None)
+        return self._weights.latest
 
     def served_versions(self) -> list[int]:
         """The versions robots can fetch now, oldest first: what a robot can be pinned to."""
-        return list(self._blobs.copy())  # OrderedDict.copy is atomic: safe from other threads
+        return self._weights.served_versions()
 
     def pin(self, version: int | None, robot_id: str | None = None) -> None:
         """Have ``robot_id`` run weights ``version`` (None: the newest again, or the fleet's pin) from
         its next chunk on, or, with ``robot_id`` None, every robot now and later (a fleet rollback;
         it clears every robot's own pin). Thread-safe; the robots are told on the serving thread,
         and a robot that says hello later is told at once. A pinned version is served until unpinned."""
-        with self._publish_lock:
-            if version is not None and version not in self._blobs:
-                raise ValueError(f"weights v{version} are not served any more: pin one of {self.served_versions()} "
-                                 f"(the learner keeps its last learner.service.keep_weight_versions versions and "
-                                 f"every pinned one)")
-            if robot_id is None:
-                self._fleet_pin = version
-                self._robot_pins.clear()
-            elif version is None:
-                self._robot_pins.pop(robot_id, None)
-            else:
-                self._robot_pins[robot_id] = version
-            self._pins_changed = True
-            with contextlib.suppress(zmq.Again):
-                self._wake_tx.send(b"", zmq.NOBLOCK)
-        log.info("weights pinned: %s -> %s", robot_id or "every robot", f"v{version}" if version is not None
-                 else "the newest")
+        self._weights.pin(version, robot_id)
 
     def pinned_version(self, robot_id: str | None = None) -> int | None:
         """The version ``robot_id`` (None: the fleet) is pinned to; None: it follows the newest."""
-        with self._publish_lock:
-            return self._robot_pins.get(robot_id, self._fleet_pin) if robot_id is not None else self._fleet_pin
+        return self._weights.pinned_version(robot_id)
 
     def peers(self) -> list[Peer]:
         return list(self._peers.copy().values())  # dict.copy is atomic: safe from other threads
 
     def close(self) -> None:
         self._router.close(0)
-        self._pub.close(0)
-        self._wake_tx.close(0)
-        self._wake_rx.close(0)
+        self._weights.close()
         if self._auth:
             self._auth.stop()
         self._ctx.term()
@@ -360,54 +279,6 @@ class ZmqServer:
 
     # ------------------------------------------------------------ per-sender limits
 
-    def _admit(self, sender: bytes, identity: bytes, now: float) -> bool:
-        """Whether to read this sender's message: not while it is ignored, nor over its rate (token bucket)."""
-        limits = self.config.peer_limits
-        state = self._senders.get(sender)
-        if state is None:
-            state = self._senders[sender] = _SenderState(tokens=float(limits.burst_messages), last_s=now)
-            if len(self._senders) > TRACKED_SENDERS:
-                self._senders.popitem(last=False)
-        else:
-            self._senders.move_to_end(sender)
-        if now < state.ignored_until_s:
-            self.counters["messages_ignored"] += 1
-            return False
-        refill = (now - state.last_s) * limits.max_messages_per_s
-        state.tokens = min(float(limits.burst_messages), state.tokens + refill)
-        state.last_s = now
-        if state.tokens >= 1.0:
-            state.tokens -= 1.0
-            return True
-        self.counters["messages_over_rate"] += 1
-        state.over_rate += 1
-        if now - state.over_rate_logged_s >= limits.refusal_window_s:  # one line per window, not one per message
-            log.warning("%s sends more than %g messages/s: %d dropped unread since the last such line",
-                        self._name(sender, identity), limits.max_messages_per_s, state.over_rate)
-            state.over_rate, state.over_rate_logged_s = 0, now
-        return False
-
-    def _refused(self, sender: bytes, identity: bytes) -> None:
-        """Count a refused message against its sender; past ``max_refusals`` in a window it is ignored."""
-        limits = self.config.peer_limits
-        state = self._senders.get(sender)
-        if state is None:
-            return
-        now = time.monotonic()
-        if now - state.window_start_s > limits.refusal_window_s:
-            state.window_start_s, state.refusals = now, 0
-        state.refusals += 1
-        if state.refusals <= limits.max_refusals:
-            return
-        state.ignored_until_s, state.refusals = now + limits.cooloff_s, 0
-        self.counters["senders_ignored"] += 1
-        log.error("ignoring %s for %.0f s: more than %d refused messages within %.0f s (a broken or hostile "
-                  "client); its sessions are forgotten and its messages dropped unread until then",
-                  self._name(sender, identity), limits.cooloff_s, limits.max_refusals, limits.refusal_window_s)
-        for gone in [p for p in self._peers.values() if p.sender == sender]:
-            del self._peers[gone.identity]
-            self.handlers.on_peer_lost(gone)
-
     def _name(self, sender: bytes, identity: bytes) -> str:
         """A sender for logs: the robot its CURVE key or session belongs to, else its connection (``who``)."""
         if self.config.curve is not None and sender.startswith(b"key:"):
@@ -419,8 +290,11 @@ class ZmqServer:
         """Send ``reply``; an error the sender caused counts against it."""
         if reply is None:
             return
-        if isinstance(reply, Error) and reply.code not in _NOT_THE_SENDERS_FAULT:
-            self._refused(sender, identity)
+        held_against = isinstance(reply, Refused) or (isinstance(reply, Error)
+                                                      and reply.code not in _NOT_THE_SENDERS_FAULT)
+        if held_against and self._admission.refused(sender, time.monotonic(), partial(self._name, sender, identity)):
+            for gone in [p for p in self._peers.values() if p.sender == sender]:
+                self._forget(gone.identity)  # ignored for a cool-off: its sessions go now
         self._reply(identity, reply)
 
     # ------------------------------------------------------------ dispatch
@@ -440,7 +314,7 @@ class ZmqServer:
                                      "bad_message", Error(code="bad_message",
                                                           message="the learner cannot decode this message"))
             return
-        if peer is not None and not isinstance(msg, Hello) and self._impersonates(peer, key, msg):
+        if peer is not None and self._impersonates(peer, key, msg):
             self._answer(identity, sender, Error(
                 code="identity_mismatch", in_reply_to=msg.TYPE,
                 message="this message was not sent with the key this session said hello with"))
@@ -465,7 +339,7 @@ class ZmqServer:
         except ProtocolError as exc:  # e.g. decode_segment in the handler found the steps inconsistent
             self.counters["bad_messages"] += 1
             log.warning("refused %s from %s: %s", msg.TYPE, who(identity), exc)
-            reply = error_for(exc, msg.TYPE)
+            reply = segment_refusal(exc, msg) if isinstance(msg, Segment) else error_for(exc, msg.TYPE)
         except Exception as exc:  # a handler bug must not take the learner down
             self.counters["handler_errors"] += 1
             log.exception("handler failed on %s from %s", msg.TYPE, who(identity))
@@ -497,26 +371,34 @@ class ZmqServer:
                 self.counters["segments_deferred"] += 1
                 self._reply(item.identity, Error(code="busy", message=str(reply), in_reply_to=msg.TYPE))
                 continue
+            answer: Message
             if isinstance(reply, ProtocolError):
                 self.counters["bad_messages"] += 1
                 log.warning("refused %s from %s: %s", msg.TYPE, who(item.identity), reply)
-                reply = error_for(reply, msg.TYPE)
+                answer = segment_refusal(reply, msg)
             elif isinstance(reply, Exception):
                 self.counters["handler_errors"] += 1
                 log.error("handler failed on %s from %s", msg.TYPE, who(item.identity), exc_info=reply)
-                reply = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(reply).__name__}: {reply}",
-                              in_reply_to=msg.TYPE)
-            self._answer(item.identity, item.sender, reply)
+                answer = Error(code="internal", message=f"learner failed on {msg.TYPE}: {type(reply).__name__}: "
+                               f"{reply}", in_reply_to=msg.TYPE)
+            else:
+                answer = reply
+            self._answer(item.identity, item.sender, answer)
 
     def _impersonates(self, peer: Peer, key: str | None, msg: Message) -> bool:
         """True when a message on a robot's connection was not sent with the key its hello was.
 
         The routing id alone proves nothing: any client can set it, and ROUTER_HANDOVER gives the newest
         connection with that id the session. With CURVE, every message carries the key ZAP authenticated
-        its connection with, so a robot holding its own valid key still cannot write as another robot.
+        its connection with, so a robot holding its own valid key still cannot write as another robot,
+        nor say hello on its routing id: the id stays bound to the key that first said hello on it.
+        Until that key is heard on it again, the connection holding the id is not the robot's, and it
+        is sent nothing but the refusal (``_reply``): the robot's replies do not go to another key.
         """
         if self.config.curve is None or key == peer.key:
+            peer.held_by_another_key = False
             return False
+        peer.held_by_another_key = True
         self.counters["impersonations_refused"] += 1
         log.error("refused %s on robot %s's session: sent with another key than its hello", msg.TYPE, peer.robot_id)
         return True
@@ -532,7 +414,7 @@ class ZmqServer:
         if isinstance(msg, Segment):
             return self._on_segment(peer, msg)
         if isinstance(msg, WeightsFetch):
-            return self._on_weights_fetch(msg)
+            return self._weights.chunk(msg)
         if isinstance(msg, Heartbeat):
             peer.policy_version, peer.stats = msg.policy_version, dict(msg.stats)
             self.handlers.on_heartbeat(peer, msg)
@@ -578,23 +460,17 @@ class ZmqServer:
                            or len(self._peers) >= cfg.peer_limits.max_sessions):
                 del self._peers[own.pop(0).identity]
                 self.counters["sessions_replaced"] += 1
+        replaced = self._peers.get(identity)
         self._peers[identity] = peer
+        if replaced is not None and replaced.robot_id != peer.robot_id:  # the connection speaks as another robot now
+            self._lost(replaced)
         latest = self.latest_weights
         self._reply(identity, HelloOk(server_id=cfg.server_id, config_hash=cfg.config_hash,
                                       latest_version=latest.version if latest else -1,
                                       heartbeat_interval_s=cfg.heartbeat_interval_s,
                                       max_message_bytes=cfg.limits.max_message_bytes))
         # What to run: its pin, or the newest (whose PUB announcement may have gone out before it subscribed).
-        return self._announcement_for(msg.robot_id)
-
-    def _announcement_for(self, robot_id: str) -> WeightsAnnounce | None:
-        """What ``robot_id`` is to run, said to it alone: its pinned version, else the newest."""
-        version = self.pinned_version(robot_id)
-        blob = self._blobs.get(version) if version is not None else None
-        if blob is not None:
-            return blob.announce(pinned=True)
-        latest = self.latest_weights
-        return latest.announce() if latest is not None else None
+        return self._weights.announcement_for(msg.robot_id)
 
     def _on_segment(self, peer: Peer, msg: Segment) -> Message:
         if msg.robot_id != peer.robot_id:
@@ -603,15 +479,11 @@ class ZmqServer:
         self.counters["segments"] += 1
         return self.handlers.on_segment(peer, msg)
 
-    def _on_weights_fetch(self, msg: WeightsFetch) -> Message:
-        blob = self._blobs.get(msg.version)
-        if blob is None or msg.chunk >= blob.num_chunks:
-            return Error(code="weights_unavailable", in_reply_to=msg.TYPE, message=(
-                f"weights v{msg.version} chunk {msg.chunk} is not served (versions served: {list(self._blobs)})"))
-        self.counters["weight_chunks_sent"] += 1
-        return blob.chunk_message(msg.chunk)
-
     def _reply(self, identity: bytes, msg: Message) -> None:
+        peer = self._peers.get(identity)
+        if peer is not None and peer.held_by_another_key and not isinstance(msg, Error):
+            self.counters["replies_withheld"] += 1  # the connection with this id now is another robot's
+            return
         try:
             self._router.send_multipart([identity, *encode_message(msg)], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # peer gone or its queue full: it will retry
@@ -621,58 +493,34 @@ class ZmqServer:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        with self._publish_lock:
-            new, self._to_publish = self._to_publish, []
-            with contextlib.suppress(zmq.Again):
-                while True:
-                    self._wake_rx.recv(zmq.NOBLOCK)
-            pins_changed, self._pins_changed = self._pins_changed, False
-            # Under the lock ``pin`` checks against: a pin lands before a version is dropped (and keeps
-            # it) or after (and is refused), never between the two.
-            dropped = self._serve_locked(new)
-        for blob in dropped:
-            blob.retire()
-        for blob in new:
-            log.info("publishing weights v%d (%d bytes, %d chunks)", blob.version, len(blob.data), blob.num_chunks)
+        new, pins_changed = self._weights.take_changes()
         if pins_changed:
             for identity, peer in list(self._peers.items()):
-                announcement = self._announcement_for(peer.robot_id)
+                announcement = self._weights.announcement_for(peer.robot_id)
                 if announcement is not None:
                     self._reply(identity, announcement)
-        latest = self.latest_weights
-        if latest and (new or now - self._last_announce_s >= self.config.announce_interval_s):
-            self._pub.send_multipart(encode_message(latest.announce()), copy=False)
-            self._last_announce_s = now
+        self._weights.read_subscriptions(now)
+        if self._weights.reopened:
+            self._weights.reopened = False
+            self._poller = self._new_poller()
+        self._weights.announce(now, self.config.announce_interval_s, at_once=bool(new))
         for identity, peer in list(self._peers.items()):
             if now - peer.last_seen_s > self.config.peer_timeout_s:
                 log.warning("robot %s silent for %.0f s; forgetting its session", peer.robot_id, now - peer.last_seen_s)
-                del self._peers[identity]
-                self.handlers.on_peer_lost(peer)
+                self._forget(identity)
         if len(self._peers) < self.config.peer_limits.max_sessions:
             self._sessions_full_logged = False
-        if now - self._last_prune_s >= 1.0:
-            self._prune_senders(now)
+        self._admission.prune(now)
 
-    def _serve_locked(self, new: list[WeightsBlob]) -> list[WeightsBlob]:
-        """Serve ``new``; drop the oldest unpinned versions beyond ``keep_weight_versions`` and return them."""
-        pinned = {*self._robot_pins.values(), self._fleet_pin}
-        dropped = []
-        for blob in new:
-            self._blobs[blob.version] = blob
-            unpinned = [v for v in self._blobs if v not in pinned]
-            while len(unpinned) > self.config.keep_weight_versions:
-                dropped.append(self._blobs.pop(unpinned.pop(0)))
-        return dropped
+    def _forget(self, identity: bytes) -> None:
+        """Drop a session; the learner hears of it when its robot holds no other."""
+        peer = self._peers.pop(identity, None)
+        if peer is not None:
+            self._lost(peer)
 
-    def _prune_senders(self, now: float) -> None:
-        """Forget senders with nothing to remember: a full bucket, no recent refusal, not ignored."""
-        self._last_prune_s = now
-        limits = self.config.peer_limits
-        idle_s = max(limits.refusal_window_s, limits.burst_messages / limits.max_messages_per_s)
-        for sender, state in list(self._senders.items()):
-            if now - state.last_s > idle_s and now >= state.ignored_until_s:
-                del self._senders[sender]
-
+    def _lost(self, peer: Peer) -> None:
+        if not any(p.robot_id == peer.robot_id for p in self._peers.values()):
+            self.handlers.on_peer_lost(peer)
 
 @dataclass
 class _QueuedSegment:

@@ -22,6 +22,10 @@ raised to the caller (which keeps the segment and retries). ``max_bytes`` bounds
 log: an append that would pass it raises ``SpoolFullError`` and the oldest records
 stay (they are what the learner has waited for longest).
 
+A segment the learner refuses as malformed (``refused``) is moved aside: ``set_aside`` writes its
+frames and the reason to ``refused/`` beside the log (fsynced, in the body format of a record) and
+forgets it here, so it neither waits for an ack that never comes nor is lost.
+
 Appends are fsynced; ``append(..., sync=False)`` + ``sync()`` groups several appends
 under one fsync (group commit: none of them counts as durable before ``sync`` returns).
 Acks are not (a lost ack only means one duplicate re-send, which the learner drops).
@@ -48,6 +52,7 @@ _APPEND, _ACK = 1, 2
 _FRAME_LEN = struct.Struct("<Q")
 _COUNT = struct.Struct("<I")
 LOG_NAME = "spool.log"
+REFUSED_DIR = "refused"  # segments no learner will store, each EPISODE-SEQ.segment with EPISODE-SEQ.reason
 # The edge's bound on unacked segments: ~7 h of a learner outage at the ~160 kB/s one robot with two
 # cameras streams. Past it new segments wait in memory, then are refused (the operator is told, the
 # local recording goes on); the oldest, which the learner has waited for longest, stay.
@@ -161,6 +166,36 @@ class Spool:
                         self.path, key, exc)
         return True
 
+    def set_aside(self, key: str, reason: str, frames: Sequence[bytes | memoryview] | None = None) -> Path:
+        """Move the record ``key`` (or ``frames``, never spooled) to ``refused/`` with ``reason``, and
+        forget it here. Returns the segment's file; ``KeyError`` if ``key`` is not pending and no
+        ``frames`` are given. Written and fsynced before the record is forgotten: a crash in between
+        leaves it in both places, never in neither."""
+        if frames is None:
+            frames = self.get(key)
+            if frames is None:
+                raise KeyError(f"spool {self.path}: no pending record {key!r} to set aside")
+        name = "".join(c if c.isalnum() or c in "-_." else "-" for c in key)
+        folder = self.directory / REFUSED_DIR
+        folder.mkdir(exist_ok=True)
+        target = folder / f"{name}.segment"
+        for path, data in ((target, _pack_frames(frames)), (folder / f"{name}.reason", reason.encode() + b"\n")):
+            with open(path, "wb") as f:
+                f.write(data)
+                f.flush()
+                if self._fsync:
+                    os.fsync(f.fileno())
+        self._sync_dir(folder)
+        self.ack(key)
+        return target
+
+    def refused(self) -> dict[str, str]:
+        """The segments set aside so far (this run and earlier ones): file stem -> reason."""
+        folder = self.directory / REFUSED_DIR
+        if not folder.is_dir():
+            return {}
+        return {path.stem: path.read_text(errors="replace").strip() for path in sorted(folder.glob("*.reason"))}
+
     def pending(self) -> Iterator[tuple[str, list[bytes]]]:
         """Unacked records, oldest first. Safe to ``ack`` while iterating."""
         for key in list(self._pending):
@@ -266,9 +301,9 @@ class Spool:
         if self._fsync:
             os.fsync(self._fd)
 
-    def _sync_dir(self) -> None:
+    def _sync_dir(self, directory: Path | None = None) -> None:
         if self._fsync:
-            dfd = os.open(self.directory, os.O_RDONLY)
+            dfd = os.open(directory or self.directory, os.O_RDONLY)
             try:
                 os.fsync(dfd)
             finally:

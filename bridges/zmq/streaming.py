@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from robot_rl.bridges.zmq.client import ClientConfig, WeightsCallback, ZmqClient
-from robot_rl.bridges.zmq.protocol import StatsMap
-from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
+from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, StatsMap
+from robot_rl.bridges.zmq.segments import ImageEncoding, check_segment, encode_segment
 from robot_rl.bridges.zmq.spool import Spool, SpoolFullError
 from robot_rl.bridges.zmq.weights import BufferAllocator
 from robot_rl.core import Step
@@ -271,7 +271,11 @@ class StreamingClient:
                               self.config.robot_id, job.episode_id, job.seq)
                 continue
             try:
-                client.send_segment(segment)
+                refusal = _refusal(segment)
+                if refusal is None:
+                    client.send_segment(segment)
+                else:  # what the learner would refuse never enters the spool; it is kept aside
+                    client.set_aside(segment, f"refused on the edge before spooling: {refusal}")
             except (OSError, SpoolFullError) as exc:
                 # Disk trouble or a full spool: keep the job, stop taking new ones; the queue fills and
                 # submit_steps starts refusing loudly, which is the backpressure we want.
@@ -292,3 +296,13 @@ class StreamingClient:
         with self._seq_lock:
             if self._queue.empty() and self._held is None and client.pending == 0:
                 self._drained.set()
+
+
+def _refusal(segment: Segment) -> str | None:
+    """Why the learner would refuse ``segment`` as malformed (a NaN reward or action, an integer out
+    of range), or None: the learner's own checks, run where the segment is made."""
+    try:
+        check_segment(segment)
+    except ProtocolError as exc:
+        return str(exc)
+    return None

@@ -97,6 +97,10 @@ class FaultsBenchConfig:
     episode_steps: int = 60  # 2 s episodes at 30 fps, 10-step segments
     flush_timeout_s: float = 300.0  # for the robots' last acks after the last restart
     max_restart_s: float = 10.0  # a restart slower than this fails the suite
+    refused_segments: int = 8  # segments with a NaN reward a robot sends before its clean ones (refused_then_clean)
+    flood_subscriptions: int = 40000  # 1 KiB subscriptions one peer sends on the weights socket
+    max_flood_growth_mb: float = 50.0  # the learner's memory growth the flood may cause
+    stale_hellos: int = 2000  # hellos under new ids from one connection, forgotten after the peer timeout
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -104,6 +108,8 @@ class FaultsBenchConfig:
             raise ValueError("bench faults: robots >= 1, fuzz_messages and kills >= 0, episode_steps >= 10")
         if self.edge_kills < 0 or self.network_cut_s < 0:
             raise ValueError("bench faults: edge_kills and network_cut_s must be >= 0")
+        if self.refused_segments < 0 or self.flood_subscriptions < 0 or self.stale_hellos < 0:
+            raise ValueError("bench faults: refused_segments, flood_subscriptions and stale_hellos must be >= 0")
         if self.edge_kills and self.episode_steps < 40:
             raise ValueError("bench faults: killing a robot mid-episode needs episode_steps >= 40")
 

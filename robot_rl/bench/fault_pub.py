@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from robot_rl.bridges.zmq.server import MAX_SUBSCRIPTION_BYTES
+from robot_rl.bridges.zmq.weight_serving import MAX_SUBSCRIPTION_BYTES
 
 PUB_PROBE_EVERY = 1000  # malformed messages between two checks that a robot still gets announcements
 ANNOUNCE_TIMEOUT_S = 10.0  # several of the learner's re-announcements

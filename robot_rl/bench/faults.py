@@ -21,6 +21,11 @@ store on disk) with ``bench.robots`` edges streaming synthetic episodes whose st
    hits a full disk (``fault_store.py``) acks nothing it could not stage, says so, keeps serving and
    stores everything once there is space again.
 
+6. **peers** (``fault_peers.py``): segments a robot sends malformed are set aside and its clean ones
+   stored (``refused_then_clean``); a flood of subscriptions on the weights socket grows the learner
+   by a bounded amount (``subscription_flood``); ids a connection said hello under and left are
+   forgotten after the peer timeout (``stale_ids``).
+
 3. **robot kills**: ``bench.edge_kills`` times a robot's process is killed with SIGKILL in the
    middle of an episode and started again on its spool (the learner stores the cut episode as
    truncated when the robot starts its next one).
@@ -50,10 +55,11 @@ from typing import TYPE_CHECKING, Any
 
 from robot_rl.bench.config import FaultsBenchConfig
 from robot_rl.bench.fault_edge import FPS
+from robot_rl.bench.fault_peers import peer_faults, peer_faults_passed
 from robot_rl.bench.fault_stored import stored_rows
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import CAMERAS, IMAGE
-from robot_rl.bridges.zmq.server import PeerLimits
+from robot_rl.bridges.zmq.admission import PeerLimits
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -334,6 +340,8 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
         if learner.alive():
             learner.process.kill()
     files = file_faults(root / "files")
+    progress("peers: refused segments, a subscription flood, stale ids")
+    peers = peer_faults(cfg)
     rows, non_finite, left_staged = stored_rows(root / "store")
     submitted, durable, stored = run["submitted"], run["durable"], set(rows)
     marked = {r for r in stored if r[0] in (int(POISON_ROBOT), int(INTRUDER_ROBOT))}
@@ -351,7 +359,7 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
         "restart_s": [round(s, 2) for s in learner.restart_s[1:]], "first_start_s": round(learner.restart_s[0], 2),
         "restart_s_max": round(max(learner.restart_s[1:], default=0.0), 2), "peak_rss_mb": round(learner.peak_rss_mb),
         "fuzz": fuzz, "files": files, "network_cut": cut, "edges_flushed": run["flushed"],
-        "learner_exit_code": run["exit_code"], "segments_left_staged": left_staged,
+        "learner_exit_code": run["exit_code"], "segments_left_staged": left_staged, **peers,
     }
     # Through a cut the robots keep recording at (at least half) their rate: the link never holds them up.
     kept_recording = cut["steps_recorded_during_cut"] >= 0.5 * FPS * cut["seconds"] * cfg.robots
@@ -362,7 +370,7 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
         and report["restart_s_max"] <= cfg.max_restart_s and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
         and fuzz["router"]["messages"] >= cfg.fuzz_messages and fuzz["pub"]["messages"] >= cfg.fuzz_messages
         and fuzz["router"]["garbage_sender_ignored"] and run["flushed"] and run["exit_code"] == 0
-        and left_staged == 0 and all(files.values()) and kept_recording)
+        and left_staged == 0 and all(files.values()) and kept_recording and peer_faults_passed(cfg, peers))
     return report
 
 
@@ -382,6 +390,7 @@ def print_table(report: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     table.add_column("must be", justify="right")
     fuzz = report["fuzz"]
+    refused, flood, stale = report["refused_then_clean"], report["subscription_flood"], report["stale_ids"]
     rows = [("learner kills (SIGKILL)", report["kills"], f">= {report['config']['kills']}"),
             ("robot kills (SIGKILL mid-episode)", report["edge_kills"], f">= {report['config']['edge_kills']}"),
             ("steps submitted / durable / stored",
@@ -405,7 +414,14 @@ def print_table(report: dict[str, Any]) -> None:
             ("a key past the refusal bound ignored", "yes" if fuzz["router"]["garbage_sender_ignored"] else "NO",
              "yes"),
             *((f"file fault: {name}", "handled" if ok else "NOT HANDLED", "handled")
-              for name, ok in report["files"].items())]
+              for name, ok in report["files"].items()),
+            ("malformed segments set aside / clean steps stored",
+             f"{refused['refused']} / {refused['clean_stored']} of {refused['clean_steps']}",
+             f"{report['config']['refused_segments']} / all"),
+            (f"learner MB grown by {flood['subscriptions']} subscriptions", flood["rss_growth_mb"],
+             f"<= {report['config']['max_flood_growth_mb']:g}"),
+            (f"ids listed after the peer timeout ({stale['said_hello']} said hello)", stale["listed_after_timeout"],
+             f"{stale['live_peers']} (the live robot)")]
     for what, value, must in rows:
         table.add_row(what, str(value), must)
     Console().print(table)

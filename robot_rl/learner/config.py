@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from robot_rl.bridges.zmq.server import PeerLimits
+from robot_rl.bridges.zmq.admission import PeerLimits
 from robot_rl.data.frame_storage import FrameStorageConfig
 from robot_rl.learner.algorithms.config import ALGORITHMS, WeightedBCConfig
 from robot_rl.learner.streams import STREAMS

@@ -201,6 +201,7 @@ def _robots(service: FleetSource, outcomes: Sequence[EpisodeOutcome],
             "lateness_p99_ms": stats.get("lateness_p99_ms"),
             "lateness_max_ms": stats.get("lateness_max_ms"),
             "spool_backlog": stats.get("pending"),
+            "segments_refused": stats.get("segments_refused"),  # malformed, set aside in the robot's spool
             "replan_slots": stats.get("replan_slots"),  # continuous re-planning's requests in flight; 0: thrifty
             "seen_s_ago": round(now - status.last_seen_s, 1),
         })
