@@ -11,37 +11,20 @@ Two directions, neither of which may slow the control thread:
   ended after its last tick, by an operator's verdict (``end_episode``), and that verdict
   must travel on its last step.
 * Weights in: the link fetches and verifies announced snapshots on its own thread and
-  calls ``_on_weights``; a loader thread parses them (safetensors header, no pickle),
-  checks them against the running architecture, copies them into the *shadow* policy
-  and asks the node to swap it in between two chunks.
+  calls ``_on_weights``; a loader thread hands them on. A policy that runs here is loaded
+  into the node's shadow and offered to its inference worker (``EdgeNode.swaps``, the
+  double-buffer rule of ``robot_rl.edge.swap``); a policy in a process of its own
+  (``robot_rl.edge.process_runner``) has its shadow, its loader and the same rule there: the
+  link assembles the download straight into a file that process maps, and only the file's
+  name goes down the pipe (``ProcessPolicy.stage_weights``).
 
-Why this shape (measured: a 100 MB model used to cost ~45 late ticks per swap). The
-control thread shares the process, hence the GIL, with the loader, so the loader must never
-run a long Python-level operation. There are exactly two policy objects: the one the node
-runs and one shadow, allocated once at construction (never per swap: no ``deepcopy``, no
-fresh allocations for the GC or the allocator to chew on). New weights go straight from the
-received buffer into the shadow's tensors: ``torch.frombuffer`` views of the safetensors
-bytes (no deserialised copy, no float32 cast copy), copied with ``Tensor.copy_`` in slices
-of a few MB (a tensor of at most one slice and of the shadow's own dtype by numpy, on one
-thread), both with the GIL released. The swap itself is a pointer assignment in the inference
-worker. Once the worker runs the shadow, the policy it dropped
-becomes the next shadow. If the previous shadow's swap is still pending when newer weights
-arrive, the request is withdrawn first (the latest version wins anyway); if the worker has
-already taken it but not applied it yet, the loader waits for that one chunk.
-
-A policy that runs in a process of its own (``robot_rl.edge.process_runner``) has its shadow and
-loader there: the link assembles the download straight into a file that process maps, and this
-streamer only sends the file's name (``ProcessPolicy.stage_weights``); nothing of the load runs
-in the control process.
-
-The version in use, reported in heartbeats, is the version of the newest executed step:
-that is when a swap has really happened, not when the weights arrived.
+The version in use, reported in heartbeats, is the version of the newest executed step
+(``robot_rl.edge.swap`` traces a version's path from the link to ``Step.policy_version``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import queue
 import threading
@@ -49,93 +32,27 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.protocol import StatsMap, WeightsAnnounce
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.bridges.zmq.streaming import StreamingClient
-from robot_rl.bridges.zmq.weights import TensorView, WeightsError, tensor_views
+from robot_rl.bridges.zmq.weights import WeightsError
 from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
 from robot_rl.edge.process_runner import ProcessPolicy
-from robot_rl.policies.trainable import published_state
+from robot_rl.edge.swap import load_weights_into
 
 if TYPE_CHECKING:
     from robot_rl.edge.node import EdgeNode
 
 log = logging.getLogger(__name__)
 
-_TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                 "BOOL": torch.bool}
-LOAD_SLICE_BYTES = 4 << 20  # per copy_ call: the GIL is taken back (and offered to the control thread) between slices
 LOADER_NICE = 10  # the weights loader yields the CPU to the control and inference threads
 LINK_NICE = 0  # the link thread (JPEG, spool, weight hashes): left as is; lowered, it starves on a loaded machine
-
-
-def load_weights_into(module: torch.nn.Module, data: bytes | bytearray | memoryview,
-                      slice_bytes: int = LOAD_SLICE_BYTES) -> int:
-    """Copy safetensors ``data`` into ``module``'s own tensors, in place; return the bytes read.
-
-    Zero-copy on the input side: each tensor is a ``torch.frombuffer`` view of ``data``
-    (writable buffers only, like the link's assembly buffer; a read-only one is copied once),
-    cast to the parameter's dtype by ``copy_`` itself (fp16/bf16 transfers need no extra
-    buffer). Names and shapes must match what ``module`` publishes (``published_state``: its state
-    dict, or a trainable policy's published part) exactly (``ValueError``
-    otherwise, before anything is written); malformed bytes raise ``WeightsError``.
-    """
-    views = tensor_views(data)
-    target = published_state(module)
-    wrong = sorted(k for k in target if k not in views or views[k].shape != tuple(target[k].shape))
-    extra = sorted(set(views) - set(target))
-    if wrong or extra:
-        raise ValueError(f"weights do not fit the running policy (mismatched {wrong[:5]}, unexpected {extra[:5]})")
-    if memoryview(data).readonly:
-        data = bytearray(data)  # torch.frombuffer wants a writable buffer (it never writes here)
-    copied = 0
-    with torch.no_grad():
-        for name, view in views.items():
-            _copy_slices(target[name], data, view, slice_bytes)
-            copied += view.nbytes
-    return copied
-
-
-def _copy_slices(dst: torch.Tensor, data: bytes | bytearray | memoryview, view: TensorView, slice_bytes: int) -> None:
-    if view.numel == 0:
-        return
-    dtype = _TORCH_DTYPES[view.dtype]
-    if view.nbytes <= slice_bytes and dst.dtype == dtype and dst.device.type == "cpu" and dst.is_contiguous():
-        # A plain memcpy on this thread, the GIL released as by copy_. torch's copy_ of a tensor above
-        # 32K elements is a parallel region that waits for its slowest worker thread, and after an idle
-        # second its first one took 12 ms on 2 cores against 1.2 ms on one thread (outside the bench):
-        # hundreds of small tensors per LoRA adapter, each waiting for threads, when one suffices.
-        raw = np.frombuffer(data, np.uint8, view.nbytes, view.offset)
-        np.copyto(dst.detach().view(-1).view(torch.uint8).numpy(), raw)
-        return
-    src = torch.frombuffer(data, dtype=dtype, count=view.numel, offset=view.offset)
-    if not dst.is_contiguous():
-        dst.copy_(src.view(view.shape))
-        return
-    flat = dst.view(-1)
-    step = max(1, slice_bytes // src.element_size())
-    for start in range(0, view.numel, step):
-        flat[start : start + step].copy_(src[start : start + step])
-
-
-def shadow_of(policy: torch.nn.Module) -> Any:
-    """The second policy object weights are loaded into: its published tensors are its own, and
-    every tensor that never travels (a frozen VLM, a LoRA adapter's base) is the live policy's,
-    shared, because no swap ever writes it: a 0.9 GB SmolVLM is held once, not twice."""
-    published = {t.data_ptr() for t in published_state(policy).values() if t.numel()}
-    memo: dict[int, Any] = {}
-    for tensor in (*policy.parameters(), *policy.buffers()):
-        if tensor.numel() and tensor.data_ptr() not in published:
-            memo[id(tensor)] = tensor
-    return copy.deepcopy(policy, memo).eval()
 
 
 def receives_weights(policy: object) -> bool:
@@ -185,13 +102,7 @@ class EdgeStreamer:
         self.segment_steps = segment_steps
         self.episode_id_fn = episode_id_fn
         self.node: EdgeNode | None = None
-        # The one shadow, allocated now (off the control path), on the policy's device. ``policy``
-        # itself becomes the shadow after the first swap: its weights are overwritten then.
-        self._live = None if self._remote else policy
-        # Any: a torch module that is also the node's ChunkPolicy (FlowVLA).
-        self._shadow: Any = shadow_of(self._live) if isinstance(self._live, torch.nn.Module) else None
-        self._requested: tuple[torch.nn.Module, int] | None = None  # shadow handed to the node, not yet seen in use
-        self._failures_at_request = 0
+        self._policy = None if self._remote else policy  # loaded here: the node's own swap takes it
         self._episode_id: int | None = None
         self._next_episode_id: int | None = None
         self._current: list[Step] = []
@@ -204,8 +115,6 @@ class EdgeStreamer:
         self.swaps_requested = 0
         self.weights_rejected = 0
         self.submit_retries = 0
-        self.shadow_recycled = 0  # swaps completed: the dropped policy became the next shadow
-        self.swaps_withdrawn = 0  # pending swaps superseded by newer weights before the worker took them
 
     # ------------------------------------------------------------ lifecycle
 
@@ -220,8 +129,11 @@ class EdgeStreamer:
         return self
 
     def start(self) -> EdgeStreamer:
-        if self._remote is not None and self.link.config.fetch_weights:
-            self._remote.prepare_for_weights()  # its shadow and a download file, as ours are made up front
+        if self.link.config.fetch_weights:  # the shadow made now, off the control path, not with the first weights
+            if self._remote is not None:
+                self._remote.prepare_for_weights()  # its shadow and a download file, in its process
+            elif isinstance(self._policy, torch.nn.Module) and self.node is not None:
+                self.node.swaps.prepare()
         self.link.start()
         self._loader.start()
         link_thread = getattr(self.link, "_thread", None)
@@ -360,53 +272,19 @@ class EdgeStreamer:
                 self._remote.stage_weights(announce.version, data)  # a file name down a pipe
                 self.swaps_requested += 1
                 continue
-            if not self._free_shadow():
-                continue  # the worker holds the shadow's swap for one chunk; try again in a few ms
+            shadow = self.node.swaps.free_shadow()
+            if shadow is None:
+                continue  # the worker is swapping the shadow in for one chunk; try again in a few ms
             announce, data = item
             item = None
             try:
-                self._load_shadow(data)
+                load_weights_into(shadow, data)
             except (WeightsError, ValueError, RuntimeError) as exc:
                 self.weights_rejected += 1
                 log.error("robot %s: weights v%d refused: %s", self.link.config.robot_id, announce.version, exc)
                 continue
-            assert self._shadow is not None
-            self._requested = (self._shadow, announce.version)
-            self._failures_at_request = self._swap_failures()
-            self.node.request_policy_swap(self._shadow, announce.version)
+            self.node.request_policy_swap(shadow, announce.version)
             self.swaps_requested += 1
             log.info("robot %s: weights v%d loaded into the shadow policy; swapping at the next chunk",
                      self.link.config.robot_id, announce.version)
 
-    def _load_shadow(self, data: bytes | memoryview) -> None:
-        assert self._shadow is not None
-        load_weights_into(self._shadow, data)
-
-    def _free_shadow(self) -> bool:
-        """True when nothing but this thread can touch ``self._shadow``.
-
-        After a swap request the shadow is (a) running in the worker: the policy it replaced is
-        free and becomes the shadow; (b) still pending in the node: withdrawn (newer weights are
-        about to supersede it); (c) taken by the control thread but not yet applied by the
-        worker: not free for the length of one chunk (False; the caller retries).
-        """
-        if self._requested is None:
-            return True
-        assert self.node is not None
-        shadow, _version = self._requested
-        if self.node.running_policy is shadow:
-            self._live, self._shadow = shadow, self._live
-            self._requested = None
-            self.shadow_recycled += 1
-            return True
-        if self.node.withdraw_policy_swap(shadow):
-            self._requested = None
-            self.swaps_withdrawn += 1
-            return True
-        if self._swap_failures() > self._failures_at_request:
-            self._requested = None  # the worker refused it and kept the old policy: the shadow is unused
-            return True
-        return False
-
-    def _swap_failures(self) -> int:
-        return self.node.stats.swap_failures if self.node is not None else 0
