@@ -1,11 +1,12 @@
 """A learner and N simulated edge nodes on one machine, on loopback: what ``robot-rl run`` and
 ``bench learning`` start.
 
-Every robot runs the real edge runtime (``EdgeNode`` + ``EdgeStreamer``) against the
-real learner service over real sockets, so what works here works across machines. The
-robots run on threads of this process (``robots: thread``, quick to start: tests) or each in
-a process of its own (``robots: process``, ``robot_rl.app.robot_process``: the learner
-keeps its interpreter's lock to itself, as on a machine of its own).
+Every robot runs the edge runtime a real robot runs (``robot_rl.edge.runtime.EdgeRuntime``: node,
+learner link streaming segments as the episode runs, local recorder) against the real learner
+service over real sockets, so what works here works across machines. The robots run on threads of
+this process (``robots: thread``, quick to start: tests) or each in a process of its own
+(``robots: process``, ``robot_rl.app.robot_process``: the learner keeps its interpreter's lock to
+itself, as on a machine of its own).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from robot_rl.core.clock import WallClock
 from robot_rl.core.registry import VIEWERS
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.edge.viewer_config import NoViewerConfig
 from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
@@ -36,6 +37,13 @@ from robot_rl.learner.service import LearnerService
 from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
+
+LINK_CONNECT_S = 10.0  # at a robot's start, how long to wait for the learner's hello before running without it
+FINAL_ACK_S = 30.0  # after its last episode, how long a robot waits for the learner's acks (the rest stays spooled)
+# A simulated robot's local dataset is finalized every this many episodes (and at its end): re-opening
+# a LeRobot dataset costs seconds, which a robot that records episode after episode should not pay
+# each time; a crash loses at most these episodes locally, never on the learner (the spool has them).
+RECORD_FINALIZE_EVERY = 20
 
 # (robot index) -> (robot, task or None, reset(episode) -> instruction)
 RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
@@ -72,6 +80,9 @@ class LocalRunConfig:
     segment_steps: int = 15  # steps per streamed segment: half a second at 30 Hz
     image_format: str = "jpeg"  # how camera frames travel to the learner
     viewer: Any = field(default_factory=NoViewerConfig)  # what every robot logs a live view to (viewer=)
+    # Each robot also records its episodes into a LeRobotDataset v3 of its own, RECORD_DIR/ROBOT_ID, as
+    # a real robot does (None: the learner's store is the only copy).
+    record_dir: str | None = None
 
     def __post_init__(self) -> None:
         self.robots = RobotPlacement(self.robots)
@@ -341,29 +352,31 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
              operator: Any = None,
              on_episode: EpisodeCallback | None = None,
              on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
-    """One edge node: run ``run.episodes_per_robot`` episodes streaming to the learner in ``client``.
+    """One simulated robot's ``EdgeRuntime``: run ``run.episodes_per_robot`` episodes streaming to the
+    learner in ``client`` (and recording them in ``run.record_dir``, when set).
 
     ``stop`` (checked before each episode) ends the run early; ``on_ready`` is called once the
-    node is built and linked, before the first episode (it may block: a start barrier).
-    Returns (episodes, steps, successes). Used by ``run_local`` and by ``robot-rl edge``.
+    runtime is built and linked, before the first episode (it may block: a start barrier).
+    Returns (episodes, steps, successes). Used by ``run_local``, on a thread or in a robot process.
     """
     robot, task, reset = robot_parts
     robot_id = client.robot_id
     own_policy = copy.deepcopy(policy)
-    streamer = EdgeStreamer(client, own_policy, segment_steps=run.segment_steps,
-                            image_encoding=ImageEncoding(run.image_format))
-    node = EdgeNode(robot, own_policy, WallClock(), run.edge, task=task, robot_id=robot_id, policy_version=0,
-                    intervention=operator)
+    recorder = None
+    if run.record_dir is not None:
+        layout = RecordedLayout.of_robot(robot)
+        recorder = EpisodeRecorder(Path(run.record_dir) / robot_id, layout.fps, layout.joint_names,
+                                   layout.camera_shapes, repo_id=f"local/{robot_id}", robot_type=str(getattr(robot, "name", "robot")),
+                                   finalize_every=RECORD_FINALIZE_EVERY)
+    runtime = EdgeRuntime(robot, own_policy, WallClock(), run.edge, robot_id=robot_id, client=client,
+                          recorder=recorder, task=task, intervention=operator, segment_steps=run.segment_steps,
+                          image_encoding=ImageEncoding(run.image_format),
+                          view=VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names)))
     if operator is not None:
-        operator.bind(node)
-    streamer.attach(node).start()
-    view = VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names))
-    if view is not None:
-        view.attach(node)
+        operator.bind(runtime.node)
     episodes = steps = successes = 0
     try:
-        if not streamer.link.wait_connected(10.0):
-            log.warning("%s: learner not reachable yet; running anyway, segments wait in the spool", robot_id)
+        runtime.start(LINK_CONNECT_S)
         if on_ready is not None:
             on_ready()
         for episode in range(run.episodes_per_robot):
@@ -372,22 +385,17 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
             instruction = reset(episode)
             if operator is not None:
                 operator.begin_episode(episode)
-            result = node.run_episode(run.max_steps, instruction, episode_id=episode,
-                                      seed=getattr(robot, "scene_seed", None))
+            result = runtime.run_episode(run.max_steps, instruction, episode_id=episode,
+                                         seed=getattr(robot, "scene_seed", None))
             if on_episode is not None:
-                on_episode(robot_id, result, node.policy_version)
+                on_episode(robot_id, result, runtime.policy_version)
             episodes += 1
             steps += result.num_steps
             successes += int(result.success)
             log.info("%s episode %d: %d steps, success=%s, policy v%d, late ticks so far %d", robot_id, episode,
-                     result.num_steps, result.success, node.policy_version, node.stats.late_ticks)
-        if not streamer.link.flush(30.0):
-            log.warning("%s: not everything acked yet; the rest stays in the spool for next time", robot_id)
+                     result.num_steps, result.success, runtime.policy_version, runtime.node.stats.late_ticks)
     finally:
         if versions is not None:
-            versions[robot_id] = node.policy_version
-        streamer.stop()
-        node.close()
-        if view is not None:
-            view.close()
+            versions[robot_id] = runtime.policy_version
+        runtime.close(ack_timeout_s=FINAL_ACK_S)
     return episodes, steps, successes

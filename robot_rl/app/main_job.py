@@ -183,7 +183,8 @@ def learner_label(config: LearnerConfig) -> str:
 
 
 def local_run_config(cfg: RobotRLConfig, run_dir: Path, viewer: Any = None) -> LocalRunConfig:
-    """What ``run_local`` needs of the run's settings, its spool under ``run_dir``; ``viewer``: what the
+    """What ``run_local`` needs of the run's settings, its spools and each robot's local dataset under
+    ``run_dir`` (``spool/``, ``robots/ROBOT_ID``, as a real robot keeps them); ``viewer``: what the
     robots log a live view to (``rerun_view.start_viewer``; None: ``cfg.viewer``)."""
     from robot_rl.app.local_run import LocalRunConfig
 
@@ -191,7 +192,7 @@ def local_run_config(cfg: RobotRLConfig, run_dir: Path, viewer: Any = None) -> L
     return LocalRunConfig(num_robots=cfg.run.num_robots, episodes_per_robot=cfg.run.episodes,
                           max_steps=cfg.run.max_episode_steps, spool_dir=str(run_dir / "spool"), edge=cfg.edge,
                           time_budget_s=budget * 60.0 if budget else None, robots=cfg.run.robots,
-                          min_updates=cfg.run.min_updates or None,
+                          min_updates=cfg.run.min_updates or None, record_dir=str(run_dir / "robots"),
                           viewer=cfg.viewer if viewer is None else viewer)
 
 

@@ -1,9 +1,10 @@
-"""Wire an edge session from the configuration: robot, policy, teleop hook, edge node, keys, recorder, learner.
+"""Wire an edge session from the configuration: robot, policy, teleop hook, keys, and the edge runtime.
 
-One runtime for every robot and both commands: ``robot-rl session`` (an operator at the keys,
-a leader arm or a gamepad) and ``robot-rl edge`` (unattended: no teleop, no keys, verdicts
-from the task) build the robot from ``robot=`` (the sim, a LeRobot robot, a ROS 2 arm), the
-same node, recorder and link.
+Both commands, ``robot-rl session`` (an operator at the keys, a leader arm or a gamepad) and
+``robot-rl edge`` (unattended: no teleop, no keys, verdicts from the task), build the robot from
+``robot=`` (the sim, a LeRobot robot, a ROS 2 arm) and run it through the one edge runtime
+(``robot_rl.edge.runtime.EdgeRuntime``: node, learner link, local recorder) the main job's robots
+run through too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from robot_rl.core.clock import Clock, VirtualClock, WallClock
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import ROBOTS, TELEOPS, VIEWERS
+from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.sim.config import SimConfig
 from robot_rl.session.config import SessionConfig
 
@@ -55,7 +58,6 @@ def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
 
 def run_session(cfg: RobotRLConfig) -> int:
     """Run ``cfg.session`` on ``cfg.robot``; stream to ``cfg.link.learner`` if set. Returns the exit code."""
-    from robot_rl.edge import EdgeNode
     from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
     from robot_rl.session.loop import OperatorSession
     from robot_rl.session.scenes import SceneDraw
@@ -96,25 +98,22 @@ def run_session(cfg: RobotRLConfig) -> int:
         stack.callback(teleop.disconnect)
         blender = TakeoverBlender(robot.fps, teleop_cfg.blend_time_s, teleop_cfg.max_step_per_tick)
         hook = TeleopIntervention(teleop, blender)
-        node = EdgeNode(robot, policy, clock, edge_cfg, task=robot if simulated else None, intervention=hook,
-                        robot_id=robot_name)
-        stack.callback(node.close)
-        hook.bind(node)
-        if hasattr(robot, "set_plan_source"):  # ROS 2: send the rest of the plan as a trajectory
-            robot.set_plan_source(lambda: [] if hook.intervening else [q.action for q in node.queue.pending()])
-        streamer = (_start_streamer(client, policy, node, stack, session_cfg.final_ack_timeout_s)
-                    if client is not None else None)
+        client = _with_config_hash(client, policy) if client is not None else None
         view = VIEWERS.build(cfg.viewer, robot_id=robot_name, joint_names=tuple(robot.joint_names))
-        if view is not None:
-            view.attach(node)
-            stack.callback(view.close)
+        runtime = EdgeRuntime(robot, policy, clock, edge_cfg, robot_id=robot_name, client=client,
+                              recorder=_recorder(session_cfg, robot), task=robot if simulated else None,
+                              intervention=hook, view=view)
+        stack.callback(runtime.close, session_cfg.final_ack_timeout_s)
+        hook.bind(runtime.node)
+        if hasattr(robot, "set_plan_source"):  # ROS 2: send the rest of the plan as a trajectory
+            robot.set_plan_source(lambda: [] if hook.intervening else [q.action for q in runtime.node.queue.pending()])
+        runtime.start(LINK_CONNECT_S)
         keys = _key_source(session_cfg)
         stack.callback(keys.close)
-        recorder = _recorder(session_cfg, robot)
         session = OperatorSession(
-            session_cfg, robot, node, hook, keys, recorder, clock,
-            status=StatusLine(sys.stderr, session_cfg.status_interval_s), streamer=streamer,
-            scenes=scenes, log_path=session_cfg.log_path,
+            session_cfg, robot, runtime, hook, keys, clock,
+            status=StatusLine(sys.stderr, session_cfg.status_interval_s), scenes=scenes,
+            log_path=session_cfg.log_path,
         )
         result = session.run()
     return result.exit_code
@@ -181,11 +180,7 @@ def with_latency_calibration(edge: EdgeConfig, output_dir: str, robot_name: str)
     return dataclasses.replace(edge, delay_prior_ticks=prior, command_lag_ticks=lag)
 
 
-def _recorder(config: SessionConfig, robot: Any) -> Any:
-    # LeRobot's dataset writer takes seconds to import; pay that now, not while the
-    # arm waits between the first two episodes.
-    from robot_rl.data.recorder import EpisodeRecorder
-
+def _recorder(config: SessionConfig, robot: Any) -> EpisodeRecorder:
     layout = RecordedLayout.of_robot(robot)
     return EpisodeRecorder(
         Path(config.dataset_root), layout.fps, layout.joint_names, layout.camera_shapes,
@@ -206,32 +201,8 @@ def _key_source(config: SessionConfig) -> Any:
     return NoKeys()
 
 
-def _start_streamer(client: ClientConfig, policy: Any, node: Any, stack: contextlib.ExitStack,
-                    final_ack_timeout_s: float) -> Any:
-    """Stream saved episodes to the learner (``link``) and swap in the weights it publishes;
-    local recording happens regardless. The policy's config hash goes in the hello, so a learner
-    that trains another model refuses the robot, and the session says so in one line."""
-    from robot_rl.edge.streaming import EdgeStreamer, receives_weights
-
+def _with_config_hash(client: ClientConfig, policy: Any) -> ClientConfig:
+    """The policy's config hash goes in the hello, so a learner that trains another model refuses the
+    robot, and the session says so in one line."""
     config_hash = policy.config_hash() if hasattr(policy, "config_hash") else ""  # "": a policy without weights
-    if config_hash:
-        client = dataclasses.replace(client, config_hash=config_hash)
-    streamer = EdgeStreamer(client, policy if receives_weights(policy) else None)
-    streamer.attach(node, stream_steps=False).start()
-    if not streamer.link.wait_connected(LINK_CONNECT_S):
-        refusal = streamer.link.refusal
-        if refusal:
-            streamer.stop(timeout_s=1.0)
-            raise ConnectionError(f"the learner at {client.router_endpoint} refused this robot: {refusal}")
-        log.warning("learner at %s not reachable yet: recording locally; episodes wait in %s and are sent "
-                    "when it is back", client.router_endpoint, client.spool_dir)
-
-    def finish() -> None:
-        # The last episode is written locally already; give the learner a bounded moment to ack it.
-        if not streamer.link.flush(final_ack_timeout_s):
-            log.warning("not every episode reached the learner yet; the rest waits in %s for the next session",
-                        client.spool_dir)
-        streamer.stop()
-
-    stack.callback(finish)
-    return streamer
+    return dataclasses.replace(client, config_hash=config_hash) if config_hash else client

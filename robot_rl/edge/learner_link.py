@@ -55,11 +55,6 @@ LOADER_NICE = 10  # the weights loader yields the CPU to the control and inferen
 LINK_NICE = 0  # the link thread (JPEG, spool, weight hashes): left as is; lowered, it starves on a loaded machine
 
 
-def receives_weights(policy: object) -> bool:
-    """True where published weights can be swapped into ``policy`` (a torch module, here or in its own process)."""
-    return isinstance(policy, torch.nn.Module) or (isinstance(policy, ProcessPolicy) and policy.swappable)
-
-
 def wall_clock_episode_id() -> int:
     """Microseconds since the epoch: unique per robot across restarts, as the dedup key needs."""
     return time.time_ns() // 1000
@@ -118,13 +113,10 @@ class EdgeStreamer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def attach(self, node: EdgeNode, *, stream_steps: bool = True) -> EdgeStreamer:
-        """Become ``node``'s swap target and, with ``stream_steps``, its step sink (steps go out
-        as they happen). Without it the caller hands over whole episodes (``send_episode``): an
-        operator session, which streams an episode only once its verdict says it is kept."""
+    def attach(self, node: EdgeNode) -> EdgeStreamer:
+        """Become ``node``'s step sink (steps go out as they happen) and the reader of its ticks for heartbeats."""
         self.node = node
-        if stream_steps:
-            node.step_sink = self.sink
+        node.step_sink = self.sink
         self.link.report = self._heartbeat_report  # read by the link's thread once it starts
         return self
 
@@ -188,19 +180,6 @@ class EdgeStreamer:
             self._current = self._current[-1:]
         self._drain_unsent()
 
-    def send_episode(self, steps: list[Step]) -> None:
-        """Stream one whole, ended episode (a new episode id; its last step carries done).
-        Never blocks: what the link's queue cannot take yet is offered again later, in order."""
-        self._start_episode()
-        for start in range(0, len(steps), self.segment_steps):
-            part = steps[start:start + self.segment_steps]
-            done = start + self.segment_steps >= len(steps)
-            if done:
-                part[-1].done = True
-            self._hold(part, done=done)
-        self._report_version(steps[-1].policy_version if steps else self._reported_version)
-        self._drain_unsent()
-
     def _report_version(self, version: int) -> None:
         if version != self._reported_version:
             self._reported_version = version
@@ -213,6 +192,16 @@ class EdgeStreamer:
             self._current[-1].done = True
             self._hold(self._current, done=True)
             self._current = []
+        self._drain_unsent()
+
+    def abandon_episode(self) -> None:
+        """The episode goes no further and has no verdict (an attempt the operator throws away): what
+        is held is sent as an ordinary segment, and the next tick starts a new episode, whereupon the
+        learner stores this one as truncated (it keeps the experience, claims no outcome). Control thread."""
+        if self._current:
+            self._hold(self._current, done=False)
+            self._current = []
+        self._episode_id = None
         self._drain_unsent()
 
     def _hold(self, steps: list[Step], *, done: bool) -> None:
