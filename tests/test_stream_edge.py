@@ -18,8 +18,8 @@ import pytest
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.node import EdgeNode
 from robot_rl.edge.learner_link import EdgeStreamer
+from robot_rl.edge.node import EdgeNode
 from robot_rl.learner.service import LearnerService
 from tests.edge_fakes import KinematicRobot
 from tests.learner_helpers import IMG, client_config, learner_config, stored_triples, tiny_policy, wait_for

@@ -20,8 +20,8 @@ import robot_rl.edge.swap as swap
 from robot_rl.bridges.zmq.weights import WeightsError, serialize_tensors, tensor_views
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.node import EdgeNode
 from robot_rl.edge.learner_link import EdgeStreamer
+from robot_rl.edge.node import EdgeNode
 from robot_rl.edge.swap import load_weights_into
 from robot_rl.learner.publisher import snapshot
 from tests.edge_fakes import KinematicRobot

@@ -25,10 +25,11 @@ from robot_rl.app.config import RobotPlacement, Seeds
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import WallClock
+from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import VIEWERS
+from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.learner_link import EdgeStreamer
+from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.edge.viewer_config import NoViewerConfig
 from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
@@ -366,7 +367,8 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
     if run.record_dir is not None:
         layout = RecordedLayout.of_robot(robot)
         recorder = EpisodeRecorder(Path(run.record_dir) / robot_id, layout.fps, layout.joint_names,
-                                   layout.camera_shapes, repo_id=f"local/{robot_id}", robot_type=str(getattr(robot, "name", "robot")),
+                                   layout.camera_shapes, repo_id=f"local/{robot_id}",
+                                   robot_type=str(getattr(robot, "name", "robot")),
                                    finalize_every=RECORD_FINALIZE_EVERY)
     runtime = EdgeRuntime(robot, own_policy, WallClock(), run.edge, robot_id=robot_id, client=client,
                           recorder=recorder, task=task, intervention=operator, segment_steps=run.segment_steps,
