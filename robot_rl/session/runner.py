@@ -100,7 +100,8 @@ def run_session(cfg: RobotRLConfig) -> int:
         hook = TeleopIntervention(teleop, blender)
         client = _with_config_hash(client, policy) if client is not None else None
         view = VIEWERS.build(cfg.viewer, robot_id=robot_name, joint_names=tuple(robot.joint_names))
-        runtime = EdgeRuntime(robot, policy, clock, edge_cfg, robot_id=robot_name, client=client,
+        runtime = EdgeRuntime(robot, policy, clock, edge_cfg, robot_id=client.robot_id if client else robot_name,
+                              client=client,
                               recorder=_recorder(session_cfg, robot), task=robot if simulated else None,
                               intervention=hook, view=view)
         stack.callback(runtime.close, session_cfg.final_ack_timeout_s)
