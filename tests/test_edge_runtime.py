@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 
-from robot_rl.app import local_run
+from robot_rl.app import local_run, sim_edge
 from robot_rl.core.clock import WallClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.runtime import EdgeRuntime
@@ -45,13 +45,13 @@ def test_the_main_jobs_robots_session_and_edge_all_run_the_one_edge_runtime(tmp_
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(EdgeRuntime, "__init__", recording_init)
-    monkeypatch.setattr(local_run, "LINK_CONNECT_S", 0.1)
-    monkeypatch.setattr(local_run, "FINAL_ACK_S", 0.1)
+    monkeypatch.setattr(sim_edge, "LINK_CONNECT_S", 0.1)
+    monkeypatch.setattr(sim_edge, "FINAL_ACK_S", 0.1)
     # The main job's robot, as its robot process runs it (robot_process._child_main -> run_robot -> run_edge).
     nowhere = SimpleNamespace(router_endpoint="tcp://127.0.0.1:9", pub_endpoint=None)
     run = local_run.LocalRunConfig(num_robots=1, episodes_per_robot=1, max_steps=3, spool_dir=str(tmp_path / "spool"),
                                    edge=EdgeConfig(fps=30), record_dir=str(tmp_path / "robots"))
-    local_run.run_robot(0, client_config("sim-0", nowhere, tmp_path / "spool"), tiny_policy(), run,
+    sim_edge.run_robot(0, client_config("sim-0", nowhere, tmp_path / "spool"), tiny_policy(), run,
                         lambda i: (RecordedCameraRobot(), None, lambda e: "pick the cube"), {}, lambda: False)
     assert (tmp_path / "robots" / "sim-0" / "meta" / "info.json").exists()  # recorded locally, as a real robot
     common = ["robot=sim_so101", "teleop=none", "session.episodes=1", "session.max_episode_steps=3",

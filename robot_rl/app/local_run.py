@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,15 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from robot_rl.app.config import RobotPlacement, Seeds
+from robot_rl.app.robot_process import RobotJob, RobotProcesses
+from robot_rl.app.sim_edge import EpisodeCallback, OperatorFactory, RobotFactory, run_robot
 from robot_rl.bridges.zmq.client import ClientConfig
-from robot_rl.bridges.zmq.segments import ImageEncoding
-from robot_rl.core.clock import WallClock
-from robot_rl.core.layout import RecordedLayout
-from robot_rl.core.registry import VIEWERS
-from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.edge.viewer_config import NoViewerConfig
 from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
@@ -39,20 +38,7 @@ from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
-LINK_CONNECT_S = 10.0  # at a robot's start, how long to wait for the learner's hello before running without it
-FINAL_ACK_S = 30.0  # after its last episode, how long a robot waits for the learner's acks (the rest stays spooled)
-# A simulated robot's local dataset is finalized every this many episodes (and at its end): re-opening
-# a LeRobot dataset costs seconds, which a robot that records episode after episode should not pay
-# each time; a crash loses at most these episodes locally, never on the learner (the spool has them).
-RECORD_FINALIZE_EVERY = 20
 
-# (robot index) -> (robot, task or None, reset(episode) -> instruction)
-RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
-# (robot index, robot) -> an intervention hook with bind(node) and begin_episode(episode),
-# e.g. robot_rl.hardware.teleop.TeleopIntervention around the scripted operator
-OperatorFactory = Callable[[int, Any], Any]
-# Called on the robot's thread after each episode: (robot_id, episode, policy version in use)
-EpisodeCallback = Callable[[str, Any, int], None]
 
 
 @dataclass
@@ -121,7 +107,7 @@ class SimRobotFactory:
     stride: int = Seeds.stride
 
     def __call__(self, index: int) -> tuple[Any, Any, Callable[[int], str]]:
-        from robot_rl.hardware.sim import SimConfig, SimSO101
+        from robot_rl.hardware.sim import SimConfig, SimSO101  # MuJoCo: the sim extra
 
         seed = self.seed_base + self.stride * index
         sim = SimSO101(dataclasses.replace(self.sim_config or SimConfig(), seed=seed))
@@ -210,8 +196,6 @@ def run_local(
 def write_out(learner: LearnerService, timeout_s: float, poll_s: float = 0.5) -> bool:
     """The robots are done: wait (at most ``timeout_s``) until the dataset writer has written every
     episode they sent, with a bar of the episodes left (a writer behind the robots takes minutes)."""
-    from tqdm import tqdm
-
     deadline = time.monotonic() + timeout_s
     waiting = learner.store.stats()["episodes_to_write"]
     if waiting == 0:
@@ -232,10 +216,6 @@ def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float =
     (``LocalRunConfig.min_updates``), on every core the robots held, showing its progress;
     returns early if it stops by itself (``trainer.max_updates``, or a crash, which its thread
     has logged)."""
-    import os
-
-    from tqdm import tqdm
-
     trainer = learner.trainer
     if trainer.step >= updates:
         return
@@ -284,8 +264,6 @@ def _robots_in_processes(learner: LearnerService, policy: TrainablePolicy, run: 
                          ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
     """Each robot in a child process (``robot_process``); all start their first episode together,
     once every child has imported and built its robot (``starting`` is called then)."""
-    from robot_rl.app.robot_process import RobotJob, RobotProcesses
-
     start_dir = Path(run.spool_dir) / "start_policy"  # the weights every robot starts from
     policy.save_pretrained(start_dir)
     jobs = [RobotJob(i, robot_client(i, learner, policy, run), str(start_dir), run, robot_factory,
@@ -327,77 +305,3 @@ def _run_robot(index: int, learner: LearnerService, policy: TrainablePolicy, run
                on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
     return run_robot(index, robot_client(index, learner, policy, run), policy, run, robot_factory, versions, stop,
                      operator_factory, on_episode)
-
-
-def run_robot(index: int, client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
-              robot_factory: RobotFactory, versions: dict[str, int],
-              stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
-              on_episode: EpisodeCallback | None = None,
-              on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
-    """Build robot ``index`` and its operator, then ``run_edge`` (on a thread or in a robot process)."""
-    parts = robot_factory(index)
-    operator = operator_factory(index, parts[0]) if operator_factory is not None else None
-    try:
-        return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode,
-                        on_ready=on_ready)
-    finally:
-        # On this thread, which made its GL context: left to the garbage collector at exit,
-        # EGL prints EGL_NOT_INITIALIZED tracebacks after the results.
-        parts[0].disconnect()
-
-
-def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
-             robot_parts: tuple[Any, Any, Callable[[int], str]],
-             versions: dict[str, int] | None = None,
-             stop: Callable[[], bool] | None = None,
-             operator: Any = None,
-             on_episode: EpisodeCallback | None = None,
-             on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
-    """One simulated robot's ``EdgeRuntime``: run ``run.episodes_per_robot`` episodes streaming to the
-    learner in ``client`` (and recording them in ``run.record_dir``, when set).
-
-    ``stop`` (checked before each episode) ends the run early; ``on_ready`` is called once the
-    runtime is built and linked, before the first episode (it may block: a start barrier).
-    Returns (episodes, steps, successes). Used by ``run_local``, on a thread or in a robot process.
-    """
-    robot, task, reset = robot_parts
-    robot_id = client.robot_id
-    own_policy = copy.deepcopy(policy)
-    recorder = None
-    if run.record_dir is not None:
-        layout = RecordedLayout.of_robot(robot)
-        recorder = EpisodeRecorder(Path(run.record_dir) / robot_id, layout.fps, layout.joint_names,
-                                   layout.camera_shapes, repo_id=f"local/{robot_id}",
-                                   robot_type=str(getattr(robot, "name", "robot")),
-                                   finalize_every=RECORD_FINALIZE_EVERY)
-    runtime = EdgeRuntime(robot, own_policy, WallClock(), run.edge, robot_id=robot_id, client=client,
-                          recorder=recorder, task=task, intervention=operator, segment_steps=run.segment_steps,
-                          image_encoding=ImageEncoding(run.image_format),
-                          view=VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names)))
-    if operator is not None:
-        operator.bind(runtime.node)
-    episodes = steps = successes = 0
-    try:
-        runtime.start(LINK_CONNECT_S)
-        if on_ready is not None:
-            on_ready()
-        for episode in range(run.episodes_per_robot):
-            if stop is not None and stop():
-                break
-            instruction = reset(episode)
-            if operator is not None:
-                operator.begin_episode(episode)
-            result = runtime.run_episode(run.max_steps, instruction, episode_id=episode,
-                                         seed=getattr(robot, "scene_seed", None))
-            if on_episode is not None:
-                on_episode(robot_id, result, runtime.policy_version)
-            episodes += 1
-            steps += result.num_steps
-            successes += int(result.success)
-            log.info("%s episode %d: %d steps, success=%s, policy v%d, late ticks so far %d", robot_id, episode,
-                     result.num_steps, result.success, runtime.policy_version, runtime.node.stats.late_ticks)
-    finally:
-        if versions is not None:
-            versions[robot_id] = runtime.policy_version
-        runtime.close(ack_timeout_s=FINAL_ACK_S)
-    return episodes, steps, successes

@@ -410,9 +410,9 @@ def _zmq_edge_swap(router: str, pub: str, spool: str, payload: SwapPayload, runn
     from robot_rl.bridges.zmq.segments import ImageEncoding
     from robot_rl.core.clock import WallClock
     from robot_rl.edge.config import EdgeConfig
+    from robot_rl.edge.learner_link import EdgeStreamer
     from robot_rl.edge.node import EdgeNode
     from robot_rl.edge.process_runner import spawn_policy
-    from robot_rl.edge.learner_link import EdgeStreamer
 
     torch.set_num_threads(1)
     factory = functools.partial(ballast_policy, payload.size_mb, payload.frozen_mb)

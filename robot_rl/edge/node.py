@@ -1,4 +1,4 @@
-"""EdgeNode: the control loop of one robot, following DESIGN.md's timing contract.
+"""EdgeNode: the control loop of one robot, under the timing contract written out here.
 
 Each tick (1/fps):
   1. wait for the tick's scheduled time (wall clock: sleep; virtual clock: jump) and

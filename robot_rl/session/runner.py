@@ -18,19 +18,29 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from robot_rl.app.policies import load_policy
+from robot_rl.bridges.zmq.client import ClientConfig
+from robot_rl.calibration.latency import default_latency_path, read_latency_calibration
 from robot_rl.core.clock import Clock, VirtualClock, WallClock
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import ROBOTS, TELEOPS, VIEWERS
 from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.process_runner import spawn_policy
 from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.sim.config import SimConfig
+from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
+from robot_rl.hardware.teleop.base import NoTeleopConfig
+from robot_rl.hardware.teleop.keys import NoKeys, ScriptedKeys, TerminalKeys
+from robot_rl.policies.hold import HoldPolicyConfig
 from robot_rl.session.config import SessionConfig
+from robot_rl.session.loop import OperatorSession
+from robot_rl.session.scenes import SceneDraw
+from robot_rl.session.status import StatusLine
 
 if TYPE_CHECKING:
-    from robot_rl.bridges.zmq.client import ClientConfig
     from robot_rl.config import RobotRLConfig
-    from robot_rl.edge.config import EdgeConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,25 +60,18 @@ def check_policy_choice(cfg: RobotRLConfig) -> None:
 
 def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
     """``cfg`` for ``robot-rl edge``: no teleop device, no keys, verdicts from the task."""
-    from robot_rl.hardware.teleop.base import NoTeleopConfig
-
     session = dataclasses.replace(cfg.session, keys="none", key_script=[], ask_outcome=False)
     return dataclasses.replace(cfg, teleop=NoTeleopConfig(), session=session)
 
 
 def run_session(cfg: RobotRLConfig) -> int:
     """Run ``cfg.session`` on ``cfg.robot``; stream to ``cfg.link.learner`` if set. Returns the exit code."""
-    from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
-    from robot_rl.session.loop import OperatorSession
-    from robot_rl.session.scenes import SceneDraw
-    from robot_rl.session.status import StatusLine
-
     check_policy_choice(cfg)
     session_cfg, teleop_cfg = cfg.session, cfg.teleop
     simulated = isinstance(cfg.robot, SimConfig)
     robot = ROBOTS.build(cfg.robot)
     if getattr(cfg.robot, "undistort", None):
-        from robot_rl.calibration.camera import UndistortingRobot
+        from robot_rl.calibration.camera import UndistortingRobot  # OpenCV: the calibration extra
 
         robot = UndistortingRobot(robot, dict(cfg.robot.undistort))
     if cfg.edge.fps != robot.fps:
@@ -125,14 +128,9 @@ def build_policy(cfg: RobotRLConfig, clock: Clock) -> Any:
     that computes is built in a process of its own, which then also loads published weights: nothing
     of inference or of a swap shares the control loop's interpreter. A virtual clock keeps it here,
     where the virtual runner's timing is exact."""
-    from robot_rl.app.policies import load_policy
-    from robot_rl.policies.hold import HoldPolicyConfig
-
     runner = cfg.edge.inference_runner
     computes = not isinstance(cfg.policy, HoldPolicyConfig)  # holding the arm costs nothing worth a process
     if runner == "process" or (runner == "auto" and not clock.is_virtual and computes):
-        from robot_rl.edge.process_runner import spawn_policy
-
         return spawn_policy(functools.partial(load_policy, cfg))
     return load_policy(cfg)
 
@@ -169,8 +167,6 @@ def warm_up(policy: Any, robot: Any, instruction: str) -> float:
 def with_latency_calibration(edge: EdgeConfig, output_dir: str, robot_name: str) -> EdgeConfig:
     """``edge`` with the delay prior and command lag ``robot-rl calibrate latency`` measured for
     this robot, read from ``edge.latency_calibration`` (default: the file that command writes for it)."""
-    from robot_rl.calibration.latency import default_latency_path, read_latency_calibration
-
     path = Path(edge.latency_calibration) if edge.latency_calibration else default_latency_path(output_dir, robot_name)
     if not path.exists():
         if edge.latency_calibration:
@@ -190,8 +186,6 @@ def _recorder(config: SessionConfig, robot: Any) -> EpisodeRecorder:
 
 
 def _key_source(config: SessionConfig) -> Any:
-    from robot_rl.hardware.teleop.keys import NoKeys, ScriptedKeys, TerminalKeys
-
     mode = config.keys
     if mode == "auto":
         mode = "terminal" if sys.stdin.isatty() else ("script" if config.key_script else "none")
