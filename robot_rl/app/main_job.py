@@ -27,8 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from robot_rl.app.behaviour_cloning import ensure_demos, train_bc
-from robot_rl.app.evaluation import format_score, heldout_eval_all, paired_scores
+from robot_rl.app import behaviour_cloning, evaluation
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
@@ -68,7 +67,7 @@ def ensure_bc_checkpoint(cfg: RobotRLConfig) -> Path:
         return shipped
     if not (checkpoint / "model.safetensors").exists():
         print(f"no BC checkpoint at {checkpoint}: recording demonstrations and training one first (one-time)")
-        result = train_bc(cfg)
+        result = behaviour_cloning.train_bc(cfg)
         print(f"BC start: success {result['success']:.0%} over {result['eval_episodes']} sim episodes")
     return checkpoint
 
@@ -150,7 +149,7 @@ def local_learner_config(cfg: RobotRLConfig, checkpoint: Path, run_dir: Path,
                            image_height=robot.image_height, image_width=robot.image_width,
                            commit_nice=max(config.store.commit_nice, cfg.run.learner_nice))
     if config.store.demonstrations is None:
-        config.store.demonstrations = str(demos if demos is not None else ensure_demos(cfg))
+        config.store.demonstrations = str(demos if demos is not None else behaviour_cloning.ensure_demos(cfg))
     config.trainer = replace(config.trainer, checkpoint_dir=str(run_dir / "checkpoints"),
                              thread_nice=max(config.trainer.thread_nice, cfg.run.learner_nice))
     return config
@@ -253,8 +252,9 @@ def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None) -> dict 
     if episodes <= 0 or final is None:
         return None
     print(f"held-out check: the start and the final weights on {episodes} unseen scenes (run.eval_episodes)")
-    before, after = heldout_eval_all([start, final], cfg, episodes, "held-out")
-    return {"start": before, "final": after, "episodes": episodes, "final_vs_start": paired_scores(after, before)}
+    before, after = evaluation.heldout_eval_all([start, final], cfg, episodes, "held-out")
+    return {"start": before, "final": after, "episodes": episodes,
+            "final_vs_start": evaluation.paired_scores(after, before)}
 
 
 def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
@@ -335,8 +335,9 @@ def print_summary(summary: dict) -> None:
     heldout = summary.get("heldout")
     if heldout:
         missing = "not scored (see the log)"
-        print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "
-              f"{format_score(heldout['start'], missing)} -> final {format_score(heldout['final'], missing)}")
+        start, final = (evaluation.format_score(heldout[k], missing) for k in ("start", "final"))
+        print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start {start} "
+              f"-> final {final}")
         paired = heldout.get("final_vs_start")
         if paired:
             comparison = PairedComparison.from_dict(paired)

@@ -86,7 +86,8 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
     runtime = EdgeRuntime(robot, own_policy, WallClock(), run.edge, robot_id=robot_id, client=client,
                           recorder=recorder, task=task, intervention=operator, segment_steps=run.segment_steps,
                           image_encoding=ImageEncoding(run.image_format),
-                          view=VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names)))
+                          view=VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names)),
+                          record_behind=True)
     if operator is not None:
         operator.bind(runtime.node)
     episodes = steps = successes = 0

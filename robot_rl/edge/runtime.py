@@ -12,15 +12,18 @@ operator's verdict), not how its data travels:
   episode as truncated once the robot has moved on to a newer one (or after its silence timeout).
 * **Recorded locally when it ends.** ``finish_episode`` writes the episode into the robot's own
   LeRobotDataset v3 (``robot_rl.data.recorder``) and sends its last step, marked done with its
-  verdict. The dataset is the robot's record of what it did, learner or not.
+  verdict. The dataset is the robot's record of what it did, learner or not. A robot that goes
+  straight on to its next episode (the main job's) writes it on a thread of its own at a raised
+  nice value (``record_behind``): a LeRobot episode write takes seconds, which the robot spends
+  acting instead.
 * **A thrown-away attempt** (an operator's rerecord): ``discard_episode`` writes nothing locally;
   the learner, which has its segments already, stores it as truncated: real experience with no
   outcome claimed, never counted as a success or a failure.
 
 The control thread never waits on inference, the network or the disk (``robot_rl.edge.node``'s
 timing contract): the link only enqueues on it; spooling, sending, weight loads and swaps run on
-the link's and the loader's threads (or in the policy's own process). Only ``finish_episode``
-writes to disk on the calling thread, after the episode's last tick.
+the link's and the loader's threads (or in the policy's own process). ``finish_episode`` writes to
+disk after the episode's last tick, never during one.
 
 Weights: the link fetches what the learner publishes and the policy's swap takes it between two
 chunks (``robot_rl.edge.swap``); each Step carries the version that computed it and the heartbeat
@@ -30,6 +33,8 @@ reports the newest executed one.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from typing import Any
 
 import torch
@@ -37,6 +42,7 @@ import torch
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import Clock
+from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder, RecordingError
 from robot_rl.edge.config import EdgeConfig
@@ -45,6 +51,9 @@ from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.edge.node import EdgeNode, EpisodeTask, Intervention
 
 log = logging.getLogger(__name__)
+
+RECORD_NICE = 10  # the local dataset's writer yields the CPU to the control loop, inference and the link
+RECORD_QUEUE_EPISODES = 2  # episodes waiting for the writer; past it the next episode waits to start (never dropped)
 
 
 def receives_weights(policy: object) -> bool:
@@ -78,6 +87,7 @@ class EdgeRuntime:
         segment_steps: int = 15,
         image_encoding: ImageEncoding | None = None,
         view: Any = None,
+        record_behind: bool = False,
     ) -> None:
         self.robot = robot
         self.robot_id = robot_id
@@ -93,6 +103,12 @@ class EdgeRuntime:
         if view is not None:
             view.attach(self.node)
         self.record_errors = 0  # episodes the local dataset refused (logged; the learner still has them)
+        self._writer: threading.Thread | None = None
+        self._to_write: queue.Queue[Episode | None] = queue.Queue(maxsize=RECORD_QUEUE_EPISODES)
+        if recorder is not None and record_behind:
+            self._writer = threading.Thread(target=self._write_loop, name=f"record-{robot_id}", daemon=True)
+            self._writer.start()
+            lower_thread_priority(self._writer, RECORD_NICE)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -129,6 +145,9 @@ class EdgeRuntime:
             self.node.close()
             if self.view is not None:
                 self.view.close()
+            if self._writer is not None:
+                self._to_write.put(None)
+                self._writer.join()  # every episode handed over is written before the dataset is finalized
             if self.recorder is not None:
                 self.recorder.close()
         return acked
@@ -152,8 +171,9 @@ class EdgeRuntime:
 
     def finish_episode(self, episode: Episode) -> int | None:
         """The episode has its verdict (``episode.success``, on its last step too): send its last step,
-        marked done, and write it to the local dataset. Returns its index there (None: no recorder, or
-        the dataset refused it: logged and counted, the learner has it anyway)."""
+        marked done, and write it to the local dataset. Returns its index there (None: no recorder,
+        written behind (``record_behind``), or the dataset refused it: logged and counted, the learner
+        has it anyway)."""
         last = episode.steps[-1] if episode.steps else None
         if last is not None and not last.done:  # a done step may be on the wire already: never mutated
             last.done, last.success = True, bool(episode.success)
@@ -161,6 +181,13 @@ class EdgeRuntime:
             self.link.end_episode()
         if self.recorder is None or not episode.steps:
             return None
+        if self._writer is not None:
+            self._to_write.put(episode)
+            return None
+        return self._record(episode)
+
+    def _record(self, episode: Episode) -> int | None:
+        assert self.recorder is not None
         try:
             return self.recorder.write_episode(episode)
         except (RecordingError, OSError) as exc:
@@ -168,6 +195,15 @@ class EdgeRuntime:
             log.error("%s: episode %d not written to %s: %s", self.robot_id, episode.episode_id, self.recorder.root,
                       exc)
             return None
+
+    def _write_loop(self) -> None:
+        while (episode := self._to_write.get()) is not None:
+            try:
+                self._record(episode)
+            except Exception:  # the writer must keep taking episodes, or the robot would wait on it
+                self.record_errors += 1
+                log.exception("%s: episode %d not written locally (the learner has it)", self.robot_id,
+                              episode.episode_id)
 
     def discard_episode(self) -> None:
         """Throw the episode away: nothing is written locally; the learner stores what it received as
