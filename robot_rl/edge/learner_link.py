@@ -1,6 +1,8 @@
-"""Glue between an EdgeNode and the learner link (``robot_rl.bridges.zmq.StreamingClient``).
+"""The edge's learner link: an EdgeNode's steps out to the learner, the learner's weights in.
 
-Two directions, neither of which may slow the control thread:
+It sits on the wire's client (``robot_rl.bridges.zmq.StreamingClient``: sockets, spool, acks) and
+knows the node: episodes, segments, the version in use. ``robot_rl.edge.runtime`` wires it. Two
+directions, neither of which may slow the control thread:
 
 * Steps out: ``EdgeStreamer.sink`` is the node's ``step_sink``. It appends the Step to
   the current segment and, every ``segment_steps`` steps or at the episode's end,
@@ -9,7 +11,8 @@ Two directions, neither of which may slow the control thread:
   (never dropped, never waited for; the link logs the refusal loudly). The newest step
   is always held back until the next one (or the episode's end) comes: an episode can be
   ended after its last tick, by an operator's verdict (``end_episode``), and that verdict
-  must travel on its last step.
+  must travel on its last step. An episode thrown away (``abandon_episode``) gets no done step:
+  the learner stores it as truncated once the next one starts.
 * Weights in: the link fetches and verifies announced snapshots on its own thread and
   calls ``_on_weights``; a loader thread hands them on. A policy that runs here is loaded
   into the node's shadow and offered to its inference worker (``EdgeNode.swaps``, the
