@@ -121,13 +121,13 @@ class EdgeRuntime:
         self.link.start()
         if self.link.link.wait_connected(connect_timeout_s):
             return True
-        refusal = self.link.link.refusal
+        config, refusal = self.link.link.config, self.link.link.refusal
         if refusal:
             self.link.stop(timeout_s=1.0)
             self.link = None
-            raise ConnectionError(f"the learner at {self._endpoint()} refused this robot: {refusal}")
+            raise ConnectionError(f"the learner at {config.router_endpoint} refused this robot: {refusal}")
         log.warning("%s: learner at %s not reachable yet; running anyway, segments wait in %s", self.robot_id,
-                    self._endpoint(), self.link.link.config.spool_dir)
+                    config.router_endpoint, config.spool_dir)
         return False
 
     def close(self, ack_timeout_s: float = 30.0) -> bool:
@@ -220,6 +220,3 @@ class EdgeRuntime:
     def wait_acked(self, timeout_s: float) -> bool:
         """Wait (bounded) until the learner has acked everything sent so far."""
         return self.link is not None and self.link.link.flush(timeout_s)
-
-    def _endpoint(self) -> str:
-        return self.link.link.config.router_endpoint if self.link is not None else "-"
