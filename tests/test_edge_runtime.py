@@ -14,6 +14,7 @@ from types import SimpleNamespace
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+import pytest
 
 from robot_rl.app import local_run, sim_edge
 from robot_rl.core.clock import WallClock
@@ -111,3 +112,16 @@ def test_an_edge_killed_mid_episode_has_streamed_all_but_at_most_one_segment_of_
     ticks = len(stored["action"])
     assert recorded - SEGMENT <= ticks <= recorded + 1  # at most one segment lost (a tick may follow the count)
     assert not np.asarray(stored["next.done"]).reshape(-1)[-1]  # stored as truncated: no outcome claimed
+
+
+def test_a_learner_that_refuses_the_robot_stops_the_runtime_with_one_line(tmp_path):
+    learner = LearnerService(learner_config(tmp_path / "learner"), tiny_policy(), train=False).start()
+    runtime = EdgeRuntime(RecordedCameraRobot(), tiny_policy(), WallClock(), EdgeConfig(fps=30), robot_id="edge-r",
+                          client=client_config("edge-r", learner, tmp_path / "spool", config_hash="another model"))
+    try:
+        with pytest.raises(ConnectionError, match=f"learner at {learner.router_endpoint} refused this robot"):
+            runtime.start(20.0)
+        assert runtime.link is None  # nothing left running; closing costs no ack wait
+    finally:
+        runtime.close(ack_timeout_s=0.0)
+        learner.stop(checkpoint=False)
