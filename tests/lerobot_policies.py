@@ -88,8 +88,8 @@ def swap_in_mid_episode(running: Any, published: Any, spool: Path, robot_id: str
     that travelled)."""
     from robot_rl.core.clock import VirtualClock
     from robot_rl.edge.config import EdgeConfig
+    from robot_rl.edge.learner_link import EdgeStreamer
     from robot_rl.edge.node import EdgeNode
-    from robot_rl.edge.streaming import EdgeStreamer
     from robot_rl.learner.publisher import snapshot
     from tests.learner_helpers import client_config, wait_for
     from tests.test_stream_swap import CameraRobot

@@ -14,7 +14,7 @@ from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.streaming import EdgeStreamer
+from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.learner.fleet import UpdateRate, fleet_state, status_line
 from robot_rl.learner.service import LearnerService, RobotStatus
 from tests.edge_fakes import EncodingPolicy, KinematicRobot
@@ -32,18 +32,18 @@ def robot_row(service: LearnerService, robot: str) -> dict:
 
 
 def test_weights_in_use_follow_the_heartbeats_while_a_session_records_an_episode(tmp_path):
-    """An operator session hands its episode over only once it ends; the version its node swapped
-    to reaches the console with the next heartbeat, not with the episode."""
+    """The version a robot's node swapped to reaches the console with its heartbeats, also while it
+    sends no segments (between episodes: an operator choosing a verdict, a scene being reset)."""
     service = LearnerService(learner_config(tmp_path / "learner"), tiny_policy(), train=False).start()
     streamer = EdgeStreamer(client_config("arm", service, tmp_path / "spool", policy_version=0), None)
     node = EdgeNode(KinematicRobot(6), EncodingPolicy(chunk_size=10), VirtualClock(), EdgeConfig(fps=30),
                     robot_id="arm", policy_version=1)
-    streamer.attach(node, stream_steps=False)
+    streamer.attach(node)
     streamer.start()
     try:
         wait_for(lambda: "arm" in service.robots, what="the robot's hello")
         assert robot_row(service, "arm")["version"] == 0
-        episode = node.run_episode(30, "pick the cube")  # recorded, not sent
+        episode = node.run_episode(30, "pick the cube")
         assert {s.policy_version for s in episode.steps} == {1}
         wait_for(lambda: robot_row(service, "arm")["version"] == 1, timeout_s=10, what="v1 from a heartbeat")
         assert "1 on v1" in status_line(service, service.store.stats())

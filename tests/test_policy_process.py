@@ -22,7 +22,7 @@ from robot_rl.bridges.zmq.weights import serialize_tensors
 from robot_rl.core.clock import WallClock
 from robot_rl.edge import EdgeConfig, EdgeNode
 from robot_rl.edge.process_runner import PolicyProcessError, ProcessRunner, spawn_policy
-from robot_rl.edge.streaming import load_weights_into
+from robot_rl.edge.swap import load_weights_into
 from tests.edge_fakes import KinematicRobot, TorchEncodingPolicy, failing_policy
 
 OBS = {"front": np.zeros((4, 4, 3), dtype=np.uint8)}
@@ -106,12 +106,10 @@ def test_the_child_builds_its_shadow_once_with_published_tensors_of_its_own():
 
     policy = TorchEncodingPolicy(base=5.0)
     server = _PolicyServer(policy, conn=None, version=0)
-    server._prepare_shadow()
-    shadow = server._shadow
+    shadow = server.swaps.prepare()
     assert shadow is not policy and shadow.base.data_ptr() != policy.base.data_ptr()
     assert float(shadow.base) == 5.0
-    server._prepare_shadow()  # the loader asks again with the first weights: the same shadow
-    assert server._shadow is shadow
+    assert server.swaps.free_shadow() is shadow  # the loader asks again with the first weights: the same shadow
 
 
 def test_newer_weights_win_over_ones_not_yet_loaded(process_policy):

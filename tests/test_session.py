@@ -119,7 +119,8 @@ def test_session_and_calibrate_answer_help(command, capsys):
 
 def test_a_session_with_link_learner_streams_its_episodes_to_that_learner(tmp_path, monkeypatch):
     """In-process: the sim, a tiny flow policy, and a learner on loopback that stores what the
-    session streams (the policy's config hash admits it); the session also records locally."""
+    session streams (the policy's config hash admits it); the session also records locally. A
+    rerecorded attempt reaches the learner as a truncated episode and stays out of the local dataset."""
     from robot_rl.commands import session
     from robot_rl.learner.service import LearnerService
     from robot_rl.policies.flow_vla import FlowVLA
@@ -135,18 +136,33 @@ def test_a_session_with_link_learner_streams_its_episodes_to_that_learner(tmp_pa
     try:
         code = session.main([
             "robot=sim_so101", f"policy.path={weights}", "teleop=none", f"output_dir={tmp_path / 'out'}",
-            "session.episodes=1", "session.max_episode_steps=12", "session.realtime=false", "session.keys=none",
-            "robot.image_height=32", "robot.image_width=32",
-            f"link.learner={learner.router_endpoint}", f"link.weights={learner.pub_endpoint}",
+            "session.episodes=1", "session.max_episode_steps=12", "session.realtime=false", "session.keys=script",
+            "session.key_script=[0:5:r]", "session.ask_outcome=false", "robot.image_height=32",
+            "robot.image_width=32", f"link.learner={learner.router_endpoint}", f"link.weights={learner.pub_endpoint}",
         ])
         assert code == 0
-        wait_for(lambda: learner.store.stats()["episodes_stored"] == 1, timeout_s=60, what="the episode stored")
+        wait_for(lambda: learner.store.stats()["episodes_stored"] == 2, timeout_s=60, what="both episodes stored")
+        assert learner.store.flush(60)
     finally:
         learner.stop(checkpoint=False)
     assert "sim_so101" in learner.robots  # streamed as the robot's name (link.robot_id unset)
     from robot_rl.data import load_episode_arrays
 
-    assert len(load_episode_arrays(tmp_path / "out" / "session", repo_id="local/robot_rl_session")) == 1
+    stored = load_episode_arrays(tmp_path / "learner" / "store" / "dataset", "local/robot_rl_replay")
+    ends = sorted((len(e["action"]), bool(np.asarray(e["next.done"]).reshape(-1)[-1])) for e in stored)
+    assert ends == [(6, False), (12, True)]  # the thrown-away attempt (ticks 0..5) truncated; the kept one done
+    assert [len(e["action"]) for e in load_episode_arrays(tmp_path / "out" / "session",
+                                                          repo_id="local/robot_rl_session")] == [12]
+
+
+def test_a_session_without_keys_shows_no_key_help(tmp_path, capsys):
+    from robot_rl.cli import main
+
+    assert main(["session", "robot=sim_so101", "policy=hold", "teleop=none", f"output_dir={tmp_path}",
+                 "session.episodes=1", "session.max_episode_steps=3", "session.realtime=false", "session.keys=none",
+                 "robot.image_height=32", "robot.image_width=32", "robot.cameras=[front]"]) == 0
+    out = capsys.readouterr()
+    assert "session over" in out.err and "take over" not in out.out + out.err
 
 
 def test_sim_scenes_rotate_the_task_families_and_a_rerecord_gets_the_same_scene_again():

@@ -20,8 +20,8 @@ import pytest
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.streaming import EdgeStreamer
 from robot_rl.learner.service import LearnerService
 from tests.edge_fakes import EncodingPolicy, KinematicRobot
 from tests.learner_helpers import (

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-import robot_rl.edge.streaming as streaming
+import robot_rl.edge.swap as swap
 from robot_rl.bridges.zmq.weights import WeightsError, serialize_tensors, tensor_views
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.streaming import EdgeStreamer, load_weights_into
+from robot_rl.edge.swap import load_weights_into
 from robot_rl.learner.publisher import snapshot
 from tests.edge_fakes import KinematicRobot
 from tests.learner_helpers import IMG, client_config, tiny_policy, wait_for
@@ -113,16 +114,16 @@ def test_swaps_reuse_one_shadow_policy(tmp_path, monkeypatch):
                     robot_id="edge-s", policy_version=0)
     node.step_sink = None  # only the weights path is under test here
     streamer.node = node
+    streamer.start()  # the shadow is made here, once
     deepcopies = []
-    real_deepcopy = streaming.copy.deepcopy
+    real_deepcopy = swap.copy.deepcopy
 
     def counting_deepcopy(obj, *args, **kwargs):
         if isinstance(obj, torch.nn.Module):
             deepcopies.append(type(obj).__name__)
         return real_deepcopy(obj, *args, **kwargs)
 
-    monkeypatch.setattr(streaming.copy, "deepcopy", counting_deepcopy)
-    streamer.start()
+    monkeypatch.setattr(swap.copy, "deepcopy", counting_deepcopy)
     running: list[torch.nn.Module] = []
     try:
         node.reset_episode("pick the cube")
@@ -149,7 +150,7 @@ def test_swaps_reuse_one_shadow_policy(tmp_path, monkeypatch):
     assert deepcopies == []  # no module copied per swap
     assert len({id(p) for p in running}) == 2 and running[0] is running[2] and running[1] is running[3]
     assert policy in running  # the caller's policy is one of the two buffers
-    assert streamer.shadow_recycled >= 3 and streamer.swaps_withdrawn == 1
+    assert node.swaps.recycled >= 3 and node.swaps.withdrawn == 1
     assert node.stats.swaps == 5 and node.stats.swap_failures == 0  # v5 never ran: superseded by v6
 
 
@@ -169,7 +170,7 @@ class FrozenBase(torch.nn.Module):
 
 def test_the_shadow_shares_what_never_travels_and_owns_what_does():
     live = FrozenBase()
-    shadow = streaming.shadow_of(live)
+    shadow = swap.shadow_of(live)
     assert shadow.base.weight is live.base.weight and shadow.base.bias is live.base.bias  # held once
     assert shadow.head.weight.data_ptr() != live.head.weight.data_ptr()
     new = {k: torch.full_like(v, 3.0) for k, v in live.published_state_dict().items()}
@@ -177,4 +178,4 @@ def test_the_shadow_shares_what_never_travels_and_owns_what_does():
     assert torch.equal(shadow.head.weight, torch.full_like(shadow.head.weight, 3.0))
     assert not torch.equal(live.head.weight, shadow.head.weight)  # the running head is untouched
     full = torch.nn.Linear(8, 8)  # a module that publishes everything shares nothing
-    assert streaming.shadow_of(full).weight.data_ptr() != full.weight.data_ptr()
+    assert swap.shadow_of(full).weight.data_ptr() != full.weight.data_ptr()

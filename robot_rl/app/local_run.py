@@ -1,11 +1,12 @@
 """A learner and N simulated edge nodes on one machine, on loopback: what ``robot-rl run`` and
 ``bench learning`` start.
 
-Every robot runs the real edge runtime (``EdgeNode`` + ``EdgeStreamer``) against the
-real learner service over real sockets, so what works here works across machines. The
-robots run on threads of this process (``robots: thread``, quick to start: tests) or each in
-a process of its own (``robots: process``, ``robot_rl.app.robot_process``: the learner
-keeps its interpreter's lock to itself, as on a machine of its own).
+Every robot runs the edge runtime a real robot runs (``robot_rl.edge.runtime.EdgeRuntime``: node,
+learner link streaming segments as the episode runs, local recorder) against the real learner
+service over real sockets, so what works here works across machines. The robots run on threads of
+this process (``robots: thread``, quick to start: tests) or each in a process of its own
+(``robots: process``, ``robot_rl.app.robot_process``: the learner keeps its interpreter's lock to
+itself, as on a machine of its own).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from robot_rl.app.config import RobotPlacement, Seeds
+from robot_rl.app.robot_process import RobotJob, RobotProcesses
+from robot_rl.app.sim_edge import EpisodeCallback, OperatorFactory, RobotFactory, run_robot
 from robot_rl.bridges.zmq.client import ClientConfig
-from robot_rl.bridges.zmq.segments import ImageEncoding
-from robot_rl.core.clock import WallClock
-from robot_rl.core.registry import VIEWERS
 from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.streaming import EdgeStreamer
 from robot_rl.edge.viewer_config import NoViewerConfig
 from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
@@ -37,13 +38,7 @@ from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
-# (robot index) -> (robot, task or None, reset(episode) -> instruction)
-RobotFactory = Callable[[int], tuple[Any, Any, Callable[[int], str]]]
-# (robot index, robot) -> an intervention hook with bind(node) and begin_episode(episode),
-# e.g. robot_rl.hardware.teleop.TeleopIntervention around the scripted operator
-OperatorFactory = Callable[[int, Any], Any]
-# Called on the robot's thread after each episode: (robot_id, episode, policy version in use)
-EpisodeCallback = Callable[[str, Any, int], None]
+
 
 
 @dataclass
@@ -72,6 +67,9 @@ class LocalRunConfig:
     segment_steps: int = 15  # steps per streamed segment: half a second at 30 Hz
     image_format: str = "jpeg"  # how camera frames travel to the learner
     viewer: Any = field(default_factory=NoViewerConfig)  # what every robot logs a live view to (viewer=)
+    # Each robot also records its episodes into a LeRobotDataset v3 of its own, RECORD_DIR/ROBOT_ID, as
+    # a real robot does (None: the learner's store is the only copy).
+    record_dir: str | None = None
 
     def __post_init__(self) -> None:
         self.robots = RobotPlacement(self.robots)
@@ -109,7 +107,7 @@ class SimRobotFactory:
     stride: int = Seeds.stride
 
     def __call__(self, index: int) -> tuple[Any, Any, Callable[[int], str]]:
-        from robot_rl.hardware.sim import SimConfig, SimSO101
+        from robot_rl.hardware.sim import SimConfig, SimSO101  # MuJoCo: the sim extra
 
         seed = self.seed_base + self.stride * index
         sim = SimSO101(dataclasses.replace(self.sim_config or SimConfig(), seed=seed))
@@ -198,8 +196,6 @@ def run_local(
 def write_out(learner: LearnerService, timeout_s: float, poll_s: float = 0.5) -> bool:
     """The robots are done: wait (at most ``timeout_s``) until the dataset writer has written every
     episode they sent, with a bar of the episodes left (a writer behind the robots takes minutes)."""
-    from tqdm import tqdm
-
     deadline = time.monotonic() + timeout_s
     waiting = learner.store.stats()["episodes_to_write"]
     if waiting == 0:
@@ -220,10 +216,6 @@ def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float =
     (``LocalRunConfig.min_updates``), on every core the robots held, showing its progress;
     returns early if it stops by itself (``trainer.max_updates``, or a crash, which its thread
     has logged)."""
-    import os
-
-    from tqdm import tqdm
-
     trainer = learner.trainer
     if trainer.step >= updates:
         return
@@ -272,8 +264,6 @@ def _robots_in_processes(learner: LearnerService, policy: TrainablePolicy, run: 
                          ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
     """Each robot in a child process (``robot_process``); all start their first episode together,
     once every child has imported and built its robot (``starting`` is called then)."""
-    from robot_rl.app.robot_process import RobotJob, RobotProcesses
-
     start_dir = Path(run.spool_dir) / "start_policy"  # the weights every robot starts from
     policy.save_pretrained(start_dir)
     jobs = [RobotJob(i, robot_client(i, learner, policy, run), str(start_dir), run, robot_factory,
@@ -315,79 +305,3 @@ def _run_robot(index: int, learner: LearnerService, policy: TrainablePolicy, run
                on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
     return run_robot(index, robot_client(index, learner, policy, run), policy, run, robot_factory, versions, stop,
                      operator_factory, on_episode)
-
-
-def run_robot(index: int, client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
-              robot_factory: RobotFactory, versions: dict[str, int],
-              stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
-              on_episode: EpisodeCallback | None = None,
-              on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
-    """Build robot ``index`` and its operator, then ``run_edge`` (on a thread or in a robot process)."""
-    parts = robot_factory(index)
-    operator = operator_factory(index, parts[0]) if operator_factory is not None else None
-    try:
-        return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode,
-                        on_ready=on_ready)
-    finally:
-        # On this thread, which made its GL context: left to the garbage collector at exit,
-        # EGL prints EGL_NOT_INITIALIZED tracebacks after the results.
-        parts[0].disconnect()
-
-
-def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
-             robot_parts: tuple[Any, Any, Callable[[int], str]],
-             versions: dict[str, int] | None = None,
-             stop: Callable[[], bool] | None = None,
-             operator: Any = None,
-             on_episode: EpisodeCallback | None = None,
-             on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
-    """One edge node: run ``run.episodes_per_robot`` episodes streaming to the learner in ``client``.
-
-    ``stop`` (checked before each episode) ends the run early; ``on_ready`` is called once the
-    node is built and linked, before the first episode (it may block: a start barrier).
-    Returns (episodes, steps, successes). Used by ``run_local`` and by ``robot-rl edge``.
-    """
-    robot, task, reset = robot_parts
-    robot_id = client.robot_id
-    own_policy = copy.deepcopy(policy)
-    streamer = EdgeStreamer(client, own_policy, segment_steps=run.segment_steps,
-                            image_encoding=ImageEncoding(run.image_format))
-    node = EdgeNode(robot, own_policy, WallClock(), run.edge, task=task, robot_id=robot_id, policy_version=0,
-                    intervention=operator)
-    if operator is not None:
-        operator.bind(node)
-    streamer.attach(node).start()
-    view = VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names))
-    if view is not None:
-        view.attach(node)
-    episodes = steps = successes = 0
-    try:
-        if not streamer.link.wait_connected(10.0):
-            log.warning("%s: learner not reachable yet; running anyway, segments wait in the spool", robot_id)
-        if on_ready is not None:
-            on_ready()
-        for episode in range(run.episodes_per_robot):
-            if stop is not None and stop():
-                break
-            instruction = reset(episode)
-            if operator is not None:
-                operator.begin_episode(episode)
-            result = node.run_episode(run.max_steps, instruction, episode_id=episode,
-                                      seed=getattr(robot, "scene_seed", None))
-            if on_episode is not None:
-                on_episode(robot_id, result, node.policy_version)
-            episodes += 1
-            steps += result.num_steps
-            successes += int(result.success)
-            log.info("%s episode %d: %d steps, success=%s, policy v%d, late ticks so far %d", robot_id, episode,
-                     result.num_steps, result.success, node.policy_version, node.stats.late_ticks)
-        if not streamer.link.flush(30.0):
-            log.warning("%s: not everything acked yet; the rest stays in the spool for next time", robot_id)
-    finally:
-        if versions is not None:
-            versions[robot_id] = node.policy_version
-        streamer.stop()
-        node.close()
-        if view is not None:
-            view.close()
-    return episodes, steps, successes

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -21,17 +22,29 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from robot_rl.app import behaviour_cloning, evaluation
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
-from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig
+from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
+from robot_rl.app.policies import shipped_bc_checkpoint
+from robot_rl.app.sim import demo_expert, sim_config, task_families
+from robot_rl.core.errors import ConfigError
+from robot_rl.core.statistics import PairedComparison
+from robot_rl.edge.rerun_view import start_viewer
+from robot_rl.hardware.sim.scene import JOINT_NAMES
+from robot_rl.hardware.teleop.blend import TakeoverBlender
+from robot_rl.hardware.teleop.intervention import TeleopIntervention
+from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
 from robot_rl.learner.algorithms.config import ALGORITHMS
+from robot_rl.learner.console import console_line
+from robot_rl.policies.loading import load_trainable
 
 if TYPE_CHECKING:
-    from robot_rl.app.local_run import LocalRunConfig
     from robot_rl.config import RobotRLConfig
     from robot_rl.learner.config import LearnerConfig
     from robot_rl.learner.service import LearnerService
@@ -45,9 +58,6 @@ def ensure_bc_checkpoint(cfg: RobotRLConfig) -> Path:
     """The starting policy: ``policy.path`` if given, else the BC checkpoint under
     ``bc.checkpoint_dir``, else the one shipped in ``checkpoints/`` if it was trained for the
     configured model and tasks, else one trained now (records demonstrations first)."""
-    from robot_rl.app.behaviour_cloning import train_bc
-    from robot_rl.app.policies import shipped_bc_checkpoint
-
     if cfg.policy.path:
         return Path(cfg.policy.path)
     checkpoint = Path(cfg.bc.checkpoint_dir)
@@ -57,7 +67,7 @@ def ensure_bc_checkpoint(cfg: RobotRLConfig) -> Path:
         return shipped
     if not (checkpoint / "model.safetensors").exists():
         print(f"no BC checkpoint at {checkpoint}: recording demonstrations and training one first (one-time)")
-        result = train_bc(cfg)
+        result = behaviour_cloning.train_bc(cfg)
         print(f"BC start: success {result['success']:.0%} over {result['eval_episodes']} sim episodes")
     return checkpoint
 
@@ -73,11 +83,6 @@ class ScriptedOperatorFactory:
     settings: ScriptedOperatorConfig = field(default_factory=ScriptedOperatorConfig)
 
     def __call__(self, index: int, robot):
-        from robot_rl.app.sim import demo_expert
-        from robot_rl.hardware.teleop.blend import TakeoverBlender
-        from robot_rl.hardware.teleop.intervention import TeleopIntervention
-        from robot_rl.hardware.teleop.scripted import scripted_operator_for_sim
-
         settings = replace(self.settings, seed=self.settings.seed + index)
         operator = scripted_operator_for_sim(settings, robot, demo_expert(robot, self.expert_speed))
         blender = TakeoverBlender(self.fps, settings.blend_time_s, settings.max_step_per_tick)
@@ -136,20 +141,15 @@ def local_learner_config(cfg: RobotRLConfig, checkpoint: Path, run_dir: Path,
     the simulated robots record (their cameras, image size and rate), keeps its store and
     checkpoints under ``run_dir``, and trains and stores at ``run.learner_nice`` so the robots'
     control ticks are served first (a learner on its own GPU box needs no such thing)."""
-    from robot_rl.app.behaviour_cloning import ensure_demos
-    from robot_rl.app.sim import sim_config
-
     robot = sim_config(cfg)
     config = copy.deepcopy(cfg.learner)
     config.init_checkpoint = str(checkpoint)
-    from robot_rl.hardware.sim.scene import JOINT_NAMES
-
     config.store = replace(config.store, root=str(run_dir / "store"), fps=robot.fps, joint_names=JOINT_NAMES,
                            cameras=tuple(robot.cameras),
                            image_height=robot.image_height, image_width=robot.image_width,
                            commit_nice=max(config.store.commit_nice, cfg.run.learner_nice))
     if config.store.demonstrations is None:
-        config.store.demonstrations = str(demos if demos is not None else ensure_demos(cfg))
+        config.store.demonstrations = str(demos if demos is not None else behaviour_cloning.ensure_demos(cfg))
     config.trainer = replace(config.trainer, checkpoint_dir=str(run_dir / "checkpoints"),
                              thread_nice=max(config.trainer.thread_nice, cfg.run.learner_nice))
     return config
@@ -165,10 +165,6 @@ def share_cpu_with_robots(cfg: RobotRLConfig, *, overlapping: bool = True) -> No
     ``overlapping=False`` (a synchronous collect-then-train loop, whose trainer has the CPU to
     itself while the robots wait) gives it one thread per core whatever the setting.
     """
-    import os
-
-    import torch
-
     threads = cfg.run.torch_threads if overlapping else len(os.sched_getaffinity(0))
     if threads is not None:
         torch.set_num_threads(threads)
@@ -183,26 +179,18 @@ def learner_label(config: LearnerConfig) -> str:
 
 
 def local_run_config(cfg: RobotRLConfig, run_dir: Path, viewer: Any = None) -> LocalRunConfig:
-    """What ``run_local`` needs of the run's settings, its spool under ``run_dir``; ``viewer``: what the
+    """What ``run_local`` needs of the run's settings, its spools and each robot's local dataset under
+    ``run_dir`` (``spool/``, ``robots/ROBOT_ID``, as a real robot keeps them); ``viewer``: what the
     robots log a live view to (``rerun_view.start_viewer``; None: ``cfg.viewer``)."""
-    from robot_rl.app.local_run import LocalRunConfig
-
     budget = cfg.run.time_budget_min
     return LocalRunConfig(num_robots=cfg.run.num_robots, episodes_per_robot=cfg.run.episodes,
                           max_steps=cfg.run.max_episode_steps, spool_dir=str(run_dir / "spool"), edge=cfg.edge,
                           time_budget_s=budget * 60.0 if budget else None, robots=cfg.run.robots,
-                          min_updates=cfg.run.min_updates or None,
+                          min_updates=cfg.run.min_updates or None, record_dir=str(run_dir / "robots"),
                           viewer=cfg.viewer if viewer is None else viewer)
 
 
 def run_main_job(cfg: RobotRLConfig) -> dict:
-    from robot_rl.app.local_run import make_sim_robot_factory, run_local
-    from robot_rl.app.sim import sim_config, task_families
-    from robot_rl.core.errors import ConfigError
-    from robot_rl.edge.rerun_view import start_viewer
-    from robot_rl.learner.console import console_line
-    from robot_rl.policies.loading import load_trainable
-
     if getattr(cfg.policy, "lora_rank", 0) > 0:
         raise ConfigError("robot-rl run trains full weights: its robot processes load a checkpoint directory and "
                           "would not add the adapters; LoRA runs as `robot-rl learner` + `robot-rl edge` with the "
@@ -260,14 +248,13 @@ def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None) -> dict 
     """The start's and the final weights' success alone (no operator) on ``run.eval_episodes``
     scenes no robot of the run saw, paired (same scenes, same flow noise): the live window of 30
     episodes, watched by the operator, moves by +-17 points on its own (BENCHMARKS.md "learning")."""
-    from robot_rl.app.evaluation import heldout_eval_all, paired_scores
-
     episodes = cfg.run.eval_episodes
     if episodes <= 0 or final is None:
         return None
     print(f"held-out check: the start and the final weights on {episodes} unseen scenes (run.eval_episodes)")
-    before, after = heldout_eval_all([start, final], cfg, episodes, "held-out")
-    return {"start": before, "final": after, "episodes": episodes, "final_vs_start": paired_scores(after, before)}
+    before, after = evaluation.heldout_eval_all([start, final], cfg, episodes, "held-out")
+    return {"start": before, "final": after, "episodes": episodes,
+            "final_vs_start": evaluation.paired_scores(after, before)}
 
 
 def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
@@ -315,8 +302,6 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
 def print_summary(summary: dict) -> None:
     """The run in a table and a few lines that agree with each other: the live window (watched and
     rescued by the operator) first, what the weights do alone on unseen scenes last."""
-    from robot_rl.app.evaluation import format_score
-
     table = Table(title=f"robot-rl run: live episodes per policy version ({summary['learner']})")
     for col in ("versions", "episodes", "success", "autonomous", "interventions"):
         table.add_column(col, justify="right")
@@ -349,11 +334,10 @@ def print_summary(summary: dict) -> None:
               f"v{points[-1]['version']} {points[-1]['success']:.0%} (best v{best['version']} {best['success']:.0%})")
     heldout = summary.get("heldout")
     if heldout:
-        from robot_rl.core.statistics import PairedComparison
-
         missing = "not scored (see the log)"
-        print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start "
-              f"{format_score(heldout['start'], missing)} -> final {format_score(heldout['final'], missing)}")
+        start, final = (evaluation.format_score(heldout[k], missing) for k in ("start", "final"))
+        print(f"held-out success on {heldout['episodes']} unseen scenes, the weights alone: start {start} "
+              f"-> final {final}")
         paired = heldout.get("final_vs_start")
         if paired:
             comparison = PairedComparison.from_dict(paired)

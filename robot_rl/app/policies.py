@@ -32,7 +32,7 @@ class NoCheckpointError(ConfigError):
 def shipped_bc_checkpoint(cfg: RobotRLConfig) -> Path | None:
     """The shipped BC start, if ``bc.use_shipped`` and it was trained for this ``policy.model`` and
     ``task_families``; else None (a different model or task set must be trained first)."""
-    from robot_rl.policies.flow_vla.checkpoint import read_config
+    from robot_rl.policies.flow_vla.checkpoint import read_config  # PyTorch: only where a checkpoint is read
 
     if not cfg.bc.use_shipped or not isinstance(cfg.policy, FlowVLAPolicyConfig):
         return None

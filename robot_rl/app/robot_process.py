@@ -30,6 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import torch
+
+from robot_rl.app.sim_edge import run_robot
+from robot_rl.policies.loading import load_trainable
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +65,8 @@ class RobotJob:
     client: Any  # robot_rl.bridges.zmq.client.ClientConfig
     policy_dir: str  # the starting weights, saved by the parent (each robot loads its own copy)
     run: Any  # robot_rl.app.local_run.LocalRunConfig
-    robot_factory: Any  # robot_rl.app.local_run.RobotFactory, a picklable one (e.g. SimRobotFactory)
-    operator_factory: Any = None  # robot_rl.app.local_run.OperatorFactory or None
+    robot_factory: Any  # robot_rl.app.sim_edge.RobotFactory, a picklable one (e.g. SimRobotFactory)
+    operator_factory: Any = None  # robot_rl.app.sim_edge.OperatorFactory or None
     torch_threads: int = 1  # one inference at a time per robot: more threads only wait on each other
 
 
@@ -196,11 +200,6 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
         conn.send_bytes(msgpack.packb(message, use_bin_type=True))
 
     try:
-        import torch
-
-        from robot_rl.app.local_run import run_robot
-        from robot_rl.policies.loading import load_trainable
-
         torch.set_num_threads(job.torch_threads)
         policy = load_trainable(job.policy_dir)
         robot_id = job.client.robot_id

@@ -71,9 +71,9 @@ def _soak_edge(index: int, router: str, pub: str, workdir: str, runner: str, sch
     from robot_rl.core.clock import WallClock
     from robot_rl.core.layout import RecordedLayout
     from robot_rl.edge.config import EdgeConfig
+    from robot_rl.edge.learner_link import EdgeStreamer
     from robot_rl.edge.node import EdgeNode
     from robot_rl.edge.process_runner import spawn_policy
-    from robot_rl.edge.streaming import EdgeStreamer
 
     logging.basicConfig(level=logging.INFO, filename=f"{workdir}/edge-{index}-{runner}.log",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

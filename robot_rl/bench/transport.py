@@ -449,9 +449,9 @@ def _zmq_edge_swap(router: str, pub: str, spool: str, payload: SwapPayload, runn
     from robot_rl.bridges.zmq.segments import ImageEncoding
     from robot_rl.core.clock import WallClock
     from robot_rl.edge.config import EdgeConfig
+    from robot_rl.edge.learner_link import EdgeStreamer
     from robot_rl.edge.node import EdgeNode
     from robot_rl.edge.process_runner import spawn_policy
-    from robot_rl.edge.streaming import EdgeStreamer
 
     torch.set_num_threads(1)
     factory = functools.partial(ballast_policy, payload.size_mb, payload.frozen_mb)
@@ -725,7 +725,7 @@ def _fanout_edge(robot_id: str, router: str, pub: str, spool: str, size_mb: floa
 
     from robot_rl.bridges.zmq.client import ClientConfig
     from robot_rl.bridges.zmq.streaming import StreamingClient
-    from robot_rl.edge.streaming import load_weights_into, shadow_of
+    from robot_rl.edge.swap import load_weights_into, shadow_of
 
     torch.set_num_threads(1)
     policy = ballast_policy(size_mb)

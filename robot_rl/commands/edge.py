@@ -4,10 +4,11 @@ from __future__ import annotations
 
 HELP = """\
 one unattended edge node: the robot of robot= (the sim, a LeRobot robot, a ROS 2 arm) runs
-session.episodes episodes of session.max_episode_steps ticks with no operator, records them
-locally, streams them to link.learner and swaps in the weights published on link.weights
-(default: the learner's port + 1). The same runtime as `robot-rl session`, without teleop or keys:
-the task (sim) or time (real robots) ends each episode. A real robot runs only policy.path.
+session.episodes episodes of session.max_episode_steps ticks with no operator, streams each
+episode to link.learner while it runs (spooled on disk, acked: a crash loses at most one segment),
+records it locally when it ends, and swaps in the weights published on link.weights (default: the
+learner's port + 1). The same edge runtime as `robot-rl session` and `robot-rl run`'s robots,
+without teleop or keys: the task (sim) or time (real robots) ends each episode. A real robot runs only policy.path.
 Off loopback the link needs CURVE keys from `robot-rl keys`: link.secret_key and link.learner_key.
 
 examples:
@@ -22,8 +23,11 @@ GROUPS: tuple[str, ...] = ("robot", "viewer", "policy", "edge", "link", "session
 
 def main(argv: list[str]) -> int:
     """``argv``: configuration overrides only."""
+    # Imported when the command runs: the CLI reads every command's HELP and GROUPS without them
+    # (the edge runtime brings PyTorch, LeRobot's dataset writer and the robot drivers).
     from robot_rl.commands.session import run_reporting_faults
     from robot_rl.config import ConfigError, load_config
+    from robot_rl.core.registry import POLICIES
     from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
     from robot_rl.session.runner import unattended
 
@@ -31,8 +35,6 @@ def main(argv: list[str]) -> int:
     if cfg.link.learner is None:
         raise ConfigError("say where the learner is: robot-rl edge link.learner=tcp://HOST:5555")
     if not isinstance(cfg.policy, FlowVLAPolicyConfig):
-        from robot_rl.core.registry import POLICIES
-
         raise ConfigError(f"robot-rl edge streams to a learner, which trains policy=flow_vla, "
                           f"not policy={POLICIES.name_of(cfg.policy)}")
     return run_reporting_faults("edge", unattended(cfg))

@@ -15,7 +15,8 @@ The policy drives; the operator takes over and hands back with the teleop device
 keys are shown on screen), gives each episode a verdict and can e-stop (exit code 3); r rerecords
 the episode in the same scene. Every episode is recorded locally (LeRobotDataset v3 in
 session.dataset_root, a line per episode in session.log_path); with link.learner set it is also
-streamed to that learner, which acks it, and the weights it publishes are swapped in between
+streamed to that learner while it runs (a rerecorded attempt reaches it as a truncated episode,
+with no outcome), the learner acks it, and the weights it publishes are swapped in between
 chunks (the status line shows the version). With the learner away, episodes wait in the spool
 and are sent when it is back. A real robot runs only the checkpoint named by policy.path (or
 policy=hold, a dry run that keeps the arm still); every joint target is bounded by
@@ -37,6 +38,7 @@ GROUPS: tuple[str, ...] = ("robot", "viewer", "policy", "teleop", "edge", "link"
 def run_reporting_faults(command: str, cfg: RobotRLConfig) -> int:
     """``run_session(cfg)``; a robot, device or learner that is not there or refuses is one line
     on stderr and exit code 2, never a traceback."""
+    # Imported when the command runs: the CLI reads every command's HELP and GROUPS without them.
     from robot_rl.bridges.zmq.spool import SpoolError
     from robot_rl.core.robot_io import RobotFaultError
     from robot_rl.session.runner import run_session
@@ -50,6 +52,6 @@ def run_reporting_faults(command: str, cfg: RobotRLConfig) -> int:
 
 def main(argv: list[str]) -> int:
     """``argv``: configuration overrides only."""
-    from robot_rl.config import load_config
+    from robot_rl.config import load_config  # when the command runs, as above
 
     return run_reporting_faults("session", load_config(argv))

@@ -1,7 +1,8 @@
 """The edge runtime: one control loop per robot with asynchronous chunk inference.
 
-Start with ``EdgeNode`` (node.py) and ``EdgeConfig`` (config.py); the timing contract
-is in node.py's module docstring (the overview: docs/architecture.md, "The loop").
+Start with ``EdgeRuntime`` (runtime.py: a robot's node, learner link and recorder, wired once),
+``EdgeNode`` (node.py) and ``EdgeConfig`` (config.py); the timing contract is node.py's module
+docstring, the weight swap swap.py's.
 """
 
 from robot_rl.core.motion_limits import JointDeltaClamp

@@ -19,10 +19,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -364,21 +364,27 @@ class ThreadedRunner:
             self._results.put(result)
 
 
+@runtime_checkable
+class SelfServingPolicy(Protocol):
+    """A policy that computes somewhere else and brings the worker that reaches it: one in a process
+    of its own (``robot_rl.edge.process_runner.ProcessPolicy``; a remote server plugs in the same way)."""
+
+    def runner(self, clock_now: Callable[[], float], action_dim: int, max_inflight: int = 1) -> InferenceWorker: ...
+
+
 def make_worker(
     policy: ChunkPolicy, version: int, action_dim: int, clock: Clock, config: EdgeConfig
 ) -> InferenceWorker:
     """The runner the config asks for. "auto": virtual on a virtual clock; on the wall clock the
-    policy's own process when it runs in one (``spawn_policy``), else a thread."""
-    from robot_rl.edge.process_runner import ProcessPolicy
-
+    policy's own worker when it brings one (``SelfServingPolicy``), else a thread."""
     kind = config.inference_runner
-    in_process = isinstance(policy, ProcessPolicy)
+    serves_itself = isinstance(policy, SelfServingPolicy)
     if kind == "auto":
-        kind = "process" if in_process else "virtual" if clock.is_virtual else "thread"
-    if (kind == "process") != in_process:
+        kind = "process" if serves_itself else "virtual" if clock.is_virtual else "thread"
+    if (kind == "process") != serves_itself:
         raise ValueError(f"edge.inference_runner={kind} but the policy is {policy!r}: the process runner serves a "
                          "policy built in its own process (robot_rl.edge.process_runner.spawn_policy), and only it")
-    if isinstance(policy, ProcessPolicy):
+    if isinstance(policy, SelfServingPolicy):
         if clock.is_virtual:
             log.warning("inference in a process on a virtual clock: chunks arrive after wall time, not virtual time")
         return policy.runner(clock.now, action_dim, config.effective_max_inflight)

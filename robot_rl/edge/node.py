@@ -1,4 +1,4 @@
-"""EdgeNode: the control loop of one robot, following the timing contract written out below.
+"""EdgeNode: the control loop of one robot, under the timing contract written out here.
 
 Each tick (1/fps):
   1. wait for the tick's scheduled time (wall clock: sleep; virtual clock: jump) and
@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.delay import DelayEstimator
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, InferenceWorker, PolicySwap, make_worker
 from robot_rl.edge.stats import ChunkRecord, EdgeStats
+from robot_rl.edge.swap import WeightSwap
 from robot_rl.hardware.robot import InvalidActionError, Observation, Robot, validate_action
 from robot_rl.policies.base import ChunkPolicy, GuidedChunkPolicy
 
@@ -176,8 +176,10 @@ class EdgeNode:
         self._costs: deque[tuple[float, float]] = deque(maxlen=self.config.delay_window)  # (device, latency) s
 
         self._policy_version = policy_version
-        self._pending_swap: PolicySwap | None = None
-        self._swap_lock = threading.Lock()  # request_policy_swap may come from a loader thread
+        # New weights for a policy that runs here: offered by a loader thread (``request_policy_swap``),
+        # taken with the next request, settled when its result comes back (``robot_rl.edge.swap``). A
+        # policy in its own process keeps the rule there and never offers here.
+        self.swaps = WeightSwap(policy, policy_version)
         self._next_chunk_id = 0
         self._generation = 0
         self._last_late_warning = float("-inf")
@@ -230,21 +232,16 @@ class EdgeNode:
             swap = PolicySwap(version=version, state_dict=new)
         else:
             raise TypeError(f"request_policy_swap needs a ChunkPolicy or a state dict, got {type(new).__name__}")
-        with self._swap_lock:
-            self._pending_swap = swap
+        self.swaps.offer(swap)
 
     def withdraw_policy_swap(self, policy: object) -> bool:
         """Take back a ``request_policy_swap(policy, ...)`` the control thread has not handed to
         the worker yet; True if it was still pending (it will then never run).
 
         Atomic with the hand-over, so a caller that gets True knows nothing will read ``policy``
-        and may write new weights into it (the streamer's shadow, superseded by newer weights).
+        and may write new weights into it.
         """
-        with self._swap_lock:
-            if self._pending_swap is None or self._pending_swap.policy is not policy:
-                return False
-            self._pending_swap = None
-            return True
+        return self.swaps.withdraw(policy)
 
     @property
     def running_policy(self) -> ChunkPolicy:
@@ -451,7 +448,7 @@ class EdgeNode:
             start_tick=start,
             rolled_state=rolled,
             generation=self._generation,
-            swap=self._take_swap(),
+            swap=self.swaps.take(),
             prefix=prefix,
         )
         self._next_chunk_id += 1
@@ -515,11 +512,6 @@ class EdgeNode:
                 return slots
         return 0
 
-    def _take_swap(self) -> PolicySwap | None:
-        with self._swap_lock:
-            swap, self._pending_swap = self._pending_swap, None
-        return swap
-
     def _collect(self, n: int) -> None:
         """Take every finished inference and splice it into the queue, oldest first."""
         while (result := self.worker.poll(self.clock.now())) is not None:
@@ -529,6 +521,8 @@ class EdgeNode:
         """Splice ``result`` if it is still wanted; ``measured`` overrides the delay in ticks
         (computed from arrival tick - request tick, except for a chunk planned before start)."""
         request = result.request
+        if request.swap is not None:  # applied or refused whatever the episode: the shadow is free again
+            self.swaps.settle(request.swap, result.swap_error)
         if request.generation != self._generation:
             log.debug("dropping chunk %d: it was requested in a previous episode", request.chunk_id)
             return

@@ -25,9 +25,10 @@ serves over one pipe, in messages of msgpack plus raw array bytes (never unpickl
 * calls made before the robot moves: ``bind_joints``, a synchronous ``predict_chunk`` (the warm-up),
   ``save_pretrained``.
 
-Swaps follow the in-process rules (``robot_rl.edge.streaming``): exactly two policy objects, the
-dropped one becomes the next shadow, newer weights withdraw a swap not yet taken, and a swap only
-happens when no prediction runs (``PolicyRunner``).
+Swaps follow the rule a policy in the control process follows, from the same class
+(``robot_rl.edge.swap.WeightSwap``): exactly two policy objects, the dropped one becomes the next
+shadow, newer weights withdraw a swap not yet taken, and a swap only happens when no prediction
+runs (``PolicyRunner``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -53,9 +54,13 @@ import numpy as np
 from robot_rl.bridges.zmq.weights import HEADER_ROOM
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.parent_watch import exit_when_parent_dies
+from robot_rl.core.priority import lower_own_priority, lower_thread_priority
+from robot_rl.core.types import ActionChunk
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRunner, PolicySwap
+from robot_rl.edge.swap import WeightSwap, load_weights_into
 from robot_rl.edge.weights_files import PREFIX, SHM_DIR, WeightsFilePool
 from robot_rl.policies.base import ChunkPolicy
+from robot_rl.policies.trainable import published_state
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +117,9 @@ class _PolicyServer:
         self.version = version
         self.runner: PolicyRunner | None = None  # made with the robot's joint count (``workers``)
         self._send_lock = threading.Lock()
-        self._swap_lock = threading.Lock()
-        self._pending: PolicySwap | None = None  # loaded into the shadow, not taken by an inference yet
-        self._taken: object | None = None  # a shadow an inference thread is swapping in right now
-        # Allocated on "prepare" (a learner link started) or with the first weights, so a run without a
-        # learner never pays for it.
-        self._shadow: Any = None
-        self._shadow_lock = threading.Lock()
+        # Its shadow is allocated on "prepare" (a learner link started) or with the first weights, so a
+        # run without a learner never pays for it.
+        self.swaps = WeightSwap(policy, version)
         self._requests: queue.SimpleQueue[tuple[dict, dict] | None] = queue.SimpleQueue()
         self._weights: queue.Queue[tuple[int, str, int]] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -131,8 +132,6 @@ class _PolicyServer:
     def serve(self) -> None:
         loader = threading.Thread(target=self._load_loop, name="policy-weights", daemon=True)
         loader.start()
-        from robot_rl.core.priority import lower_thread_priority
-
         lower_thread_priority(loader, LOADER_NICE)
         while True:
             try:
@@ -190,37 +189,22 @@ class _PolicyServer:
         assert self.runner is not None  # made before any worker thread starts
         while (item := self._requests.get()) is not None:
             body, arrays = item
-            swap = self._take_swap()
+            swap = self.swaps.take(on_take=self.runner.announce_swap)  # later requests wait for this swap
             request = InferenceRequest(
                 chunk_id=int(body["chunk_id"]), request_tick=0, request_time_s=0.0,
                 images=_observation(body, arrays), state=arrays["state"], instruction=body["instruction"],
                 executed_index=-1, delay_ticks=0, delay_estimate=int(body["delay"]), start_tick=None,
                 rolled_state=None, generation=0, swap=swap, prefix=arrays.get("prefix"))
-            previous = self.runner.policy
             result = self.runner.run(request)
             if swap is not None:
-                with self._swap_lock:
-                    if result.swap_error is None:
-                        self._shadow = previous  # the dropped policy takes the next weights
-                    self._taken = None
+                self.swaps.settle(swap, result.swap_error)
             chunk = None if result.chunk is None else result.chunk.actions
             self.send("result", {"chunk_id": request.chunk_id, "version": result.policy_version,
                                  "compute_s": result.compute_s, "error": result.error,
                                  "swapped": swap is not None, "swap_error": result.swap_error},
                       {"chunk": chunk})
 
-    def _take_swap(self) -> PolicySwap | None:
-        assert self.runner is not None  # made before any worker thread starts
-        with self._swap_lock:
-            swap, self._pending = self._pending, None
-            if swap is not None:
-                self._taken = swap.policy
-                self.runner.announce_swap()  # a request another thread takes later waits for this swap
-            return swap
-
     def _load_loop(self) -> None:
-        from robot_rl.edge.streaming import load_weights_into
-
         while self.runner is None:  # weights come only once the edge node runs the policy
             time.sleep(0.01)
         while True:
@@ -229,7 +213,6 @@ class _PolicyServer:
                 self.send("released", {"path": path})
                 version, path, size = self._weights.get()
             try:
-                self._prepare_shadow()
                 shadow = self._free_shadow()
                 with open(path, "rb") as file:
                     # A private copy-on-write view: writable (torch.frombuffer wants that), never written.
@@ -243,31 +226,19 @@ class _PolicyServer:
                 continue
             finally:
                 self.send("released", {"path": path})  # the control process reuses or removes the file
-            with self._swap_lock:
-                self._pending = PolicySwap(version=version, policy=shadow)
+            self.swaps.offer(PolicySwap(version=version, policy=shadow))
             self.send("loaded", {"version": version, "bytes": size, "wall_s": time.time()})
 
-    def _prepare_shadow(self, nice: int = 0) -> None:
-        """Allocate the shadow the weights are loaded into, once (its tensors that never travel are
-        the live policy's, shared). Before the first swap the live policy is the one it was built as."""
-        from robot_rl.core.priority import lower_own_priority
-        from robot_rl.edge.streaming import shadow_of
-
+    def _prepare_shadow(self, nice: int) -> None:
+        """Allocate the shadow now, at the loader's priority (a learner link started)."""
         lower_own_priority(nice)
-        with self._shadow_lock:
-            if self._shadow is None:
-                self._shadow = shadow_of(cast(Any, self.policy))  # a torch module: it takes weights
+        self.swaps.prepare()
 
     def _free_shadow(self) -> Any:
-        """The shadow, once nothing else can read it: a pending swap of it is withdrawn (newer
-        weights supersede it); one an inference thread is swapping in right now is waited out."""
-        while True:
-            with self._swap_lock:
-                if self._pending is not None and self._pending.policy is self._shadow:
-                    self._pending = None
-                if self._taken is not self._shadow:
-                    return self._shadow
+        """The shadow, once nothing else can read it (an inference thread swapping it in is waited out)."""
+        while (shadow := self.swaps.free_shadow()) is None:
             time.sleep(0.002)
+        return shadow
 
 
 def _child_main(factory: PolicyFactory, conn: Any, version: int) -> None:
@@ -295,8 +266,6 @@ def _published_bytes(policy: Any) -> int:
     """Bytes of the tensors a learner publishes for ``policy`` (0: it takes no weights)."""
     if not hasattr(policy, "parameters"):
         return 0
-    from robot_rl.policies.trainable import published_state
-
     return sum(t.numel() * t.element_size() for t in published_state(policy).values())
 
 
@@ -580,8 +549,6 @@ class ProcessRunner:
             log.error("unexpected %r from the policy process; ignored", kind)
 
     def _result(self, body: dict, arrays: dict[str, np.ndarray]) -> InferenceResult:
-        from robot_rl.core.types import ActionChunk
-
         request = self._requests.pop(int(body["chunk_id"]))
         version = int(body["version"])
         if body["swapped"]:  # the node counts a swap by the request that carried it

@@ -3,10 +3,12 @@
 Per episode: reset (the sim sets up the next scene itself; on a real robot the operator gets
 ``reset_time_s`` to put the scene back), then control ticks until the operator says
 success / failure / rerecord, the task reports success, or time runs out; then the
-verdict (asked with a key if nobody gave one). The episode is written to the local
-LeRobotDataset v3 (always, learner or not), then streamed to the learner, and the session
-says it is saved once the learner has acked it (or that it waits in the spool). A
-rerecorded attempt is neither written nor streamed, and the same scene is set up again.
+verdict (asked with a key if nobody gave one). The edge runtime (``robot_rl.edge.runtime``)
+streams the episode to the learner while it runs; at the verdict it is written to the local
+LeRobotDataset v3 (always, learner or not) and its last step goes out with the verdict, and the
+session says it is saved once the learner has acked it (or that it waits in the spool). A
+rerecorded attempt is not written locally; the learner, which has its segments, stores it as
+truncated (no outcome claimed); the same scene is set up again.
 
 E-stop (key ``e``, Esc, or Ctrl-C): the arm is told to hold its measured position, the
 episode so far is saved as a failure, the session ends (exit code 3). It never waits
@@ -33,10 +35,9 @@ import numpy as np
 from robot_rl.core.clock import Clock
 from robot_rl.core.robot_io import RobotFaultError
 from robot_rl.core.types import Episode, Step
-from robot_rl.data.recorder import EpisodeRecorder
-from robot_rl.edge import EdgeNode
+from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.teleop import TeleopEvent, TeleopIntervention
-from robot_rl.hardware.teleop.keys import KeySource
+from robot_rl.hardware.teleop.keys import KeySource, NoKeys
 from robot_rl.session.config import SessionConfig
 from robot_rl.session.scenes import SceneDraw
 from robot_rl.session.status import KEY_COMMANDS, KEY_HELP, StatusLine, format_status
@@ -66,37 +67,33 @@ class SessionResult:
 
 
 class OperatorSession:
-    """Runs the episodes; the parts (robot, node, hook, keys, recorder) are built by the caller.
+    """Runs the episodes; the parts (robot, edge runtime, hook, keys) are built by the caller.
 
     ``scenes`` sets up each episode's scene (the sim's seeds and task families; a real robot
-    has none); ``streamer`` (an ``EdgeStreamer`` attached to ``node``) sends each saved
-    episode to the learner; ``log_path`` gets one JSON line per episode (verdict, dataset
-    index, scene seed, whether the learner acked it).
+    has none); ``log_path`` gets one JSON line per episode (verdict, dataset index, scene seed,
+    whether the learner acked it).
     """
 
     def __init__(
         self,
         config: SessionConfig,
         robot,
-        node: EdgeNode,
+        runtime: EdgeRuntime,
         hook: TeleopIntervention,
         keys: KeySource,
-        recorder: EpisodeRecorder,
         clock: Clock,
         status: StatusLine | None = None,
-        streamer=None,
         scenes: SceneDraw | None = None,
         log_path: str | Path | None = None,
     ) -> None:
         self.config = config
         self.robot = robot
-        self.node = node
+        self.runtime = runtime
+        self.node = runtime.node
         self.hook = hook
         self.keys = keys
-        self.recorder = recorder
         self.clock = clock
         self.status = status or StatusLine(interval_s=config.status_interval_s)
-        self.streamer = streamer
         self.scenes = scenes or SceneDraw(None)
         self.log_path = Path(log_path) if log_path is not None else None
         self.result = SessionResult()
@@ -106,7 +103,8 @@ class OperatorSession:
     # -- the session ---------------------------------------------------------------------
 
     def run(self) -> SessionResult:
-        self.status.say(KEY_HELP)
+        if not isinstance(self.keys, NoKeys):  # session.keys=none: no key does anything, none is shown
+            self.status.say(KEY_HELP)
         jog_help = getattr(self.hook.teleop, "key_help", None)
         if jog_help is not None:
             self.status.say(jog_help())
@@ -115,7 +113,7 @@ class OperatorSession:
             if outcome in ("estop", "aborted") or self._quit:
                 break
         self.status.say(
-            f"session over: {self.result.episodes_recorded} episodes recorded in {self.recorder.root}, "
+            f"session over: {self.result.episodes_recorded} episodes recorded{self._where()}, "
             f"{self.result.successes} successes, {self.result.rerecorded} rerecorded"
             + ("  (E-STOP)" if self.result.estopped else "")
             + (f"  (ROBOT FAULT: {self.result.fault})" if self.result.fault else "")
@@ -179,7 +177,7 @@ class OperatorSession:
         if operator_reset is not None:
             operator_reset(episode)
         self.hook.reset()
-        self.node.reset_episode(instruction, scene.seed)
+        self.runtime.begin_episode(instruction, scene.seed)
         again = " (again, same scene)" if same_scene else ""
         self.status.say(f"episode {episode + 1}/{self.config.episodes}{again}: {instruction!r}")
         return instruction
@@ -255,7 +253,7 @@ class OperatorSession:
             self.robot.send_action(self.node.last_command)
 
     def _tick(self) -> Step:
-        step = self.node.tick()
+        step = self.runtime.tick()
         self._tick_times.append(time.monotonic())
         return step
 
@@ -296,9 +294,10 @@ class OperatorSession:
     # -- saving --------------------------------------------------------------------------
 
     def _write(self, episode: int, instruction: str, steps: list[Step], verdict: str) -> None:
-        """Record locally, then stream to the learner and wait (bounded) for its ack."""
+        """Record locally and send the verdict on the last step, then wait (bounded) for the learner's ack."""
         self.result.outcomes.append(verdict)
         if verdict == "rerecord":
+            self.runtime.discard_episode()
             self.result.rerecorded += 1
             self.status.say(f"episode {episode + 1}: thrown away; rerecording it in the same scene")
             self._log(episode, verdict, steps, None, None)
@@ -309,29 +308,33 @@ class OperatorSession:
         seed = steps[0].scene_seed
         record = Episode(getattr(self.robot, "name", "robot"), episode, instruction, steps=steps, success=success,
                          seed=seed if seed >= 0 else None)
-        index = self.recorder.write_episode(record)
+        index = self.runtime.finish_episode(record)
         self.result.episodes_recorded += 1
         self.result.successes += success
         self.result.intervention_steps += record.intervention_steps
-        delivery = self._stream(steps)
+        delivery = self._delivery()
         self._log(episode, verdict, steps, index, delivery)
+        where = "" if index is None else f" -> dataset episode {index}"
         self.status.say(
-            f"episode {episode + 1}: {verdict}, {len(steps)} steps, {record.intervention_steps} intervened "
-            f"-> dataset episode {index}{'' if delivery is None else '; ' + delivery}"
+            f"episode {episode + 1}: {verdict}, {len(steps)} steps, {record.intervention_steps} intervened"
+            f"{where}{'' if delivery is None else '; ' + delivery}"
         )
 
-    def _stream(self, steps: list[Step]) -> str | None:
-        """Send a saved episode to the learner; what became of it, in words (None: no learner)."""
-        if self.streamer is None:
+    def _delivery(self) -> str | None:
+        """What became of the episode's segments, in words (None: no learner)."""
+        link = self.runtime.link
+        if link is None:
             return None
-        self.streamer.send_episode(steps)
-        link = self.streamer.link
-        connected = link.connected
-        if connected and link.flush(self.config.ack_timeout_s):
+        connected = link.link.connected
+        if connected and self.runtime.wait_acked(self.config.ack_timeout_s):
             return f"learner acked it (weights v{self.node.policy_version} in use)"
-        pending = link.stats().get("pending", 0)
+        pending = link.link.stats().get("pending", 0)
         why = f"not acked within {self.config.ack_timeout_s:g} s" if connected else "learner not reachable"
         return f"{why}: it waits in the spool ({pending} segments unacked) and is sent when the learner is back"
+
+    def _where(self) -> str:
+        recorder = self.runtime.recorder
+        return "" if recorder is None else f" in {recorder.root}"
 
     def _log(self, episode: int, verdict: str, steps: list[Step], index: int | None, delivery: str | None) -> None:
         if self.log_path is None:

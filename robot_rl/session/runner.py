@@ -1,9 +1,10 @@
-"""Wire an edge session from the configuration: robot, policy, teleop hook, edge node, keys, recorder, learner.
+"""Wire an edge session from the configuration: robot, policy, teleop hook, keys, and the edge runtime.
 
-One runtime for every robot and both commands: ``robot-rl session`` (an operator at the keys,
-a leader arm or a gamepad) and ``robot-rl edge`` (unattended: no teleop, no keys, verdicts
-from the task) build the robot from ``robot=`` (the sim, a LeRobot robot, a ROS 2 arm), the
-same node, recorder and link.
+Both commands, ``robot-rl session`` (an operator at the keys, a leader arm or a gamepad) and
+``robot-rl edge`` (unattended: no teleop, no keys, verdicts from the task), build the robot from
+``robot=`` (the sim, a LeRobot robot, a ROS 2 arm) and run it through the one edge runtime
+(``robot_rl.edge.runtime.EdgeRuntime``: node, learner link, local recorder) the main job's robots
+run through too.
 """
 
 from __future__ import annotations
@@ -17,17 +18,29 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from robot_rl.app.policies import load_policy
+from robot_rl.bridges.zmq.client import ClientConfig
+from robot_rl.calibration.latency import default_latency_path, read_latency_calibration
 from robot_rl.core.clock import Clock, VirtualClock, WallClock
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import ROBOTS, TELEOPS, VIEWERS
+from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.process_runner import spawn_policy
+from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.sim.config import SimConfig
+from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
+from robot_rl.hardware.teleop.base import NoTeleopConfig
+from robot_rl.hardware.teleop.keys import NoKeys, ScriptedKeys, TerminalKeys
+from robot_rl.policies.hold import HoldPolicyConfig
 from robot_rl.session.config import SessionConfig
+from robot_rl.session.loop import OperatorSession
+from robot_rl.session.scenes import SceneDraw
+from robot_rl.session.status import StatusLine
 
 if TYPE_CHECKING:
-    from robot_rl.bridges.zmq.client import ClientConfig
     from robot_rl.config import RobotRLConfig
-    from robot_rl.edge.config import EdgeConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,26 +60,18 @@ def check_policy_choice(cfg: RobotRLConfig) -> None:
 
 def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
     """``cfg`` for ``robot-rl edge``: no teleop device, no keys, verdicts from the task."""
-    from robot_rl.hardware.teleop.base import NoTeleopConfig
-
     session = dataclasses.replace(cfg.session, keys="none", key_script=[], ask_outcome=False)
     return dataclasses.replace(cfg, teleop=NoTeleopConfig(), session=session)
 
 
 def run_session(cfg: RobotRLConfig) -> int:
     """Run ``cfg.session`` on ``cfg.robot``; stream to ``cfg.link.learner`` if set. Returns the exit code."""
-    from robot_rl.edge import EdgeNode
-    from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
-    from robot_rl.session.loop import OperatorSession
-    from robot_rl.session.scenes import SceneDraw
-    from robot_rl.session.status import StatusLine
-
     check_policy_choice(cfg)
     session_cfg, teleop_cfg = cfg.session, cfg.teleop
     simulated = isinstance(cfg.robot, SimConfig)
     robot = ROBOTS.build(cfg.robot)
     if getattr(cfg.robot, "undistort", None):
-        from robot_rl.calibration.camera import UndistortingRobot
+        from robot_rl.calibration.camera import UndistortingRobot  # OpenCV: the calibration extra
 
         robot = UndistortingRobot(robot, dict(cfg.robot.undistort))
     if cfg.edge.fps != robot.fps:
@@ -96,25 +101,23 @@ def run_session(cfg: RobotRLConfig) -> int:
         stack.callback(teleop.disconnect)
         blender = TakeoverBlender(robot.fps, teleop_cfg.blend_time_s, teleop_cfg.max_step_per_tick)
         hook = TeleopIntervention(teleop, blender)
-        node = EdgeNode(robot, policy, clock, edge_cfg, task=robot if simulated else None, intervention=hook,
-                        robot_id=robot_name)
-        stack.callback(node.close)
-        hook.bind(node)
-        if hasattr(robot, "set_plan_source"):  # ROS 2: send the rest of the plan as a trajectory
-            robot.set_plan_source(lambda: [] if hook.intervening else [q.action for q in node.queue.pending()])
-        streamer = (_start_streamer(client, policy, node, stack, session_cfg.final_ack_timeout_s)
-                    if client is not None else None)
+        client = _with_config_hash(client, policy) if client is not None else None
         view = VIEWERS.build(cfg.viewer, robot_id=cfg.link.robot_id or robot_name, joint_names=tuple(robot.joint_names))
-        if view is not None:
-            view.attach(node)
-            stack.callback(view.close)
+        runtime = EdgeRuntime(robot, policy, clock, edge_cfg, robot_id=client.robot_id if client else robot_name,
+                              client=client,
+                              recorder=_recorder(session_cfg, robot), task=robot if simulated else None,
+                              intervention=hook, view=view)
+        stack.callback(runtime.close, session_cfg.final_ack_timeout_s)
+        hook.bind(runtime.node)
+        if hasattr(robot, "set_plan_source"):  # ROS 2: send the rest of the plan as a trajectory
+            robot.set_plan_source(lambda: [] if hook.intervening else [q.action for q in runtime.node.queue.pending()])
+        runtime.start(LINK_CONNECT_S)
         keys = _key_source(session_cfg)
         stack.callback(keys.close)
-        recorder = _recorder(session_cfg, robot)
         session = OperatorSession(
-            session_cfg, robot, node, hook, keys, recorder, clock,
-            status=StatusLine(sys.stderr, session_cfg.status_interval_s), streamer=streamer,
-            scenes=scenes, log_path=session_cfg.log_path,
+            session_cfg, robot, runtime, hook, keys, clock,
+            status=StatusLine(sys.stderr, session_cfg.status_interval_s), scenes=scenes,
+            log_path=session_cfg.log_path,
         )
         result = session.run()
     return result.exit_code
@@ -125,14 +128,9 @@ def build_policy(cfg: RobotRLConfig, clock: Clock) -> Any:
     that computes is built in a process of its own, which then also loads published weights: nothing
     of inference or of a swap shares the control loop's interpreter. A virtual clock keeps it here,
     where the virtual runner's timing is exact."""
-    from robot_rl.app.policies import load_policy
-    from robot_rl.policies.hold import HoldPolicyConfig
-
     runner = cfg.edge.inference_runner
     computes = not isinstance(cfg.policy, HoldPolicyConfig)  # holding the arm costs nothing worth a process
     if runner == "process" or (runner == "auto" and not clock.is_virtual and computes):
-        from robot_rl.edge.process_runner import spawn_policy
-
         return spawn_policy(functools.partial(load_policy, cfg))
     return load_policy(cfg)
 
@@ -169,8 +167,6 @@ def warm_up(policy: Any, robot: Any, instruction: str) -> float:
 def with_latency_calibration(edge: EdgeConfig, output_dir: str, robot_name: str) -> EdgeConfig:
     """``edge`` with the delay prior and command lag ``robot-rl calibrate latency`` measured for
     this robot, read from ``edge.latency_calibration`` (default: the file that command writes for it)."""
-    from robot_rl.calibration.latency import default_latency_path, read_latency_calibration
-
     path = Path(edge.latency_calibration) if edge.latency_calibration else default_latency_path(output_dir, robot_name)
     if not path.exists():
         if edge.latency_calibration:
@@ -181,11 +177,7 @@ def with_latency_calibration(edge: EdgeConfig, output_dir: str, robot_name: str)
     return dataclasses.replace(edge, delay_prior_ticks=prior, command_lag_ticks=lag)
 
 
-def _recorder(config: SessionConfig, robot: Any) -> Any:
-    # LeRobot's dataset writer takes seconds to import; pay that now, not while the
-    # arm waits between the first two episodes.
-    from robot_rl.data.recorder import EpisodeRecorder
-
+def _recorder(config: SessionConfig, robot: Any) -> EpisodeRecorder:
     layout = RecordedLayout.of_robot(robot)
     return EpisodeRecorder(
         Path(config.dataset_root), layout.fps, layout.joint_names, layout.camera_shapes,
@@ -194,8 +186,6 @@ def _recorder(config: SessionConfig, robot: Any) -> Any:
 
 
 def _key_source(config: SessionConfig) -> Any:
-    from robot_rl.hardware.teleop.keys import NoKeys, ScriptedKeys, TerminalKeys
-
     mode = config.keys
     if mode == "auto":
         mode = "terminal" if sys.stdin.isatty() else ("script" if config.key_script else "none")
@@ -206,32 +196,8 @@ def _key_source(config: SessionConfig) -> Any:
     return NoKeys()
 
 
-def _start_streamer(client: ClientConfig, policy: Any, node: Any, stack: contextlib.ExitStack,
-                    final_ack_timeout_s: float) -> Any:
-    """Stream saved episodes to the learner (``link``) and swap in the weights it publishes;
-    local recording happens regardless. The policy's config hash goes in the hello, so a learner
-    that trains another model refuses the robot, and the session says so in one line."""
-    from robot_rl.edge.streaming import EdgeStreamer, receives_weights
-
+def _with_config_hash(client: ClientConfig, policy: Any) -> ClientConfig:
+    """The policy's config hash goes in the hello, so a learner that trains another model refuses the
+    robot, and the session says so in one line."""
     config_hash = policy.config_hash() if hasattr(policy, "config_hash") else ""  # "": a policy without weights
-    if config_hash:
-        client = dataclasses.replace(client, config_hash=config_hash)
-    streamer = EdgeStreamer(client, policy if receives_weights(policy) else None)
-    streamer.attach(node, stream_steps=False).start()
-    if not streamer.link.wait_connected(LINK_CONNECT_S):
-        refusal = streamer.link.refusal
-        if refusal:
-            streamer.stop(timeout_s=1.0)
-            raise ConnectionError(f"the learner at {client.router_endpoint} refused this robot: {refusal}")
-        log.warning("learner at %s not reachable yet: recording locally; episodes wait in %s and are sent "
-                    "when it is back", client.router_endpoint, client.spool_dir)
-
-    def finish() -> None:
-        # The last episode is written locally already; give the learner a bounded moment to ack it.
-        if not streamer.link.flush(final_ack_timeout_s):
-            log.warning("not every episode reached the learner yet; the rest waits in %s for the next session",
-                        client.spool_dir)
-        streamer.stop()
-
-    stack.callback(finish)
-    return streamer
+    return dataclasses.replace(client, config_hash=config_hash) if config_hash else client

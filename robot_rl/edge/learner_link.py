@@ -1,6 +1,8 @@
-"""Glue between an EdgeNode and the learner link (``robot_rl.bridges.zmq.StreamingClient``).
+"""The edge's learner link: an EdgeNode's steps out to the learner, the learner's weights in.
 
-Two directions, neither of which may slow the control thread:
+It sits on the wire's client (``robot_rl.bridges.zmq.StreamingClient``: sockets, spool, acks) and
+knows the node: episodes, segments, the version in use. ``robot_rl.edge.runtime`` wires it. Two
+directions, neither of which may slow the control thread:
 
 * Steps out: ``EdgeStreamer.sink`` is the node's ``step_sink``. It appends the Step to
   the current segment and, every ``segment_steps`` steps or at the episode's end,
@@ -9,39 +11,23 @@ Two directions, neither of which may slow the control thread:
   (never dropped, never waited for; the link logs the refusal loudly). The newest step
   is always held back until the next one (or the episode's end) comes: an episode can be
   ended after its last tick, by an operator's verdict (``end_episode``), and that verdict
-  must travel on its last step.
+  must travel on its last step. An episode thrown away (``abandon_episode``) gets no done step:
+  the learner stores it as truncated once the next one starts.
 * Weights in: the link fetches and verifies announced snapshots on its own thread and
-  calls ``_on_weights``; a loader thread parses them (safetensors header, no pickle),
-  checks them against the running architecture, copies them into the *shadow* policy
-  and asks the node to swap it in between two chunks.
+  calls ``_on_weights``; a loader thread hands them on. A policy that runs here is loaded
+  into the node's shadow and offered to its inference worker (``EdgeNode.swaps``, the
+  double-buffer rule of ``robot_rl.edge.swap``); a policy in a process of its own
+  (``robot_rl.edge.process_runner``) has its shadow, its loader and the same rule there: the
+  link assembles the download straight into a file that process maps, and only the file's
+  name goes down the pipe (``ProcessPolicy.stage_weights``).
 
-Why this shape (measured: a 100 MB model used to cost ~45 late ticks per swap). The
-control thread shares the process, hence the GIL, with the loader, so the loader must never
-run a long Python-level operation. There are exactly two policy objects: the one the node
-runs and one shadow, allocated once at construction (never per swap: no ``deepcopy``, no
-fresh allocations for the GC or the allocator to chew on). New weights go straight from the
-received buffer into the shadow's tensors: ``torch.frombuffer`` views of the safetensors
-bytes (no deserialised copy, no float32 cast copy), copied with ``Tensor.copy_`` in slices
-of a few MB (a tensor of at most one slice and of the shadow's own dtype by numpy, on one
-thread), both with the GIL released. The swap itself is a pointer assignment in the inference
-worker. Once the worker runs the shadow, the policy it dropped
-becomes the next shadow. If the previous shadow's swap is still pending when newer weights
-arrive, the request is withdrawn first (the latest version wins anyway); if the worker has
-already taken it but not applied it yet, the loader waits for that one chunk.
-
-A policy that runs in a process of its own (``robot_rl.edge.process_runner``) has its shadow and
-loader there: the link assembles the download straight into a file that process maps, and this
-streamer only sends the file's name (``ProcessPolicy.stage_weights``); nothing of the load runs
-in the control process.
-
-The version in use, reported in heartbeats, is the version of the newest executed step:
-that is when a swap has really happened, not when the weights arrived.
+The version in use, reported in heartbeats, is the version of the newest executed step
+(``robot_rl.edge.swap`` traces a version's path from the link to ``Step.policy_version``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import queue
 import threading
@@ -49,98 +35,27 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.protocol import StatsMap, WeightsAnnounce
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.bridges.zmq.streaming import StreamingClient
-from robot_rl.bridges.zmq.weights import TensorView, WeightsError, tensor_views
+from robot_rl.bridges.zmq.weights import WeightsError
 from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
 from robot_rl.edge.process_runner import ProcessPolicy
-from robot_rl.policies.trainable import published_state
+from robot_rl.edge.swap import load_weights_into
 
 if TYPE_CHECKING:
     from robot_rl.edge.node import EdgeNode
 
 log = logging.getLogger(__name__)
 
-_TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-                 "BOOL": torch.bool}
-LOAD_SLICE_BYTES = 4 << 20  # per copy_ call: the GIL is taken back (and offered to the control thread) between slices
 LOADER_NICE = 10  # the weights loader yields the CPU to the control and inference threads
 LINK_NICE = 0  # the link thread (JPEG, spool, weight hashes): left as is; lowered, it starves on a loaded machine
-
-
-def load_weights_into(module: torch.nn.Module, data: bytes | bytearray | memoryview,
-                      slice_bytes: int = LOAD_SLICE_BYTES) -> int:
-    """Copy safetensors ``data`` into ``module``'s own tensors, in place; return the bytes read.
-
-    Zero-copy on the input side: each tensor is a ``torch.frombuffer`` view of ``data``
-    (writable buffers only, like the link's assembly buffer; a read-only one is copied once),
-    cast to the parameter's dtype by ``copy_`` itself (fp16/bf16 transfers need no extra
-    buffer). Names and shapes must match what ``module`` publishes (``published_state``: its state
-    dict, or a trainable policy's published part) exactly (``ValueError``
-    otherwise, before anything is written); malformed bytes raise ``WeightsError``.
-    """
-    views = tensor_views(data)
-    target = published_state(module)
-    wrong = sorted(k for k in target if k not in views or views[k].shape != tuple(target[k].shape))
-    extra = sorted(set(views) - set(target))
-    if wrong or extra:
-        raise ValueError(f"weights do not fit the running policy (mismatched {wrong[:5]}, unexpected {extra[:5]})")
-    if memoryview(data).readonly:
-        data = bytearray(data)  # torch.frombuffer wants a writable buffer (it never writes here)
-    copied = 0
-    with torch.no_grad():
-        for name, view in views.items():
-            _copy_slices(target[name], data, view, slice_bytes)
-            copied += view.nbytes
-    return copied
-
-
-def _copy_slices(dst: torch.Tensor, data: bytes | bytearray | memoryview, view: TensorView, slice_bytes: int) -> None:
-    if view.numel == 0:
-        return
-    dtype = _TORCH_DTYPES[view.dtype]
-    if view.nbytes <= slice_bytes and dst.dtype == dtype and dst.device.type == "cpu" and dst.is_contiguous():
-        # A plain memcpy on this thread, the GIL released as by copy_. torch's copy_ of a tensor above
-        # 32K elements is a parallel region that waits for its slowest worker thread, and after an idle
-        # second its first one took 12 ms on 2 cores against 1.2 ms on one thread (outside the bench):
-        # hundreds of small tensors per LoRA adapter, each waiting for threads, when one suffices.
-        raw = np.frombuffer(data, np.uint8, view.nbytes, view.offset)
-        np.copyto(dst.detach().view(-1).view(torch.uint8).numpy(), raw)
-        return
-    src = torch.frombuffer(data, dtype=dtype, count=view.numel, offset=view.offset)
-    if not dst.is_contiguous():
-        dst.copy_(src.view(view.shape))
-        return
-    flat = dst.view(-1)
-    step = max(1, slice_bytes // src.element_size())
-    for start in range(0, view.numel, step):
-        flat[start : start + step].copy_(src[start : start + step])
-
-
-def shadow_of(policy: torch.nn.Module) -> Any:
-    """The second policy object weights are loaded into: its published tensors are its own, and
-    every tensor that never travels (a frozen VLM, a LoRA adapter's base) is the live policy's,
-    shared, because no swap ever writes it: a 0.9 GB SmolVLM is held once, not twice."""
-    published = {t.data_ptr() for t in published_state(policy).values() if t.numel()}
-    memo: dict[int, Any] = {}
-    for tensor in (*policy.parameters(), *policy.buffers()):
-        if tensor.numel() and tensor.data_ptr() not in published:
-            memo[id(tensor)] = tensor
-    return copy.deepcopy(policy, memo).eval()
-
-
-def receives_weights(policy: object) -> bool:
-    """True where published weights can be swapped into ``policy`` (a torch module, here or in its own process)."""
-    return isinstance(policy, torch.nn.Module) or (isinstance(policy, ProcessPolicy) and policy.swappable)
 
 
 def wall_clock_episode_id() -> int:
@@ -185,13 +100,7 @@ class EdgeStreamer:
         self.segment_steps = segment_steps
         self.episode_id_fn = episode_id_fn
         self.node: EdgeNode | None = None
-        # The one shadow, allocated now (off the control path), on the policy's device. ``policy``
-        # itself becomes the shadow after the first swap: its weights are overwritten then.
-        self._live = None if self._remote else policy
-        # Any: a torch module that is also the node's ChunkPolicy (FlowVLA).
-        self._shadow: Any = shadow_of(self._live) if isinstance(self._live, torch.nn.Module) else None
-        self._requested: tuple[torch.nn.Module, int] | None = None  # shadow handed to the node, not yet seen in use
-        self._failures_at_request = 0
+        self._policy = None if self._remote else policy  # loaded here: the node's own swap takes it
         self._episode_id: int | None = None
         self._next_episode_id: int | None = None
         self._current: list[Step] = []
@@ -204,24 +113,22 @@ class EdgeStreamer:
         self.swaps_requested = 0
         self.weights_rejected = 0
         self.submit_retries = 0
-        self.shadow_recycled = 0  # swaps completed: the dropped policy became the next shadow
-        self.swaps_withdrawn = 0  # pending swaps superseded by newer weights before the worker took them
 
     # ------------------------------------------------------------ lifecycle
 
-    def attach(self, node: EdgeNode, *, stream_steps: bool = True) -> EdgeStreamer:
-        """Become ``node``'s swap target and, with ``stream_steps``, its step sink (steps go out
-        as they happen). Without it the caller hands over whole episodes (``send_episode``): an
-        operator session, which streams an episode only once its verdict says it is kept."""
+    def attach(self, node: EdgeNode) -> EdgeStreamer:
+        """Become ``node``'s step sink (steps go out as they happen) and the reader of its ticks for heartbeats."""
         self.node = node
-        if stream_steps:
-            node.step_sink = self.sink
+        node.step_sink = self.sink
         self.link.report = self._heartbeat_report  # read by the link's thread once it starts
         return self
 
     def start(self) -> EdgeStreamer:
-        if self._remote is not None and self.link.config.fetch_weights:
-            self._remote.prepare_for_weights()  # its shadow and a download file, as ours are made up front
+        if self.link.config.fetch_weights:  # the shadow made now, off the control path, not with the first weights
+            if self._remote is not None:
+                self._remote.prepare_for_weights()  # its shadow and a download file, in its process
+            elif isinstance(self._policy, torch.nn.Module) and self.node is not None:
+                self.node.swaps.prepare()
         self.link.start()
         self._loader.start()
         link_thread = getattr(self.link, "_thread", None)
@@ -257,8 +164,9 @@ class EdgeStreamer:
 
     def _heartbeat_report(self) -> StatsMap:
         """The node's ticks and their lateness, and the episode it records, for the learner's console.
-        Also the version in use for the next heartbeat: a session hands its steps over only once the
-        episode ends, and the version they carry would reach the learner a whole episode late."""
+        Also the version in use for the next heartbeat: a robot between episodes (an operator choosing
+        a verdict, a scene being reset) sends no segments, and the version its node swapped to must
+        reach the learner's console all the same."""
         if self.node is not None:
             self._report_version(self.node.policy_version)
         report = self.node.stats.heartbeat() if self.node is not None else {}
@@ -280,19 +188,6 @@ class EdgeStreamer:
             self._current = self._current[-1:]
         self._drain_unsent()
 
-    def send_episode(self, steps: list[Step]) -> None:
-        """Stream one whole, ended episode (a new episode id; its last step carries done).
-        Never blocks: what the link's queue cannot take yet is offered again later, in order."""
-        self._start_episode()
-        for start in range(0, len(steps), self.segment_steps):
-            part = steps[start:start + self.segment_steps]
-            done = start + self.segment_steps >= len(steps)
-            if done:
-                part[-1].done = True
-            self._hold(part, done=done)
-        self._report_version(steps[-1].policy_version if steps else self._reported_version)
-        self._drain_unsent()
-
     def _report_version(self, version: int) -> None:
         if version != self._reported_version:
             self._reported_version = version
@@ -305,6 +200,16 @@ class EdgeStreamer:
             self._current[-1].done = True
             self._hold(self._current, done=True)
             self._current = []
+        self._drain_unsent()
+
+    def abandon_episode(self) -> None:
+        """The episode goes no further and has no verdict (an attempt the operator throws away): what
+        is held is sent as an ordinary segment, and the next tick starts a new episode, whereupon the
+        learner stores this one as truncated (it keeps the experience, claims no outcome). Control thread."""
+        if self._current:
+            self._hold(self._current, done=False)
+            self._current = []
+        self._episode_id = None
         self._drain_unsent()
 
     def _hold(self, steps: list[Step], *, done: bool) -> None:
@@ -364,53 +269,19 @@ class EdgeStreamer:
                 self._remote.stage_weights(announce.version, data)  # a file name down a pipe
                 self.swaps_requested += 1
                 continue
-            if not self._free_shadow():
-                continue  # the worker holds the shadow's swap for one chunk; try again in a few ms
+            shadow = self.node.swaps.free_shadow()
+            if shadow is None:
+                continue  # the worker is swapping the shadow in for one chunk; try again in a few ms
             announce, data = item
             item = None
             try:
-                self._load_shadow(data)
+                load_weights_into(shadow, data)
             except (WeightsError, ValueError, RuntimeError) as exc:
                 self.weights_rejected += 1
                 log.error("robot %s: weights v%d refused: %s", self.link.config.robot_id, announce.version, exc)
                 continue
-            assert self._shadow is not None
-            self._requested = (self._shadow, announce.version)
-            self._failures_at_request = self._swap_failures()
-            self.node.request_policy_swap(self._shadow, announce.version)
+            self.node.request_policy_swap(shadow, announce.version)
             self.swaps_requested += 1
             log.info("robot %s: weights v%d loaded into the shadow policy; swapping at the next chunk",
                      self.link.config.robot_id, announce.version)
 
-    def _load_shadow(self, data: bytes | memoryview) -> None:
-        assert self._shadow is not None
-        load_weights_into(self._shadow, data)
-
-    def _free_shadow(self) -> bool:
-        """True when nothing but this thread can touch ``self._shadow``.
-
-        After a swap request the shadow is (a) running in the worker: the policy it replaced is
-        free and becomes the shadow; (b) still pending in the node: withdrawn (newer weights are
-        about to supersede it); (c) taken by the control thread but not yet applied by the
-        worker: not free for the length of one chunk (False; the caller retries).
-        """
-        if self._requested is None:
-            return True
-        assert self.node is not None
-        shadow, _version = self._requested
-        if self.node.running_policy is shadow:
-            self._live, self._shadow = shadow, self._live
-            self._requested = None
-            self.shadow_recycled += 1
-            return True
-        if self.node.withdraw_policy_swap(shadow):
-            self._requested = None
-            self.swaps_withdrawn += 1
-            return True
-        if self._swap_failures() > self._failures_at_request:
-            self._requested = None  # the worker refused it and kept the old policy: the shadow is unused
-            return True
-        return False
-
-    def _swap_failures(self) -> int:
-        return self.node.stats.swap_failures if self.node is not None else 0
