@@ -13,8 +13,8 @@ import pytest
 from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.node import EdgeNode
 from robot_rl.edge.learner_link import EdgeStreamer
+from robot_rl.edge.node import EdgeNode
 from robot_rl.learner.fleet import UpdateRate, fleet_state, status_line
 from robot_rl.learner.service import LearnerService, RobotStatus
 from tests.edge_fakes import EncodingPolicy, KinematicRobot
