@@ -355,7 +355,7 @@ def test_sync_rounds_stop_waiting_robots_at_the_deadline():
 
 def test_run_sync_on_the_real_learner_and_edge_runtime(tmp_path):
     """Tiny policy, kinematic robots, 12-tick episodes: rounds publish once each, data lands in the store."""
-    from robot_rl.app.local_run import LocalRunConfig
+    from robot_rl.app.config import LocalRunConfig
     from robot_rl.edge.config import EdgeConfig
     from tests.learner_helpers import learner_config, tiny_policy
     from tests.test_stream_edge import CameraRobot

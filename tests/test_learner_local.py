@@ -9,7 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from robot_rl.app.local_run import LocalRunConfig, run_local
+from robot_rl.app.config import LocalRunConfig
+from robot_rl.app.local_run import run_local
 from robot_rl.edge.config import EdgeConfig
 from tests.learner_helpers import learner_config, stored_episode_frames, tiny_policy
 from tests.test_stream_edge import CameraRobot, read_number

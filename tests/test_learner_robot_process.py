@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from robot_rl.app.local_run import LocalRunConfig, run_local
+from robot_rl.app.config import LocalRunConfig
+from robot_rl.app.local_run import run_local
 from robot_rl.app.robot_process import EpisodeSummary, RobotProcessError
 from robot_rl.edge.config import EdgeConfig
 from tests.learner_helpers import learner_config, stored_triples, tiny_policy

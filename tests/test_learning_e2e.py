@@ -40,9 +40,10 @@ import numpy as np
 import pytest
 import torch
 
+from robot_rl.app.config import LocalRunConfig
 from robot_rl.app.demos import expert_attempts, store_demos
 from robot_rl.app.evaluation import evaluate_policy
-from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
+from robot_rl.app.local_run import make_sim_robot_factory, run_local
 from robot_rl.app.main_job import ScriptedOperatorFactory
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.data import load_episode_arrays

@@ -24,12 +24,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from robot_rl.app.config import RobotPlacement, Seeds
+from robot_rl.app.config import LocalRunConfig, RobotPlacement, Seeds
 from robot_rl.app.robot_process import RobotJob, RobotProcesses
 from robot_rl.app.sim_edge import EpisodeCallback, OperatorFactory, RobotFactory, run_robot
 from robot_rl.bridges.zmq.client import ClientConfig
-from robot_rl.edge.config import EdgeConfig
-from robot_rl.edge.viewer_config import NoViewerConfig
 from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
 from robot_rl.learner.metrics import VersionStats
@@ -39,42 +37,6 @@ from robot_rl.policies.trainable import TrainablePolicy
 log = logging.getLogger(__name__)
 
 
-
-
-@dataclass
-class LocalRunConfig:
-    """What ``run_local`` and ``run_edge`` are asked to do (built from ``RunConfig`` by the main job,
-    by ``bench learning`` per arm, and by ``robot-rl edge``); the user-facing defaults are ``RunConfig``'s."""
-
-    num_robots: int
-    episodes_per_robot: int
-    max_steps: int  # per episode
-    spool_dir: str
-    edge: EdgeConfig
-    # Where the robots run: on threads of the learner's process (starts faster: tests, tools) or each
-    # in its own process (robot_rl.app.robot_process; its robot and operator factories must pickle).
-    robots: RobotPlacement = RobotPlacement.thread
-    # Robots start no new episode after this many seconds of wall time (None: no limit).
-    time_budget_s: float | None = None
-    # Robots keep starting episodes (at most episodes_per_robot) only until the trainer has
-    # done trainer.max_updates: a run sized by its training budget rather than by episodes.
-    until_trained: bool = False
-    # After the robots' last episode the learner trains on what they stored until it has made
-    # this many updates (None: it stops with the robots). The episodes set the data, this the
-    # compute: a GPU learner gets there while the robots act, a CPU one that shares its cores
-    # with them falls behind, and the final weights should not depend on which one it was.
-    min_updates: int | None = None
-    segment_steps: int = 15  # steps per streamed segment: half a second at 30 Hz
-    image_format: str = "jpeg"  # how camera frames travel to the learner
-    viewer: Any = field(default_factory=NoViewerConfig)  # what every robot logs a live view to (viewer=)
-    # Each robot also records its episodes into a LeRobotDataset v3 of its own, RECORD_DIR/ROBOT_ID, as
-    # a real robot does (None: the learner's store is the only copy).
-    record_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        self.robots = RobotPlacement(self.robots)
-        if self.min_updates is not None and self.min_updates < 0:
-            raise ValueError(f"LocalRunConfig.min_updates must be >= 0 or None, got {self.min_updates}")
 
 
 @dataclass

@@ -28,9 +28,10 @@ from rich.table import Table
 from tqdm import tqdm
 
 from robot_rl.app import behaviour_cloning, evaluation
+from robot_rl.app.config import LocalRunConfig
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
-from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
+from robot_rl.app.local_run import make_sim_robot_factory, run_local
 from robot_rl.app.policies import shipped_bc_checkpoint
 from robot_rl.app.sim import demo_expert, sim_config, task_families
 from robot_rl.core.errors import ConfigError

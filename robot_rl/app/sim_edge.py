@@ -22,7 +22,7 @@ from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.policies.trainable import TrainablePolicy
 
 if TYPE_CHECKING:
-    from robot_rl.app.local_run import LocalRunConfig
+    from robot_rl.app.config import LocalRunConfig
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from robot_rl.app.local_run import _run_robot, collect_result
 from robot_rl.learner.service import LearnerService
 
 if TYPE_CHECKING:
-    from robot_rl.app.local_run import EpisodeCallback, LocalRunConfig, LocalRunResult, OperatorFactory, RobotFactory
+    from robot_rl.app.config import LocalRunConfig
+    from robot_rl.app.local_run import EpisodeCallback, LocalRunResult, OperatorFactory, RobotFactory
     from robot_rl.learner.config import LearnerConfig
     from robot_rl.learner.store import ReplayStore
     from robot_rl.learner.trainer import Trainer

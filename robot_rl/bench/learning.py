@@ -65,9 +65,10 @@ from rich.console import Console
 from rich.table import Table
 
 from robot_rl.app.behaviour_cloning import ensure_demos
+from robot_rl.app.config import LocalRunConfig
 from robot_rl.app.evaluation import format_paired, format_score, heldout_eval, heldout_eval_all, paired_scores
 from robot_rl.app.learning_curve import EpisodeRecord, LearningCurve
-from robot_rl.app.local_run import LocalRunConfig, make_sim_robot_factory, run_local
+from robot_rl.app.local_run import make_sim_robot_factory, run_local
 from robot_rl.app.main_job import (
     Progress,
     ensure_bc_checkpoint,
