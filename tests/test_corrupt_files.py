@@ -130,6 +130,19 @@ def test_a_damaged_file_is_one_line_and_exit_2_and_the_store_is_untouched(stored
     assert digests(tmp_path / "store") == before
 
 
+def test_an_edge_given_a_truncated_checkpoint_says_so_in_one_line_and_exits_2(tmp_path):
+    tiny_policy().save_pretrained(tmp_path / "policy")
+    truncate(tmp_path / "policy" / "model.safetensors")
+    done = subprocess.run([sys.executable, "-m", "robot_rl.cli", "edge", f"policy.path={tmp_path / 'policy'}",
+                           f"link.learner=tcp://127.0.0.1:{free_port()}", "session.episodes=1",
+                           "session.realtime=false", f"output_dir={tmp_path / 'outputs'}"],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=STARTED_TIMEOUT_S)
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and done.returncode == 2, output[-3000:]
+    assert output.strip().splitlines()[-1].startswith(f"robot-rl edge: {tmp_path / 'policy' / 'model.safetensors'}: ")
+    assert "save or download it again" in output
+
+
 # ---------------------------------------------------------------- what the check lets through, in process
 
 
