@@ -21,15 +21,18 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from robot_rl.core.errors import CorruptFileError
 from robot_rl.policies.flow_vla.config import FlowVLAConfig
 
 FORMAT_VERSION = 1
 POLICY_TYPE = "flow_vla"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# What to do about a damaged checkpoint, whichever setting (policy.path, learner.init_checkpoint) led to it.
+RESTORE = "the checkpoint is corrupt: save or download it again, or point to another checkpoint"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(CorruptFileError):
     """A checkpoint that exists but cannot be used (corrupt, wrong type, incompatible shapes)."""
 
 
@@ -61,20 +64,19 @@ def read_config(directory: Path) -> FlowVLAConfig:
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); the checkpoint is corrupt, "
-                              "re-save or re-download it") from e
+        raise CheckpointError(path, f"not valid JSON ({e})", RESTORE) from e
     if not isinstance(meta, dict) or meta.get("policy_type") != POLICY_TYPE:
         found = meta.get("policy_type") if isinstance(meta, dict) else type(meta).__name__
-        raise CheckpointError(f"{path} describes policy type {found!r}, not {POLICY_TYPE!r}; "
-                              "use the LeRobot adapter for LeRobot checkpoints")
+        raise CheckpointError(path, f"describes policy type {found!r}, not {POLICY_TYPE!r}",
+                              "use the LeRobot adapter (policy=lerobot) for LeRobot checkpoints")
     version = meta.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(f"{path} has format_version {version!r}; this code reads versions <= {FORMAT_VERSION}. "
-                              "Upgrade robot_rl to load it.")
+        raise CheckpointError(path, f"has format_version {version!r}; this code reads versions <= {FORMAT_VERSION}",
+                              "upgrade robot_rl to load it")
     try:
         return FlowVLAConfig.from_checkpoint(meta["config"])
     except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path} holds an unusable config: {e}") from e
+        raise CheckpointError(path, f"holds an unusable config ({e})", RESTORE) from e
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -84,7 +86,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupt") from e
+        raise CheckpointError(path, f"not a readable safetensors file ({e})", RESTORE) from e
 
 
 def check_compatible(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], source: str) -> None:
@@ -101,7 +103,8 @@ def check_compatible(expected: dict[str, torch.Tensor], found: dict[str, torch.T
             parts.append(f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
         if mismatched:
             parts.append("shape mismatch " + "; ".join(mismatched[:5]))
-        raise CheckpointError(f"weights in {source} do not fit this model: " + ", ".join(parts))
+        raise CheckpointError(source, "its weights do not fit the model its config.json describes: " + ", ".join(parts),
+                              RESTORE)
 
 
 def resolve_directory(name_or_path: str | Path, revision: str | None = None) -> Path:

@@ -30,7 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from robot_rl.core.errors import ConfigError
+from robot_rl.core.errors import CorruptFileError
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,12 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     pointer = Path(root) / LATEST
     if not pointer.is_file():
         return None
-    path = Path(root) / pointer.read_text().strip()
+    try:
+        path = Path(root) / pointer.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError(pointer, f"not the name of a checkpoint ({exc})",
+                               f"write the name of one of {sorted(p.name for p in Path(root).glob('step-*'))} "
+                               "into it") from exc
     if not (path / STATE_JSON).is_file():
         raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing; "
                                 f"point it at one of {sorted(p.name for p in Path(root).glob('step-*'))}")
@@ -177,14 +182,15 @@ def _write_checksums(directory: Path) -> None:
     (directory / CHECKSUMS).write_text(json.dumps(sums, indent=1))
 
 
-def _corrupt(path: Path, what: str) -> ConfigError:
+def _corrupt(path: Path, what: str) -> CorruptFileError:
     others = sorted(p.name for p in path.parent.glob("step-*") if p != path)
-    return ConfigError(f"checkpoint {path} is corrupt: {what}. Resume from an earlier one "
-                       f"(learner resume path, or point {path.parent / LATEST} at one of {others or 'none'})")
+    remedy = (f"resume from an earlier one: point {path.parent / LATEST} at one of {others}" if others else
+              "no other checkpoint is left: start without --resume (the store keeps every episode)")
+    return CorruptFileError(path, f"this checkpoint is corrupt: {what}", remedy)
 
 
 def verify_checkpoint(path: str | Path) -> None:
-    """Every file ``checksums.json`` names has its recorded sha256 (``ConfigError`` naming the first
+    """Every file ``checksums.json`` names has its recorded sha256 (``CorruptFileError`` naming the first
     that does not). A checkpoint written before checksums existed has none to check."""
     path = Path(path)
     if not (path / CHECKSUMS).is_file():
@@ -215,15 +221,16 @@ def non_finite_tensor(tensors: dict[str, torch.Tensor]) -> str | None:
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainerState]:
     """(policy state dict, trainer state) of the checkpoint in ``path``, verified (``verify_checkpoint``)
-    and with finite weights; ``ConfigError`` otherwise."""
+    and with finite weights; ``CorruptFileError`` otherwise."""
     path = Path(path)
     verify_checkpoint(path)
     try:
         meta = json.loads((path / STATE_JSON).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _corrupt(path, f"{STATE_JSON} is unreadable ({exc})") from exc
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: trainer checkpoint format {meta.get('format_version')}, expected {FORMAT_VERSION}")
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        found = meta.get("format_version") if isinstance(meta, dict) else type(meta).__name__
+        raise _corrupt(path, f"{STATE_JSON} has format {found!r}, this code reads {FORMAT_VERSION}")
     # A LoRA-trained LeRobot policy's checkpoint holds only its adapters (policies/lerobot_lora.py).
     adapters = path / "adapter_model.safetensors"
     try:

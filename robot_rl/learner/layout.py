@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from robot_rl.core.errors import CorruptFileError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.learner.config import StoreConfig
 
@@ -69,8 +70,8 @@ def read_layout(root: str | Path) -> RecordedLayout | None:
     try:
         return RecordedLayout.from_document(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError, ValueError) as exc:
-        raise ValueError(f"{path} is corrupt ({exc}); it says what the store records: restore it or "
-                         "start a new store") from exc
+        raise CorruptFileError(path, f"unreadable ({exc})", "it says what the store records: restore it, or "
+                               "start a new store (another learner.store.root)") from exc
 
 
 def write_layout(root: str | Path, layout: RecordedLayout) -> None:

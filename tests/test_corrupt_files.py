@@ -1,0 +1,185 @@
+"""A damaged file a learner reads at start is one line on stderr and exit code 2, never a traceback
+or a learner that comes up and waits; the data already stored is left as it was.
+
+The same file holds the learner's process entry (``python -m tests.test_corrupt_files ARGS``):
+``robot-rl learner`` through the CLI, with the tiny test policy unless ``learner.init_checkpoint`` is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from robot_rl.core.errors import CorruptFileError
+from robot_rl.data.validation import check_dataset
+from tests.learner_helpers import make_steps, store_config, tiny_policy
+from tests.test_learner_crash import ENV, REPO, free_port, learner_overrides
+
+pytestmark = pytest.mark.slow  # one learner process per damaged file
+
+STARTED_TIMEOUT_S = 180  # a cold learner process imports torch and LeRobot
+FIRST_DATA = Path("dataset/data/chunk-000/file-000.parquet")
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory) -> Path:
+    """A store holding two committed episodes, each in a data and an episodes file of its own."""
+    from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
+    from robot_rl.learner.store import ReplayStore
+
+    root = tmp_path_factory.mktemp("stored")
+    with ReplayStore(store_config(root / "store")) as store:
+        for episode in (1, 2):
+            steps = make_steps(8, episode=episode)
+            for seq, chunk in enumerate((steps[:4], steps[4:])):
+                store.ingest(encode_segment("r0", episode, seq, chunk, episode_done=chunk[-1].done,
+                                            image_encoding=ImageEncoding("png")))
+        store.flush()
+    assert (root / "store" / "dataset/data/chunk-000/file-001.parquet").is_file()
+    return root
+
+
+def garble(path: Path, offset: int = 40) -> None:
+    """Bytes that are neither UTF-8 nor what the file's format expects, over the file's own."""
+    data = bytearray(path.read_bytes())
+    data[offset:offset + 16] = b"\xff\xfe\x00\x81" * 4
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def flip_state_page(path: Path) -> None:
+    """One flipped byte where the state column's first data page begins (its page header)."""
+    row_group = pq.ParquetFile(path).metadata.row_group(0)
+    state = next(row_group.column(i) for i in range(row_group.num_columns)
+                 if row_group.column(i).path_in_schema.startswith("observation.state"))
+    data = bytearray(path.read_bytes())
+    data[state.data_page_offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run_learner(root: Path, *args: str) -> tuple[int, str]:
+    """(exit code, output) of a learner on ``root``; one that comes up is stopped and reported as such."""
+    log = root / "learner.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.test_corrupt_files", "--no-train", *args,
+                                 *learner_overrides(root, free_port(), free_port())],
+                                cwd=REPO, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTED_TIMEOUT_S
+        while proc.poll() is None and "learner up" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+            return -1, log.read_text()
+    return proc.returncode, log.read_text()
+
+
+# (what is damaged, relative to the run's root; how; extra learner arguments; a word of what to do)
+CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...], str]] = {
+    "info.json garbled": ("store/dataset/meta/info.json", garble, (), "restore it"),
+    "tasks.parquet garbled": ("store/dataset/meta/tasks.parquet", lambda p: garble(p, p.stat().st_size // 2), (),
+                              "restore it"),
+    "stats.json garbled": ("store/dataset/meta/stats.json", garble, (), "move it aside"),
+    "first data file truncated": (f"store/{FIRST_DATA}", truncate, (), "restore it"),
+    "state column byte flipped": (f"store/{FIRST_DATA}", flip_state_page, (), "restore it"),
+    "episodes metadata garbled": ("store/dataset/meta/episodes/chunk-000/file-000.parquet",
+                                  lambda p: garble(p, p.stat().st_size - 40), (), "restore it"),
+    "store layout.json garbled": ("store/layout.json", lambda p: garble(p, 2), (), "restore it"),
+    "init checkpoint truncated": ("init/model.safetensors", truncate, ("learner.init_checkpoint={root}/init",),
+                                  "save or download it again"),
+    "checkpoint pointer garbled": ("ckpt/latest", lambda p: garble(p, 0), ("--resume",), "write the name"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_damaged_file_is_one_line_and_exit_2_and_the_store_is_untouched(stored, tmp_path, case):
+    damaged, damage, args, remedy = CASES[case]
+    shutil.copytree(stored / "store", tmp_path / "store")
+    tiny_policy().save_pretrained(tmp_path / "init")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest").write_text("step-00000001\n")
+    damage(tmp_path / damaged)
+    before = digests(tmp_path / "store")
+
+    code, output = run_learner(tmp_path, *(a.format(root=tmp_path) for a in args))
+
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("robot-rl learner:")]
+    assert code == 2 and len(errors) == 1, f"exit {code}:\n{output[-3000:]}"
+    assert f"{tmp_path / damaged}:" in errors[0] and remedy in errors[0], errors[0]
+    assert digests(tmp_path / "store") == before
+
+
+def test_an_edge_given_a_truncated_checkpoint_says_so_in_one_line_and_exits_2(tmp_path):
+    tiny_policy().save_pretrained(tmp_path / "policy")
+    truncate(tmp_path / "policy" / "model.safetensors")
+    done = subprocess.run([sys.executable, "-m", "robot_rl.cli", "edge", f"policy.path={tmp_path / 'policy'}",
+                           f"link.learner=tcp://127.0.0.1:{free_port()}", "session.episodes=1",
+                           "session.realtime=false", f"output_dir={tmp_path / 'outputs'}"],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=STARTED_TIMEOUT_S)
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and done.returncode == 2, output[-3000:]
+    assert output.strip().splitlines()[-1].startswith(f"robot-rl edge: {tmp_path / 'policy' / 'model.safetensors'}: ")
+    assert "save or download it again" in output
+
+
+# ---------------------------------------------------------------- what the check lets through, in process
+
+
+def test_a_newest_file_a_killed_writer_left_without_its_footer_passes(stored, tmp_path):
+    """Crash recovery is the store's (``robot_rl.data.repair`` rolls the torn tail back): not damage."""
+    shutil.copytree(stored / "store", tmp_path / "store")
+    dataset = tmp_path / "store" / "dataset"
+    truncate(dataset / "data/chunk-000/file-001.parquet")
+    truncate(dataset / "meta/episodes/chunk-000/file-001.parquet")
+    check_dataset(dataset)
+    check_dataset(tmp_path / "no dataset yet")
+
+
+def test_a_state_that_is_not_finite_is_damage_naming_the_file_and_row(stored, tmp_path):
+    shutil.copytree(stored / "store", tmp_path / "store")
+    path = tmp_path / "store" / FIRST_DATA
+    table = pq.read_table(path)
+    states = table.column("observation.state").to_pylist()
+    states[3][2] = float("nan")
+    column = table.column_names.index("observation.state")
+    pq.write_table(table.set_column(column, "observation.state", pa.array(states, table.schema.field(column).type)),
+                   path)
+    with pytest.raises(CorruptFileError, match=r"file-000\.parquet: column observation\.state holds NaN/inf \(row 3\)"):
+        check_dataset(tmp_path / "store" / "dataset")
+
+
+# ---------------------------------------------------------------- process entry
+
+
+def main(argv: list[str]) -> int:
+    import robot_rl.commands.learner as command
+    from robot_rl import cli
+
+    if not any(a.startswith("learner.init_checkpoint=") for a in argv):
+        command.build_policy = lambda config: tiny_policy()  # offline text encoder, tiny net
+    return cli.main(["learner", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
