@@ -16,6 +16,7 @@ from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.edge.node import EdgeNode
 from robot_rl.learner.fleet import UpdateRate, fleet_state, status_line
+from robot_rl.learner.published import PublishedHistory, PublishedVersion
 from robot_rl.learner.service import LearnerService, RobotStatus
 from tests.edge_fakes import EncodingPolicy, KinematicRobot
 from tests.learner_helpers import client_config, learner_config, make_steps, tiny_policy, wait_for
@@ -126,3 +127,13 @@ def test_the_status_line_counts_robots_per_version_and_names_none(tmp_path):
         assert len(line) < 160
     finally:
         service.stop(checkpoint=False)
+
+
+def test_a_damaged_line_in_the_published_history_is_skipped_and_the_others_are_listed(tmp_path):
+    history = PublishedHistory(tmp_path, None)
+    history.append(PublishedVersion(0, 0, 1.0, 10))
+    with open(history.path, "ab") as out:
+        out.write(b'{"version": 1, \xff\xfe garbled\n')  # a flipped byte mid-line
+    history.append(PublishedVersion(2, 20, 3.0, 10))
+    resumed = PublishedHistory(tmp_path, 3)
+    assert [v.version for v in resumed] == [0, 2]

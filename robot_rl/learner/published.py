@@ -61,7 +61,8 @@ class PublishedHistory:
         if not self.path.is_file():
             return []
         versions, unreadable = [], 0
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        # Undecodable bytes become U+FFFD, so a damaged line fails as JSON and is skipped like a torn one.
+        for line in self.path.read_bytes().decode("utf-8", errors="replace").splitlines():
             try:
                 versions.append(PublishedVersion(**json.loads(line)))
             except (ValueError, TypeError):
