@@ -13,8 +13,8 @@ send any number. Three bounds keep it small:
 * a topic is at most ``MAX_SUBSCRIPTION_BYTES`` long (libzmq disconnects a peer past it), as short as
   a robot's CURVE handshake allows, so one topic costs at most ~17 KB;
 * libzmq moves a peer's subscriptions into the tree on the learner's thread, in one pass that lasts
-  while the connection's queue keeps filling; a queue of one message (``SUBSCRIPTION_QUEUE``) makes the
-  I/O thread wait for that thread after each, so a pass ends soon and the count is read;
+  while the connection's queue keeps filling; a queue of two messages (``SUBSCRIPTION_QUEUE``) makes
+  the I/O thread wait for that thread every message or two, so a pass ends soon and the count is read;
 * past ``max_foreign_subscriptions`` topics no robot sends, the learner opens the socket anew on the
   same address (it cannot end one connection of an XPUB), which ends every connection and frees every
   topic (said once a minute, counted as ``weights_socket_reopened``). The robots' SUB sockets reconnect
@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 # The largest inbound message the weights socket takes. It receives only subscriptions (robots send an
 # empty one) and the handshake's commands, which count too: a SUB's CURVE INITIATE is 276 bytes.
 MAX_SUBSCRIPTION_BYTES = 384
-SUBSCRIPTION_QUEUE = 1  # subscriptions queued from one peer for the learner's thread (RCVHWM; see above)
+# Subscriptions queued from one peer for the learner's thread (RCVHWM; see above). Not 1: with one, a
+# CURVE robot's subscription did not get through and it heard no announcement.
+SUBSCRIPTION_QUEUE = 2
 REOPEN_SAID_EVERY_S = 60.0  # the weights socket's re-opening is said at most this often
 
 
