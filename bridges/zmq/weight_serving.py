@@ -7,14 +7,22 @@ loop (``wake_socket``), which applies it in ``take_changes`` and says it on the 
 
 The weights socket is an XPUB, so the learner sees what peers subscribe to. A robot subscribes to
 the empty topic (every announcement) and to nothing else. libzmq keeps every topic a peer subscribes
-to, ~45 KB of its topic tree for a 1 KiB one, until that peer's connection ends, and a peer may send
-any number: 10,000 took a learner from 0.8 to 1.3 GB. The learner cannot end one connection of an
-XPUB, so past ``max_foreign_subscriptions`` topics no robot sends it opens the socket anew on the
-same address, which ends every connection and frees every topic (said once a minute, counted as
-``weights_socket_reopened``). A small receive queue (``SUBSCRIPTION_QUEUE``) keeps what one peer can
-put in before the count is read to a few topics. The robots' SUB sockets reconnect and subscribe
-again by themselves within their reconnect interval; the next announcement (every
-``announce_interval_s``, and after each hello on the request socket) reaches them.
+to, ~45 bytes of its topic tree per byte of topic, until that peer's connection ends, and a peer may
+send any number. Three bounds keep it small:
+
+* a topic is at most ``MAX_SUBSCRIPTION_BYTES`` long (libzmq disconnects a peer past it), as short as
+  a robot's CURVE handshake allows, so one topic costs at most ~17 KB;
+* libzmq moves a peer's subscriptions into the tree on the learner's thread, in one pass that lasts
+  while the connection's queue keeps filling; a queue of two messages (``SUBSCRIPTION_QUEUE``) makes
+  the I/O thread wait for that thread every message or two, so a pass ends soon and the count is read;
+* past ``max_foreign_subscriptions`` topics no robot sends, the learner opens the socket anew on the
+  same address (it cannot end one connection of an XPUB), which ends every connection and frees every
+  topic (said once a minute, counted as ``weights_socket_reopened``). The robots' SUB sockets reconnect
+  and subscribe again by themselves within their reconnect interval; the next announcement (every
+  ``announce_interval_s``, and after each hello on the request socket) reaches them.
+
+``XPUB_MANUAL`` would not help: libzmq 4.3 still keeps every topic of a manual XPUB's peers, to send
+their unsubscriptions when they leave.
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from robot_rl.bridges.zmq.weights import WeightsBlob
 log = logging.getLogger(__name__)
 
 # The largest inbound message the weights socket takes. It receives only subscriptions (robots send an
-# empty one) and the handshake's commands, which count too: CURVE's INITIATE is over 256 bytes.
-MAX_SUBSCRIPTION_BYTES = 4096
-SUBSCRIPTION_QUEUE = 16  # subscriptions libzmq takes from one peer before the learner reads them (RCVHWM)
+# empty one) and the handshake's commands, which count too: a SUB's CURVE INITIATE is 276 bytes.
+MAX_SUBSCRIPTION_BYTES = 384
+# Subscriptions queued from one peer for the learner's thread (RCVHWM; see above). Not 1: with one, a
+# CURVE robot's subscription did not get through and it heard no announcement.
+SUBSCRIPTION_QUEUE = 2
 REOPEN_SAID_EVERY_S = 60.0  # the weights socket's re-opening is said at most this often
 
 

@@ -98,7 +98,7 @@ class FaultsBenchConfig:
     flush_timeout_s: float = 300.0  # for the robots' last acks after the last restart
     max_restart_s: float = 10.0  # a restart slower than this fails the suite
     refused_segments: int = 8  # segments with a NaN reward a robot sends before its clean ones (refused_then_clean)
-    flood_subscriptions: int = 40000  # 1 KiB subscriptions one peer sends on the weights socket
+    flood_subscriptions: int = 40000  # subscriptions (of the longest topic taken) one peer sends on the weights socket
     max_flood_growth_mb: float = 50.0  # the learner's memory growth the flood may cause
     stale_hellos: int = 2000  # hellos under new ids from one connection, forgotten after the peer timeout
     seed: int = 0

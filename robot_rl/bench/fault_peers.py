@@ -8,8 +8,9 @@ an ingest that stores every decoded step once) on loopback:
   answers the bad ones ``refused``; the link sets them aside and its slots go to the clean ones, every
   step of which must be stored, with the link drained.
 * ``subscription_flood``: a process of its own sends ``bench.flood_subscriptions`` subscriptions of
-  1 KiB each on the weights socket (and again after each reconnect); the learner's resident memory
-  must grow by at most ``bench.max_flood_growth_mb`` (it opens the socket anew past its bound).
+  the longest topic the weights socket takes (``FLOOD_TOPIC_BYTES``; a longer one ends the connection
+  at once) on the weights socket (and again after each reconnect); the learner's resident memory must
+  grow by at most ``bench.max_flood_growth_mb`` (it opens the socket anew past its bound).
 * ``stale_ids``: one connection says hello ``bench.stale_hellos`` times under new ids while one robot
   streams; after the peer timeout the learner must believe only the live robot connected.
 """
@@ -34,14 +35,16 @@ from robot_rl.bridges.zmq.client import ClientConfig, ZmqClient
 from robot_rl.bridges.zmq.protocol import Ack, Hello, HelloOk, Segment, decode_message, encode_message
 from robot_rl.bridges.zmq.segments import decode_segment, encode_segment
 from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
+from robot_rl.bridges.zmq.weight_serving import MAX_SUBSCRIPTION_BYTES
 from robot_rl.bridges.zmq.weights import WeightsBlob
 from robot_rl.core import Step
 
 CLEAN_SEGMENTS = 20
 STEPS_PER_SEGMENT = 3
-SUBSCRIPTION_BYTES = 1024
+# The longest topic the weights socket takes: a subscription travels as a SUBSCRIBE command (10 bytes).
+FLOOD_TOPIC_BYTES = MAX_SUBSCRIPTION_BYTES - len(b"\x09SUBSCRIBE")
 PEER_TIMEOUT_S = 1.0  # short, so the stale ids' check takes seconds
-# The flooding subscriber: every subscription a distinct 1 KiB topic, then it stays a moment and leaves.
+# The flooding subscriber: every subscription a distinct topic, then it stays a moment and leaves.
 _FLOOD = """
 import os, sys, time, zmq
 sub = zmq.Context().socket(zmq.SUB)
@@ -143,13 +146,14 @@ def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float | int]:
         server.publish_weights(WeightsBlob(version=1, data=b"w" * 1024, config_hash=""))
         time.sleep(0.5)
         before = peak = _rss_mb()
-        flood = subprocess.Popen([sys.executable, "-c", _FLOOD.format(size=SUBSCRIPTION_BYTES),
+        flood = subprocess.Popen([sys.executable, "-c", _FLOOD.format(size=FLOOD_TOPIC_BYTES),
                                   server.pub_endpoint, str(cfg.flood_subscriptions)])
         while flood.poll() is None:
             peak = max(peak, _rss_mb())
             time.sleep(0.05)
         reopened = server.counters["weights_socket_reopened"]
-    return {"subscriptions": cfg.flood_subscriptions, "rss_growth_mb": round(peak - before, 1),
+    return {"subscriptions": cfg.flood_subscriptions, "topic_bytes": FLOOD_TOPIC_BYTES,
+            "rss_growth_mb": round(peak - before, 1),
             "weights_socket_reopened": reopened}
 
 
