@@ -75,9 +75,10 @@ class RemoteInferenceConfig:
 
 @dataclass
 class _Pending:
-    request: InferenceRequest | None  # None: a synchronous call (``RemotePolicy.predict_chunk``)
-    given_up_at: float  # time.monotonic()
+    request: InferenceRequest | None  # None: the hello
+    deadline_s: float  # the request's budget, on the wire and here
     answer: queue.SimpleQueue[ChunkReply] | None = None  # where a synchronous call waits
+    given_up_at: float = 0.0  # time.monotonic(), set when sent
 
 
 class RemoteRunner:
@@ -109,7 +110,7 @@ class RemoteRunner:
             raise RuntimeError(f"{len(self._outstanding)} inferences already in flight (max {self.max_inflight}); "
                                "poll first")
         self._outstanding.add(request.chunk_id)
-        self.policy.link.send(request.chunk_id, _Pending(request, 0.0))
+        self.policy.link.send(request.chunk_id, _Pending(request, self.policy.config.deadline_s))
 
     def poll(self, now: float) -> InferenceResult | None:
         while True:
@@ -238,7 +239,7 @@ class _ServerLink:
             frames = encode_hello(self.config.robot_id)
         else:
             frames = encode_request(self._wire_request(request_id, pending))
-            pending.given_up_at = time.monotonic() + self.config.deadline_s
+            pending.given_up_at = time.monotonic() + pending.deadline_s
             self._pending[request_id] = pending
         try:
             self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
@@ -258,7 +259,7 @@ class _ServerLink:
             jpeg[cam] = encode_image(frame, self.encoding)
         return ChunkRequest(robot_id=self.config.robot_id, request_id=request_id, tick=request.request_tick,
                             state=np.asarray(request.state, dtype=np.float32), instruction=request.instruction,
-                            jpeg=jpeg, deadline_s=self.config.deadline_s, pinned_version=self.config.pinned_version)
+                            jpeg=jpeg, deadline_s=pending.deadline_s, pinned_version=self.config.pinned_version)
 
     def _receive(self) -> None:
         while True:
@@ -355,14 +356,15 @@ class RemotePolicy:
             raise ConfigError(f"the served policy drives {self.action_dim} joints, this robot has {len(names)}")
 
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
-        """One chunk, waited for (before the robot moves: the warm-up); ``RuntimeError`` if none comes."""
+        """One chunk, waited for (before the robot moves: the warm-up, whose first forward on the server may
+        be cold, so it has ``connect_timeout_s``); ``RuntimeError`` if none comes."""
         request = InferenceRequest(chunk_id=next(self._sync_ids), request_tick=0, request_time_s=0.0,
                                    images=observation, state=np.asarray(state, np.float32), instruction=instruction,
                                    executed_index=-1, delay_ticks=0, delay_estimate=0, start_tick=None,
                                    rolled_state=None, generation=0)
         answer: queue.SimpleQueue[ChunkReply] = queue.SimpleQueue()
-        self.link.send(request.chunk_id, _Pending(request, 0.0, answer))
-        reply = answer.get(timeout=self.config.deadline_s + self.config.connect_timeout_s)
+        self.link.send(request.chunk_id, _Pending(request, self.config.connect_timeout_s, answer))
+        reply = answer.get()  # the I/O thread answers by the deadline at the latest
         if reply.chunk is None:
             raise RuntimeError(f"the policy server at {self.config.endpoint} gave no chunk: {reply.error}")
         return np.asarray(reply.chunk)
