@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from robot_rl.bench.serve_config import ServeBenchConfig
+
 BENCHMARKS_GROUP = "bench"
 SYNTHETIC_EPISODE_STEPS = 300  # bench transport's and store's episodes: 10 s at 30 Hz
 
@@ -245,6 +247,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "replan": ReplanBenchConfig,
     "learning": LearningBenchConfig,
     "policies": PoliciesBenchConfig,
+    "serve": ServeBenchConfig,
 }
 
 

@@ -94,6 +94,7 @@ class ServeStats:
     dropped_late: int = 0  # requests past their deadline: never answered
     refused: int = 0  # bad messages, unknown robots for a key, full queues, versions not resident
     batch_sizes: list[int] = field(default_factory=list)
+    forward_s: list[float] = field(default_factory=list)  # each forward's compute, beside its batch size
 
     @property
     def mean_batch(self) -> float:
@@ -338,6 +339,7 @@ class PolicyServer:
         done = time.monotonic()
         self.stats.forwards += 1
         self.stats.batch_sizes.append(len(items))
+        self.stats.forward_s.append(done - started)
         replies = []
         for i, item in enumerate(items):
             if item.expired(done):
