@@ -252,3 +252,36 @@ def test_link_settings_name_the_policy_server_and_its_key_defaults_to_the_learne
     assert config.endpoint == "tcp://gpu.lab:5557" and config.robot_id == "arm-a"
     assert config.curve is not None and config.curve.server_public == ClientCurve.from_files(
         robot_secret, learner_pub).server_public
+
+
+def test_a_learner_that_serves_takes_each_published_version_in_place(tmp_path):
+    from robot_rl.learner.service import LearnerService
+    from robot_rl.learner.serving import serve_from_learner
+    from tests.learner_helpers import learner_config
+
+    service = LearnerService(learner_config(tmp_path), tiny_policy(), train=False)
+    server = serve_from_learner(service, ServeConfig(endpoint="tcp://127.0.0.1:*"))
+    service.start()
+    policy = remote(server, "arm-a")
+    try:
+        runner = runner_of(policy)
+        runner.submit(request(1, frame(1)))
+        assert wait_result(runner).policy_version == 0
+        trained = service.trainer.deployed
+        with torch.no_grad():  # what an update does to the trainer's weights
+            for parameter in trained.parameters():
+                parameter.add_(0.05)
+        service.trainer.version = 1
+        service.trainer.publish_now()
+        assert server.version == 1 and server.policy is not trained  # a copy, not the training weights
+        runner.submit(request(2, frame(1)))
+        served = wait_result(runner)
+        assert served.policy_version == 1
+        trained.reseed_noise(robot_noise_seed(0, "arm-a"))
+        trained.predict_chunk({"front": as_received(frame(1))}, STATE, INSTRUCTION)  # the robot's first draw
+        expected = trained.predict_chunk({"front": as_received(frame(1))}, STATE, INSTRUCTION)
+        np.testing.assert_allclose(served.chunk.actions, expected, atol=1e-5)
+    finally:
+        policy.close()
+        server.close()
+        service.stop(checkpoint=False)

@@ -36,7 +36,7 @@ import time
 import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -60,9 +60,23 @@ from robot_rl.bridges.zmq.segments import decode_image
 from robot_rl.learner.serving_config import ServeConfig
 from robot_rl.policies.trainable import published_state
 
+if TYPE_CHECKING:
+    from robot_rl.learner.service import LearnerService
+
 log = logging.getLogger(__name__)
 
 _POLL_MS = 50  # the socket thread's wake-up when nothing arrives (to notice stop())
+
+
+def serve_from_learner(service: LearnerService, config: ServeConfig) -> PolicyServer:
+    """A policy server beside the learner's trainer, on its device: a copy of the deployed weights
+    that takes every published version in place as it is published (the trainer's lock is held, so
+    the copy is of exactly the published tensors; it waits for at most one forward)."""
+    trainer = service.trainer
+    server = PolicyServer(copy.deepcopy(trainer.deployed).eval(), config, version=trainer.version)
+    service.publish_listeners.append(
+        lambda blob: server.load_published(trainer.deployed.published_state_dict(), blob.version))
+    return server.start()
 
 
 def robot_noise_seed(noise_seed: int, robot_id: str) -> int:
