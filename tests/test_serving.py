@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
+import threading
 import time
 
 import numpy as np
@@ -285,3 +287,64 @@ def test_a_learner_that_serves_takes_each_published_version_in_place(tmp_path):
         policy.close()
         server.close()
         service.stop(checkpoint=False)
+
+
+def _serve_tiny(endpoint: str, conn) -> None:
+    """A policy server in a process of its own (the GPU box's): built at once, bound when told, until killed."""
+    policy = tiny_policy()
+    conn.recv()
+    server = PolicyServer(policy, ServeConfig(endpoint=endpoint)).start()
+    conn.send(server.endpoint)
+    while True:
+        time.sleep(1.0)
+
+
+class _ServerProcess:
+    """Spawned ahead (a fresh interpreter takes seconds to import torch); ``bind`` starts serving."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.conn, child = mp.get_context("spawn").Pipe()
+        self.process = mp.get_context("spawn").Process(target=_serve_tiny, args=(endpoint, child), daemon=True)
+        self.process.start()
+
+    def bind(self) -> str:
+        self.conn.send("bind")
+        assert self.conn.poll(120), "the policy server process did not start"
+        return self.conn.recv()
+
+
+@pytest.mark.slow(order=1)
+def test_an_edge_runtime_served_remotely_holds_while_the_server_is_killed_and_resumes(caplog):
+    from robot_rl.edge.runtime import EdgeRuntime
+    from tests.edge_fakes import KinematicRobot
+
+    first = _ServerProcess("tcp://127.0.0.1:*")
+    endpoint = first.bind()
+    second = _ServerProcess(endpoint)  # the same server, restarted
+    policy = RemotePolicy(RemoteInferenceConfig(endpoint, "arm-a", deadline_s=3.0))  # a loaded CI box is slow
+    runtime = EdgeRuntime(KinematicRobot(), policy, WallClock(), EdgeConfig(fps=30, inference_runner="remote"),
+                          robot_id="arm-a")
+    policy.predict_chunk({"front": frame(1)}, STATE, INSTRUCTION)  # the warm-up a session runs before tick 0
+    caplog.set_level(logging.WARNING, logger="robot_rl.edge.remote_runner")
+    episode: list = []
+    worker = threading.Thread(target=lambda: episode.append(runtime.run_episode(300, INSTRUCTION)))
+    try:
+        worker.start()
+        wait_for(lambda: runtime.node.stats.chunks_spliced >= 2, what="chunks from the server")
+        first.process.kill()
+        wait_for(lambda: any("gave no chunk" in r.getMessage() for r in caplog.records), what="the edge to notice")
+        spliced_while_away = runtime.node.stats.chunks_spliced
+        time.sleep(1.0)  # the plan runs out: the arm holds
+        second.bind()
+        worker.join(timeout=60.0)
+        steps = episode[0].steps
+        assert len(steps) == 300  # every tick recorded, held ones too
+        assert runtime.node.stats.stall_ticks > 0 and runtime.node.stats.chunks_spliced > spliced_while_away
+        assert len([r for r in caplog.records if "gave no chunk" in r.getMessage()]) == 1
+        assert len([r for r in caplog.records if "chunks resume" in r.getMessage()]) == 1
+    finally:
+        worker.join(timeout=60.0)
+        runtime.close()
+        policy.close()
+        first.process.kill()
+        second.process.kill()

@@ -220,7 +220,8 @@ class _ServerLink:
         poller.register(self._wake_read, zmq.POLLIN)
         while not self._stop.is_set():
             due = min((p.given_up_at for p in self._pending.values()), default=None)
-            timeout = _IDLE_POLL_MS if due is None else max(0.0, min(_IDLE_POLL_MS, (due - time.monotonic()) * 1e3))
+            # At least 1 ms: ZeroMQ's poll takes whole milliseconds, and 0 would spin until the deadline.
+            timeout = _IDLE_POLL_MS if due is None else max(1.0, min(_IDLE_POLL_MS, (due - time.monotonic()) * 1e3))
             ready = dict(poller.poll(timeout))
             if self._wake_read in ready:
                 os.read(self._wake_read, 4096)
