@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import queue
 import threading
@@ -221,7 +222,8 @@ class _ServerLink:
         while not self._stop.is_set():
             due = min((p.given_up_at for p in self._pending.values()), default=None)
             # At least 1 ms: ZeroMQ's poll takes whole milliseconds, and 0 would spin until the deadline.
-            timeout = _IDLE_POLL_MS if due is None else max(1.0, min(_IDLE_POLL_MS, (due - time.monotonic()) * 1e3))
+            left_ms = _IDLE_POLL_MS if due is None else math.ceil((due - time.monotonic()) * 1e3)
+            timeout = max(1, min(_IDLE_POLL_MS, left_ms))
             ready = dict(poller.poll(timeout))
             if self._wake_read in ready:
                 os.read(self._wake_read, 4096)
@@ -369,6 +371,10 @@ class RemotePolicy:
         if reply.chunk is None:
             raise RuntimeError(f"the policy server at {self.config.endpoint} gave no chunk: {reply.error}")
         return np.asarray(reply.chunk)
+
+    def save_pretrained(self, directory: str) -> None:
+        raise ConfigError(f"the served policy's weights are on the policy server at {self.config.endpoint}; "
+                          "save them there (its checkpoint, or the learner's)")
 
     def runner(self, clock_now: Callable[[], float], action_dim: int, max_inflight: int = 1) -> RemoteRunner:
         if self._runner is None:

@@ -36,7 +36,7 @@ import time
 import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -144,7 +144,7 @@ class PolicyServer:
         if self._curve is not None:
             apply_server_curve(self._router, self._curve)
         self._router.bind(config.endpoint)
-        self.endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replies_address = f"inproc://serve-replies-{id(self)}"
         self._replies_in = self._ctx.socket(zmq.PULL)
         self._replies_in.bind(self._replies_address)
@@ -270,7 +270,7 @@ class PolicyServer:
     def _check_identity(self, payload: list[zmq.Frame], robot_id: str) -> None:
         if self._curve is None:
             return
-        key = payload[0].get("User-Id") if payload else None
+        key = cast(str, payload[0].get("User-Id")) if payload else None  # the z85 key ZAP authenticated
         refusal = self._curve.robot_id_refusal(key, robot_id)
         if refusal is not None:
             raise ProtocolError(refusal, code="identity_mismatch")
