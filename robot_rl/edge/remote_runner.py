@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -372,7 +373,7 @@ class RemotePolicy:
             raise RuntimeError(f"the policy server at {self.config.endpoint} gave no chunk: {reply.error}")
         return np.asarray(reply.chunk)
 
-    def save_pretrained(self, directory: str) -> None:
+    def save_pretrained(self, directory: str | Path) -> None:
         raise ConfigError(f"the served policy's weights are on the policy server at {self.config.endpoint}; "
                           "save them there (its checkpoint, or the learner's)")
 
