@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-bc": ("train_bc", "behaviour-clone the policy from recorded demonstrations"),
     "edge": ("edge", "start an edge node against a learner address"),
     "learner": ("learner", "start the learner service"),
+    "serve": ("serve", "serve the policy to robots without a GPU: one batched forward for the fleet"),
     "session": ("session", "operator session on a robot (real or sim)"),
     "eval": ("evaluate", "closed-loop evaluation of checkpoints in the sim"),
     "replay": ("replay", "replay a logged dataset in the sim"),

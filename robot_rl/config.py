@@ -32,6 +32,7 @@ from robot_rl.bridges.zmq.link import LinkConfig
 from robot_rl.core.errors import ConfigError
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.learner.config import LearnerConfig
+from robot_rl.learner.serving_config import ServeConfig
 from robot_rl.replay.config import ReplayConfig
 from robot_rl.session.config import SessionConfig
 
@@ -77,6 +78,7 @@ class RobotRLConfig:
     viewer: Any = MISSING  # a live view of every robot: none | rerun
     edge: EdgeConfig = field(default_factory=EdgeConfig)  # the edge runtime's timing contract
     link: LinkConfig = field(default_factory=LinkConfig)  # where an edge finds its learner
+    serve: ServeConfig = field(default_factory=ServeConfig)  # robot-rl serve: a policy server for the fleet
     session: SessionConfig = field(default_factory=SessionConfig)  # robot-rl session
     run: RunConfig = field(default_factory=RunConfig)  # robot-rl run: the main job
     demos: DemosConfig = field(default_factory=DemosConfig)  # robot-rl record-demos

@@ -303,12 +303,13 @@ class FlowVLA(TrainablePolicy):
 
     def predict_chunks(self, observations: Sequence[dict[str, np.ndarray]], states: np.ndarray,
                        instructions: Sequence[str], *, seed: int | None = None, prefix: torch.Tensor | None = None,
-                       delay: int = 0) -> np.ndarray:
+                       delay: int = 0, noise: torch.Tensor | None = None) -> np.ndarray:
         """Batched ``predict_chunk``: B observations -> float32[B, H, action_dim].
 
         ``seed`` (or ``config.inference_seed``) fixes the initial noise, making the output a
         deterministic function of the inputs and weights, on any device. ``prefix``/``delay``:
-        real-time chunking (``sample``).
+        real-time chunking (``sample``). ``noise`` [B, H, A]: the initial noise itself (a policy server
+        draws each robot's row from that robot's own generator, so a chunk does not depend on the batch).
         """
         states = np.asarray(states, dtype=np.float32)
         if states.shape != (len(observations), self.config.state_dim):
@@ -330,7 +331,7 @@ class FlowVLA(TrainablePolicy):
                 text = self.text_encoder.encode_batch(list(instructions)).to(self.device)
                 state = self.normalizer.normalize_state(torch.from_numpy(states).to(self.device))
                 context = self.encode_context(self._images_from(camera), state, text)
-                noise = self._initial_noise(len(observations), seed)
+                noise = self._initial_noise(len(observations), seed) if noise is None else noise.to(self.device)
                 actions = self.normalizer.unnormalize_action(self.sample(context, noise, prefix=prefix, delay=delay))
         finally:
             self.train(was_training)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
+from robot_rl.bench.serve_config import ServeBenchConfig
+
 BENCHMARKS_GROUP = "bench"
 SYNTHETIC_EPISODE_STEPS = 300  # bench transport's and store's episodes: 10 s at 30 Hz
 
@@ -253,6 +255,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "replan": ReplanBenchConfig,
     "learning": LearningBenchConfig,
     "policies": PoliciesBenchConfig,
+    "serve": ServeBenchConfig,
 }
 
 

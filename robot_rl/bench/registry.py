@@ -22,4 +22,5 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                              "async learner vs sync loop"),
     "policies": ("policies", "FlowVLA vs ACT vs Diffusion vs SmolVLA, full vs LoRA: parameters, learner updates/s, "
                              "edge inference ms, publish bytes"),
+    "serve": ("serve", "1/4/16 robots against one policy server, batched vs one at a time: latency, chunks/s, stalls"),
 }

@@ -101,6 +101,7 @@ def main(argv: list[str]) -> int:
     from robot_rl.learner.console import console_line
     from robot_rl.learner.ddp import follow_rank, init_distributed, shutdown_distributed
     from robot_rl.learner.service import LearnerService
+    from robot_rl.learner.serving import serve_from_learner
 
     root = load_config(overrides)
     config = root.learner
@@ -116,17 +117,24 @@ def main(argv: list[str]) -> int:
         if stop.is_set():
             print("learner stopped before it started", flush=True)
             return 0
-        service = LearnerService(config, policy, resume=args.resume, train=not args.no_train, dist=dist).start()
+        service = LearnerService(config, policy, resume=args.resume, train=not args.no_train, dist=dist)
+        serving = serve_from_learner(service, root.serve) if config.serve_policy else None  # before any publish
+        service.start()
         ranks = f" ({dist.world_size} data-parallel ranks)" if dist is not None else ""
         print(f"learner up{ranks}: segments on {service.router_endpoint}, weights on {service.pub_endpoint}; "
               "Ctrl-C to stop", flush=True)
         if service.console is not None:
             print(console_line(service.console), flush=True)
+        if serving is not None:
+            print(f"serving chunks on {serving.endpoint} (edge.inference_runner=remote link.policy_server=...)",
+                  flush=True)
         try:
             while not stop.wait(1.0):
                 pass
             print("stopping: final checkpoint, then closing the store", flush=True)
         finally:
+            if serving is not None:
+                serving.close()
             service.stop()
         print(f"learner stopped at update {service.trainer.step}", flush=True)
         return 0

@@ -12,7 +12,7 @@ from typing import Any
 MODES = ("sync", "async_naive", "async_rollforward")
 REPLANS = ("auto", "thrifty", "continuous")
 LATENCY_DISTRIBUTIONS = ("constant", "uniform", "lognormal", "measured")
-INFERENCE_RUNNERS = ("auto", "virtual", "thread", "process")
+INFERENCE_RUNNERS = ("auto", "virtual", "thread", "process", "remote")
 
 
 @dataclass
@@ -121,7 +121,9 @@ class EdgeConfig:
     # loader (robot_rl.edge.process_runner), so nothing shares the control loop's interpreter lock;
     # `robot-rl session` / `robot-rl edge` build the policy there on the wall clock. "thread": a
     # thread of the control process. "virtual": computed at once, released after the simulated
-    # latency (exact timing on a virtual clock). "auto": process where the policy was built in one,
+    # latency (exact timing on a virtual clock). "remote": a policy server (robot-rl serve, or a
+    # serving learner) at link.policy_server computes the chunks (robot_rl.edge.remote_runner).
+    # "auto": process where the policy was built in one, remote where it is served,
     # else virtual on a virtual clock and thread on the wall clock.
     inference_runner: str = "auto"
 

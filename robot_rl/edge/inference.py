@@ -381,9 +381,10 @@ def make_worker(
     serves_itself = isinstance(policy, SelfServingPolicy)
     if kind == "auto":
         kind = "process" if serves_itself else "virtual" if clock.is_virtual else "thread"
-    if (kind == "process") != serves_itself:
-        raise ValueError(f"edge.inference_runner={kind} but the policy is {policy!r}: the process runner serves a "
-                         "policy built in its own process (robot_rl.edge.process_runner.spawn_policy), and only it")
+    if (kind in ("process", "remote")) != serves_itself:
+        raise ValueError(f"edge.inference_runner={kind} but the policy is {policy!r}: the process and remote runners "
+                         "serve a policy built in its own process (robot_rl.edge.process_runner.spawn_policy) or on "
+                         "a policy server (robot_rl.edge.remote_runner.RemotePolicy), and only those")
     if isinstance(policy, SelfServingPolicy):
         if clock.is_virtual:
             log.warning("inference in a process on a virtual clock: chunks arrive after wall time, not virtual time")

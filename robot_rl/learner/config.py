@@ -287,6 +287,9 @@ class LearnerConfig:
     # Initial weights: a checkpoint dir of the configured policy (FlowVLA or LeRobot layout); None: the policy group's
     # (``policy.path``, else a new model of ``policy.model``). ``robot-rl run`` sets its BC start here.
     init_checkpoint: str | None = None
+    # Also serve chunks (serve.* settings) to robots with edge.inference_runner=remote, from a copy of
+    # the published weights on the training device that takes each new version in place.
+    serve_policy: bool = False
 
     def __post_init__(self) -> None:
         if self.algorithm is None:

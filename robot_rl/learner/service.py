@@ -113,6 +113,8 @@ class LearnerService(ServerHandlers):
             raise
         self._train = train
         self.published = PublishedHistory(config.trainer.checkpoint_dir, self.trainer.version if resume else None)
+        # Called with each published version, trainer lock held (the policy server takes it in place).
+        self.publish_listeners: list[Callable[[WeightsBlob], None]] = []
         # The held-out scores of published versions, if something computes them (the main job's
         # scorer): dicts with version, episodes, success, ci95, scenes. For the fleet console.
         self.heldout_points: Callable[[], list[dict[str, Any]]] = list
@@ -161,6 +163,8 @@ class LearnerService(ServerHandlers):
         self.published.append(PublishedVersion(blob.version, self.trainer.step,
                                                time.time(), len(blob)))
         self.server.publish_weights(blob)
+        for listener in self.publish_listeners:
+            listener(blob)
 
     def servable_versions(self) -> list[int]:
         return self.server.served_versions()

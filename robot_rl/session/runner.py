@@ -28,6 +28,7 @@ from robot_rl.core.registry import ROBOTS, TELEOPS, VIEWERS
 from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.process_runner import spawn_policy
+from robot_rl.edge.remote_runner import RemotePolicy
 from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.sim.config import SimConfig
 from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
@@ -90,7 +91,7 @@ def run_session(cfg: RobotRLConfig) -> int:
     with contextlib.ExitStack() as stack:
         robot.connect()
         stack.callback(robot.disconnect)
-        policy = build_policy(cfg, clock)
+        policy = build_policy(cfg, clock, robot_name)
         if hasattr(policy, "close"):  # a policy process, if the node never gets to own it
             stack.callback(policy.close)
         check_policy_fits(policy, robot)
@@ -123,12 +124,14 @@ def run_session(cfg: RobotRLConfig) -> int:
     return result.exit_code
 
 
-def build_policy(cfg: RobotRLConfig, clock: Clock) -> Any:
+def build_policy(cfg: RobotRLConfig, clock: Clock, robot_name: str) -> Any:
     """The configured policy. On the wall clock (``edge.inference_runner`` auto or process) a policy
     that computes is built in a process of its own, which then also loads published weights: nothing
     of inference or of a swap shares the control loop's interpreter. A virtual clock keeps it here,
-    where the virtual runner's timing is exact."""
+    where the virtual runner's timing is exact. ``remote``: the policy server at ``link.policy_server``."""
     runner = cfg.edge.inference_runner
+    if runner == "remote":
+        return RemotePolicy(cfg.link.remote_inference(robot_name))
     computes = not isinstance(cfg.policy, HoldPolicyConfig)  # holding the arm costs nothing worth a process
     if runner == "process" or (runner == "auto" and not clock.is_virtual and computes):
         return spawn_policy(functools.partial(load_policy, cfg))

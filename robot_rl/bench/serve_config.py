@@ -1,0 +1,19 @@
+"""``ServeBenchConfig``: the settings of ``robot-rl bench serve`` (``robot_rl.bench.serve``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServeBenchConfig:
+    """``bench serve``: robots against one policy server, batched and serial side by side."""
+
+    robots: list[int] = field(default_factory=lambda: [1, 4, 16])  # synthetic edges asking at once
+    seconds: float = 10.0  # each cell's duration (after a warm-up chunk per robot)
+    swaps: int = 5  # versions published while one robot asks, for swap_to_serve
+    serial: bool = True  # also run every robot count with serve.max_batch=1
+
+    def __post_init__(self) -> None:
+        if not self.robots or min(self.robots) < 1 or self.seconds <= 0 or self.swaps < 0:
+            raise ValueError("bench serve: robots >= 1 (a list), seconds > 0, swaps >= 0")

@@ -1,0 +1,37 @@
+"""`robot-rl bench serve`: settings, and one real short run against a policy server in its own process."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+from robot_rl.bench.serve import print_table, run_serve_bench
+from robot_rl.config import ConfigError, load_config
+
+
+def test_bench_settings_are_typed_and_the_server_settings_are_serve():
+    cfg = load_config(["+bench=serve", "bench.robots=[2,8]", "serve.batch_window_ms=2"])
+    assert cfg.bench.robots == [2, 8] and cfg.bench.serial and cfg.serve.batch_window_ms == 2.0
+    assert load_config(["+bench=serve_quick"]).bench.robots == [1, 4]
+
+
+def test_bad_settings_are_refused_before_anything_runs():
+    with pytest.raises(ConfigError, match="robots >= 1"):
+        load_config(["+bench=serve", "bench.robots=[0]"])
+
+
+@pytest.mark.slow(order=1)
+def test_two_robots_are_served_in_one_forward_and_a_published_version_reaches_them(capsys):
+    cfg = load_config(["+bench=serve", "bench.robots=[2]", "bench.seconds=2", "bench.swaps=1", "bench.serial=false",
+                       "serve.batch_window_ms=200"])
+    report = run_serve_bench(cfg, cfg.bench)
+    row = report["robots"][2]
+    assert row["chunks_per_s"] > 0 and row["mean_batch"] > 1.0  # the two robots shared forwards
+    assert row["dropped_late"] == 0 and row["latency_p95_s"] >= row["latency_p50_s"] > 0
+    assert len(report["swap_to_serve_s"]) == 1  # version 1 reached the robot
+    assert report["serial"] == {} and report["bytes_per_request"]["224x224"] > 0
+    print_table(report)
+    assert "| 2 | batched |" in capsys.readouterr().out
