@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from robot_rl.bridges.zmq.keys import ClientCurve, generate_keypair
+from robot_rl.bridges.zmq.link import LinkConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding, decode_image, encode_image
 from robot_rl.core.clock import WallClock
 from robot_rl.edge.config import EdgeConfig
@@ -243,14 +244,12 @@ def test_the_edge_node_takes_the_remote_runner_for_a_served_policy(served):
 
 
 def test_link_settings_name_the_policy_server_and_its_key_defaults_to_the_learners(tmp_path):
-    from robot_rl.bridges.zmq.link import LinkConfig
-
     with pytest.raises(ValueError, match="link.policy_server"):
-        LinkConfig().remote_inference("arm-a")
+        RemoteInferenceConfig.from_link(LinkConfig(), "arm-a")
     learner_pub, _ = generate_keypair(tmp_path, "learner")
     _, robot_secret = generate_keypair(tmp_path / "robots", "arm-a")
-    config = LinkConfig(policy_server="tcp://gpu.lab:5557", secret_key=str(robot_secret),
-                        learner_key=str(learner_pub)).remote_inference("arm-a")
+    link = LinkConfig(policy_server="tcp://gpu.lab:5557", secret_key=str(robot_secret), learner_key=str(learner_pub))
+    config = RemoteInferenceConfig.from_link(link, "arm-a")
     assert config.endpoint == "tcp://gpu.lab:5557" and config.robot_id == "arm-a"
     assert config.curve is not None and config.curve.server_public == ClientCurve.from_files(
         robot_secret, learner_pub).server_public

@@ -14,7 +14,6 @@ from robot_rl.bridges.zmq.spool import DEFAULT_SPOOL_MAX_BYTES
 
 if TYPE_CHECKING:
     from robot_rl.bridges.zmq.client import ClientConfig
-    from robot_rl.edge.remote_runner import RemoteInferenceConfig
 
 
 @dataclass
@@ -39,21 +38,6 @@ class LinkConfig:
             raise ValueError(f"link.learner must be an address like tcp://HOST:5555, got {self.learner!r}")
         if (self.secret_key is None) != (self.learner_key is None):
             raise ValueError("link: CURVE needs both link.secret_key and link.learner_key (see `robot-rl keys`)")
-
-    def remote_inference(self, robot_name: str) -> RemoteInferenceConfig:
-        """Where a robot called ``robot_name`` asks for its chunks (edge.inference_runner=remote); CURVE
-        keys loaded here, and an address off loopback without them refused here, before anything moves."""
-        from robot_rl.bridges.zmq.keys import ClientCurve
-        from robot_rl.edge.remote_runner import RemoteInferenceConfig
-
-        if self.policy_server is None:
-            raise ValueError("edge.inference_runner=remote needs the server's address: "
-                             "link.policy_server=tcp://HOST:5557 (robot-rl serve prints it)")
-        server_key = self.policy_server_key or self.learner_key
-        curve = None
-        if self.secret_key is not None and server_key is not None:
-            curve = ClientCurve.from_files(self.secret_key, server_key)
-        return RemoteInferenceConfig(self.policy_server, self.robot_id or robot_name, curve=curve)
 
     def weights_endpoint(self) -> str:
         """``link.weights``, else the learner's port + 1 (``robot-rl learner``'s layout: 5555 / 5556)."""

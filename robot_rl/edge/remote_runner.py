@@ -48,6 +48,7 @@ from robot_rl.bridges.zmq.inference_wire import (
     encode_request,
 )
 from robot_rl.bridges.zmq.keys import ClientCurve, apply_client_curve, check_endpoint_security
+from robot_rl.bridges.zmq.link import LinkConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding, encode_image
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.types import ActionChunk
@@ -73,6 +74,19 @@ class RemoteInferenceConfig:
     jpeg_quality: int = 90  # frames at 224x224: ~10 KB each at 90
     pinned_version: int | None = None  # ask for this version (the server keeps it resident), not the newest
     allow_insecure: bool = False  # plain TCP off loopback (an isolated network only)
+
+    @classmethod
+    def from_link(cls, link: LinkConfig, robot_name: str) -> RemoteInferenceConfig:
+        """Where a robot called ``robot_name`` asks for its chunks (``link.policy_server``); CURVE keys
+        loaded here, and an address off loopback without them refused here, before anything moves."""
+        if link.policy_server is None:
+            raise ValueError("edge.inference_runner=remote needs the server's address: "
+                             "link.policy_server=tcp://HOST:5557 (robot-rl serve prints it)")
+        server_key = link.policy_server_key or link.learner_key
+        curve = None
+        if link.secret_key is not None and server_key is not None:
+            curve = ClientCurve.from_files(link.secret_key, server_key)
+        return cls(link.policy_server, link.robot_id or robot_name, curve=curve)
 
 
 @dataclass

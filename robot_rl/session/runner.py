@@ -28,7 +28,7 @@ from robot_rl.core.registry import ROBOTS, TELEOPS, VIEWERS
 from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.process_runner import spawn_policy
-from robot_rl.edge.remote_runner import RemotePolicy
+from robot_rl.edge.remote_runner import RemoteInferenceConfig, RemotePolicy
 from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.sim.config import SimConfig
 from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
@@ -131,7 +131,7 @@ def build_policy(cfg: RobotRLConfig, clock: Clock, robot_name: str) -> Any:
     where the virtual runner's timing is exact. ``remote``: the policy server at ``link.policy_server``."""
     runner = cfg.edge.inference_runner
     if runner == "remote":
-        return RemotePolicy(cfg.link.remote_inference(robot_name))
+        return RemotePolicy(RemoteInferenceConfig.from_link(cfg.link, robot_name))
     computes = not isinstance(cfg.policy, HoldPolicyConfig)  # holding the arm costs nothing worth a process
     if runner == "process" or (runner == "auto" and not clock.is_virtual and computes):
         return spawn_policy(functools.partial(load_policy, cfg))
