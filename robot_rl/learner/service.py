@@ -102,7 +102,7 @@ class LearnerService(ServerHandlers):
         self.robots: dict[str, RobotStatus] = {}
         check_layout(config, policy)
         self.state_dim = policy.state_dim
-        self.store = ReplayStore(config.store, train_cameras=policy.cameras)
+        self.store = ReplayStore(config.store, train_cameras=policy.cameras, input_frames=policy.input_frames)
         self.policy = policy
         try:
             known = self.store.layout.joint_names if self.store.layout is not None else config.store.joint_names

@@ -42,7 +42,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +67,8 @@ from robot_rl.learner.layout import RecordedLayout, differences, mismatch, pinne
 from robot_rl.learner.ledger import CommitRecord, Ledger
 from robot_rl.learner.metrics import OutcomeTracker, outcome_from_columns
 from robot_rl.learner.store_writer import RecorderSpec, make_writer
+from robot_rl.learner.stored_frames import FrameReader, StoredEpisode
+from robot_rl.policies.trainable import InputFrames
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +126,11 @@ class ReplayStore:
     """Exactly-once, crash-safe storage of streamed episodes plus the trainer's sampling index."""
 
     def __init__(self, config: StoreConfig, *, train_cameras: Sequence[str] | None = None,
+                 input_frames: Mapping[str, InputFrames] | None = None,
                  decode_workers: int = DECODE_WORKERS) -> None:
         """``train_cameras``: the cameras the policy reads (what the sampling index keeps) when
-        ``config.cameras`` does not say which are recorded."""
+        ``config.cameras`` does not say which are recorded; ``input_frames``: the size the policy reads
+        them at (the index keeps them at it; ``TrainablePolicy.input_frames``)."""
         self.config = config
         root = self.root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
@@ -138,7 +142,9 @@ class ReplayStore:
         self._decoder = (ThreadPoolExecutor(decode_workers, thread_name_prefix="store-decode")
                          if decode_workers > 1 else None)
         self.writer: Any = None  # opened once the layout is known (at start, or at the first robot's hello)
-        self.index = SamplingIndex(cameras)
+        fits = {cam: fit for cam, fit in (input_frames or {}).items() if cam in cameras}
+        self.frame_reader = FrameReader(fits, config.index_read_workers)
+        self.index = SamplingIndex(cameras, fits, memory_budget=config.index_memory_bytes(), reader=self.frame_reader)
         self.outcomes = OutcomeTracker()
         self.counters: Counter[str] = Counter()
         self._lock = threading.RLock()  # staging spool, ledger and the dedup maps
@@ -156,7 +162,7 @@ class ReplayStore:
         self._idle.set()
         self._draining = 0  # flush() calls under way: the writer stops lingering for them
         self._committer: threading.Thread | None = None
-        self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | None] | None] | None = None
+        self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | StoredEpisode | None] | None] | None = None
         self._indexer: threading.Thread | None = None
         self._loader: threading.Thread | None = None  # the dataset into the index, after a restart
         self._load_demonstrations()
@@ -419,6 +425,7 @@ class ReplayStore:
             self._indexer = None
         if self.writer is not None:
             self.writer.close()
+        self.frame_reader.close()
         with self._lock:
             self._ledger.close()
             self._staging.close()
@@ -496,13 +503,21 @@ class ReplayStore:
         if steps:
             self._index_op("append", (episode.robot_id, episode.episode_id, episode.fragment), steps)
 
-    def _index_op(self, op: str, key: tuple, steps: Sequence[Step] | None = None) -> None:
-        """Apply now, or queue for the indexer thread (one queue: appends and finishes stay in order)."""
+    def _index_op(self, op: str, key: tuple, payload: Sequence[Step] | StoredEpisode | None = None) -> None:
+        """Apply now, or queue for the indexer thread (one queue: appends, finishes and the dataset's
+        episodes stay in order, so an episode's frames never leave memory before its last segment is in)."""
         if self._index_jobs is not None:
-            self._index_jobs.put((op, key, steps))
-        elif op == "append":
-            assert steps is not None
-            self.index.append(key, steps_to_columns(steps, self.index.cameras), steps[0].instruction)
+            self._index_jobs.put((op, key, payload))
+        else:
+            self._apply_index_op(op, key, payload)
+
+    def _apply_index_op(self, op: str, key: tuple, payload: Sequence[Step] | StoredEpisode | None) -> None:
+        if op == "append":
+            assert isinstance(payload, Sequence)
+            self.index.append(key, steps_to_columns(payload, self.index.cameras), payload[0].instruction)
+        elif op == "stored":
+            assert isinstance(payload, StoredEpisode)
+            self.index.mark_stored(key, payload)
         else:
             self.index.mark_finished(key)
 
@@ -513,12 +528,7 @@ class ReplayStore:
             try:
                 if job is None:
                     return
-                op, key, steps = job
-                if op == "append":
-                    assert steps is not None
-                    self.index.append(key, steps_to_columns(steps, self.index.cameras), steps[0].instruction)
-                else:
-                    self.index.mark_finished(key)
+                self._apply_index_op(*job)
             except Exception:  # the data is staged and will be in the dataset; only sampling misses it
                 log.exception("could not add %s to the sampling index", job[1] if job else None)
             finally:
@@ -671,9 +681,14 @@ class ReplayStore:
                 del self._staged_bytes[episode.robot_id]
         if outcome is not None:
             self._record_outcome(episode.robot_id, episode.episode_id, outcome)
+            self._index_op("stored", (episode.robot_id, episode.episode_id, episode.fragment),
+                           self._stored_episode(record.index))
         log.info("stored episode %d of robot %s (fragment %d): %d steps from %d segments, dataset episode %d",
                  episode.episode_id, episode.robot_id, episode.fragment,
                  0 if outcome is None else len(outcome["success"]), len(keys), record.index)
+
+    def _stored_episode(self, index: int) -> StoredEpisode:
+        return StoredEpisode(str(self.dataset_root), self.config.repo_id, index)
 
     def _record_outcome(self, robot_id: str, episode_id: int, columns: dict[str, np.ndarray]) -> None:
         self.outcomes.add(outcome_from_columns(robot_id, episode_id, columns["success"], columns["is_intervention"],
@@ -763,9 +778,9 @@ class ReplayStore:
                  count, time.monotonic() - started, self.index.counts())
 
     def _load_dataset_into_index(self, by_index: dict[int, CommitRecord]) -> None:
-        from robot_rl.data.reader import load_episode_arrays
+        from robot_rl.data.reader import iter_episode_arrays
 
-        for episode in load_episode_arrays(self.dataset_root, self.config.repo_id):
+        for episode in iter_episode_arrays(self.dataset_root, self.config.repo_id):
             record = by_index.get(episode["episode_index"])
             if record is None:
                 log.warning("dataset episode %d has no ledger entry; indexing it as online data",
@@ -775,19 +790,24 @@ class ReplayStore:
                 key = (record.robot_id, record.episode_id, record.fragment)
             columns = dataset_episode_to_columns(episode, self.index.cameras)
             self.index.append(key, columns, episode["instruction"])
+            self.index.mark_stored(key, self._stored_episode(episode["episode_index"]))  # memory stays bounded
             self._record_outcome(key[0], key[1], columns)
 
     def _load_demonstrations(self) -> None:
         if not self.config.demonstrations:
             return
-        from robot_rl.data.reader import load_episode_arrays
+        from robot_rl.data.reader import iter_episode_arrays
 
-        episodes = load_episode_arrays(self.config.demonstrations, self.config.demonstrations_repo_id)
-        for i, episode in enumerate(episodes):
-            self.index.append((DEMO_ROBOT, i, 0),
-                              dataset_episode_to_columns(episode, self.index.cameras, robot_episode=False),
+        count = 0
+        for i, episode in enumerate(iter_episode_arrays(self.config.demonstrations,
+                                                        self.config.demonstrations_repo_id)):
+            key = (DEMO_ROBOT, i, 0)
+            self.index.append(key, dataset_episode_to_columns(episode, self.index.cameras, robot_episode=False),
                               episode["instruction"])
-        log.info("preloaded %d demonstration episodes from %s", len(episodes), self.config.demonstrations)
+            self.index.mark_stored(key, StoredEpisode(str(self.config.demonstrations),
+                                                      self.config.demonstrations_repo_id, episode["episode_index"]))
+            count += 1
+        log.info("preloaded %d demonstration episodes from %s", count, self.config.demonstrations)
 
     def _quarantine(self, key: str, frames: list[bytes], exc: ProtocolError) -> None:
         """A staged segment that no longer passes the checks (staged by a learner whose checks were
