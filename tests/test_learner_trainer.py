@@ -304,6 +304,7 @@ def poison_every_batch(trainer: Trainer, monkeypatch) -> None:
         return batch
 
     monkeypatch.setattr(trainer.index, "sample", poisoned)
+    trainer._prefetch.discard()  # the clean batch drawn ahead before the patch
 
 
 def test_a_batch_with_a_non_finite_loss_is_skipped_without_touching_the_weights(tmp_path, monkeypatch):
@@ -313,6 +314,7 @@ def test_a_batch_with_a_non_finite_loss_is_skipped_without_touching_the_weights(
     with monkeypatch.context() as patch:
         poison_every_batch(trainer, patch)
         assert trainer.update_once() == {"skipped_nonfinite": 1.0}
+    trainer._prefetch.discard()  # the poisoned batch drawn ahead
     after = params(trainer.policy)
     assert all(torch.equal(before[k], after[k]) for k in before) and trainer.step == 1
     assert trainer.nonfinite_batches == 1
