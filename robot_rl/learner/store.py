@@ -88,6 +88,15 @@ _NO_JOB: Final = _NoJob.NO_JOB
 
 
 @dataclass(frozen=True)
+class WriterBacklog:
+    """What the dataset writer has still to write: closed episodes queued, bytes staged on disk (open
+    episodes' included) and not yet in the dataset."""
+
+    episodes: int
+    staged_bytes: int
+
+
+@dataclass(frozen=True)
 class IngestResult:
     duplicate: bool
     num_steps: int
@@ -157,6 +166,7 @@ class ReplayStore:
         self._staged_bytes: Counter[str] = Counter()  # robot -> bytes staged and not yet in the dataset
         self._held_back: set[str] = set()  # robots past max_staged_bytes_per_robot (said once each time)
         self._staging_failing = 0  # segments refused since the staging log last took a write (said once)
+        self._behind_said_at = 2 * config.commit_batch  # closed episodes queued that make _say_if_behind warn
         self._jobs: queue.Queue[_OpenEpisode | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
@@ -548,6 +558,25 @@ class ReplayStore:
         else:
             self._idle.clear()
             self._jobs.put(episode)
+            self._say_if_behind()
+
+    def writer_backlog(self) -> WriterBacklog:
+        with self._lock:
+            return WriterBacklog(self._jobs.qsize(), sum(self._staged_bytes.values()))
+
+    def _say_if_behind(self) -> None:
+        """Warn when closed episodes pile up before the writer (two batches' worth, then each doubling):
+        the staged segments wait on disk, not in memory, but a writer that never catches up ends in
+        robots held back at max_staged_bytes_per_robot."""
+        waiting = self._jobs.qsize()
+        if waiting < self._behind_said_at:
+            if waiting <= self.config.commit_batch:
+                self._behind_said_at = 2 * self.config.commit_batch
+            return
+        self._behind_said_at = 2 * waiting
+        log.warning("the dataset writer is %d episodes behind (%.0f MB staged on disk): it cannot keep up with "
+                    "what the robots send; fewer robots or cameras, learner.store.frames.images=video, or a "
+                    "learner with more cores", waiting, sum(self._staged_bytes.values()) / 1e6)
 
     def _check_layout(self, segment: Segment) -> None:
         """The segment's declared shapes against what this learner stores, before anything is decoded
