@@ -34,6 +34,7 @@ sampled while still growing, and their outcome (hence their return) is unknown u
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -177,6 +178,14 @@ def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str], *,
     for cam in cameras:
         columns[f"images.{cam}"] = np.asarray(episode[f"images.{cam}"], dtype=np.uint8)
     return columns
+
+
+def fit_step_frames(steps: Sequence[Step], cameras: Sequence[str], fits: Mapping[str, InputFrames]) -> list[Step]:
+    """The steps holding only ``cameras``' frames, each at the size ``fits`` gives: what a decoded segment
+    keeps while it waits for the index (a queue of camera-size frames would hold 1.8 MB a step)."""
+    kept = {cam: np.stack([s.images[cam] for s in steps]) for cam in cameras} if steps else {}
+    kept = {cam: fits[cam].apply(frames) if cam in fits else frames for cam, frames in kept.items()}
+    return [dataclasses.replace(s, images={cam: kept[cam][i] for cam in cameras}) for i, s in enumerate(steps)]
 
 
 def fit_frames(columns: Mapping[str, np.ndarray], fits: Mapping[str, InputFrames]) -> dict[str, np.ndarray]:

@@ -61,6 +61,7 @@ from robot_rl.learner.index import (
     DEMO_ROBOT,
     SamplingIndex,
     dataset_episode_to_columns,
+    fit_step_frames,
     steps_to_columns,
 )
 from robot_rl.learner.layout import RecordedLayout, differences, mismatch, pinned_layout, read_layout, write_layout
@@ -372,9 +373,14 @@ class ReplayStore:
     def _decode(self, segment: Segment) -> list[Step] | Exception:
         try:
             self._check_layout(segment)  # first: images are decoded only at the sizes this learner stores
-            return decode_segment(segment)
+            return self._fitted(decode_segment(segment))
         except Exception as exc:  # noqa: BLE001 - reported per segment
             return exc
+
+    def _fitted(self, steps: list[Step]) -> list[Step]:
+        """Decoded steps as the index keeps them (the policy's cameras at its input size): staging holds
+        the segment as it arrived, and these wait for the index thread only."""
+        return fit_step_frames(steps, self.index.cameras, self.index.input_frames)
 
     def close_stale(self, now_s: float | None = None) -> int:
         """Commit open episodes silent for ``episode_timeout_s`` as truncated; returns how many."""
@@ -575,8 +581,8 @@ class ReplayStore:
             return
         self._behind_said_at = 2 * waiting
         log.warning("the dataset writer is %d episodes behind (%.0f MB staged on disk): it cannot keep up with "
-                    "what the robots send; fewer robots or cameras, learner.store.frames.images=video, or a "
-                    "learner with more cores", waiting, sum(self._staged_bytes.values()) / 1e6)
+                    "what the robots send (robots are held back once max_staged_bytes_per_robot is staged); fewer "
+                    "robots or cameras, or a learner with more cores", waiting, sum(self._staged_bytes.values()) / 1e6)
 
     def _check_layout(self, segment: Segment) -> None:
         """The segment's declared shapes against what this learner stores, before anything is decoded
@@ -863,7 +869,7 @@ class ReplayStore:
                 segment = decode_message(frames)
                 if not isinstance(segment, Segment):
                     raise ProtocolError(f"a staged {segment.TYPE!r} message is no segment")
-                steps = decode_segment(segment)
+                steps = self._fitted(decode_segment(segment))
             except ProtocolError as exc:
                 self._quarantine(key, frames, exc)
                 continue

@@ -3,7 +3,7 @@
 Why by frame: a training batch needs one or two frames of each episode it samples (the observation
 and the next chunk boundary's), so reading whole episodes back would decode ~hundreds of frames
 for two. A video-stored camera (LeRobot's MP4, one file holding many episodes) is decoded at the
-frames' timestamps by LeRobot's own decoder; a PNG-stored one (inside the parquet) has the rows'
+frames' timestamps by LeRobot's own (torchcodec) decoder; a PNG-stored one (inside the parquet) has the rows'
 PNG bytes read and decoded. Frames come back at the policy's input size (``InputFrames``), the
 size the index kept them at before it let them go: a lossless (PNG) frame read back equals the
 one that was kept, bit for bit.
@@ -14,6 +14,7 @@ trainer and the store's serving thread need.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import multiprocessing
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from robot_rl.data.reader import IMAGE_PREFIX
 from robot_rl.policies.trainable import InputFrames
@@ -40,6 +42,8 @@ class StoredEpisode:
 FrameRequest = Mapping[str, Sequence[int]]  # camera -> frame numbers within the episode
 
 _METADATA: dict[tuple[str, str], Any] = {}  # per process: each dataset's metadata, reloaded when it grew
+OPEN_VIDEO_FILES = 16  # per process: video files whose decoders stay open (LeRobot's files hold ~100s of MB)
+_DECODERS: dict[str, tuple[tuple[int, int], Any]] = {}  # path -> (its size and mtime, a decoder cache)
 
 
 def _metadata(episode: StoredEpisode) -> Any:
@@ -75,15 +79,44 @@ def read_stored_frames(episode: StoredEpisode, wanted: FrameRequest,
 
 
 def _decode_video(meta: Any, episode: StoredEpisode, key: str, start_s: float, numbers: list[int]) -> np.ndarray:
-    # lerobot (optional extra): the dataset's own video decoder
-    from lerobot.datasets.video_utils import decode_video_frames
+    """The frames by number, through LeRobot's torchcodec decoder: it seeks to each frame (pyav's decodes
+    everything from the first frame asked to the last, hundreds of 640x480 frames for two). The decoder
+    of a file stays open between reads until the file changes (the store rewrites the file it appends
+    episodes to; the others never change)."""
+    # lerobot (optional extra): the dataset's own video decoders
+    from lerobot.datasets.video_utils import decode_video_frames, decode_video_frames_torchcodec
 
     path = Path(episode.root) / meta.get_video_file_path(episode.episode_index, key)
-    unique = sorted(set(numbers))  # the decoder wants timestamps in order, once each
-    decoded = decode_video_frames(path, [start_s + i / meta.fps for i in unique], 0.5 / meta.fps, backend="pyav",
-                                  return_uint8=True).numpy().transpose(0, 2, 3, 1)
+    unique = sorted(set(numbers))  # once each, in order
+    tolerance_s = 0.5 / meta.fps
+    stamps = [start_s + i / meta.fps for i in unique]
+    if importlib.util.find_spec("torchcodec") is not None:
+        decoded = decode_video_frames_torchcodec(path, stamps, tolerance_s, decoder_cache=_decoder_for(path),
+                                                 return_uint8=True)
+    else:  # one pyav seek per frame: its decoder runs from the first timestamp it is given to the last
+        decoded = torch.cat([decode_video_frames(path, [t], tolerance_s, backend="pyav", return_uint8=True)
+                             for t in stamps])
+    frames = decoded.numpy().transpose(0, 2, 3, 1)
     where = {n: i for i, n in enumerate(unique)}
-    return np.ascontiguousarray(decoded[[where[n] for n in numbers]])
+    return np.ascontiguousarray(frames[[where[n] for n in numbers]])
+
+
+def _decoder_for(path: Path) -> Any:
+    """A decoder cache holding ``path``'s open decoder while the file is unchanged (size and mtime)."""
+    # lerobot (optional extra): its torchcodec decoder cache
+    from lerobot.datasets.video_utils import VideoDecoderCache
+
+    stat = path.stat()
+    signature = (stat.st_mtime_ns, stat.st_size)
+    known = _DECODERS.pop(str(path), None)
+    if known is None or known[0] != signature:
+        if known is not None:
+            known[1].clear()
+        known = (signature, VideoDecoderCache(max_size=1))
+    _DECODERS[str(path)] = known  # most recently used last
+    while len(_DECODERS) > OPEN_VIDEO_FILES:
+        _DECODERS.pop(next(iter(_DECODERS)))[1].clear()
+    return known[1]
 
 
 def _decode_png_rows(meta: Any, episode: StoredEpisode, key: str, first_row: int, numbers: list[int]) -> np.ndarray:
