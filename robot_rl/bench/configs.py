@@ -122,6 +122,12 @@ class StoreBenchConfig:
             raise ValueError(f"bench store: writers must be thread and/or process, got {self.writers}")
 
 
+def check_camera_image(image: list[int]) -> None:
+    """``bench.image`` of the benches that store camera-size frames as video."""
+    if len(image) != 2 or min(image) < 8 or any(v % 2 for v in image):
+        raise ValueError(f"bench.image must be [height, width], even, >= 8 (video wants even sizes), got {image}")
+
+
 @dataclass
 class CamerasBenchConfig:
     """``bench cameras``: the store's writer fed real cameras' frames in real time, per image layout."""
@@ -138,9 +144,7 @@ class CamerasBenchConfig:
     def __post_init__(self) -> None:
         if self.robots < 1 or self.commit_batch < 1 or self.small_image < 8:
             raise ValueError(f"bench cameras: robots and commit_batch must be >= 1, small_image >= 8, got {self}")
-        if len(self.image) != 2 or min(self.image) < 8 or any(v % 2 for v in self.image):
-            raise ValueError(f"bench.image must be [height, width], even, >= 8 (video wants even sizes), "
-                             f"got {self.image}")
+        check_camera_image(self.image)
         if not self.layouts or any(layout not in ("png", "video") for layout in self.layouts):
             raise ValueError(f"bench.layouts must be png and/or video, got {self.layouts}")
         if self.episode_s <= 0 or self.window_s < self.episode_s or self.drain_timeout_s < 0:
@@ -255,9 +259,7 @@ class SoakBenchConfig:
     def __post_init__(self) -> None:
         if self.robots < 1 or self.fps < 1 or self.small_image < 8:
             raise ValueError(f"bench soak: robots and fps must be >= 1, small_image >= 8, got {self}")
-        if len(self.image) != 2 or min(self.image) < 8 or any(v % 2 for v in self.image):
-            raise ValueError(f"bench.image must be [height, width], even, >= 8 (video wants even sizes), "
-                             f"got {self.image}")
+        check_camera_image(self.image)
         if min(self.duration_s, self.small_duration_s, self.episode_s, self.sample_every_s) <= 0:
             raise ValueError("bench soak: durations, episode_s and sample_every_s must be > 0")
         if self.index_memory_mb <= 0 or self.warmup_s < 0:

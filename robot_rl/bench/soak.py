@@ -187,15 +187,16 @@ def learner_run(cfg: RobotRLConfig, bench: SoakBenchConfig, root: Path, image: t
         drain_started = time.monotonic()
         drained = store.flush(DRAIN_TIMEOUT_S)  # every episode in the dataset: the index's budget then holds
         stored = sum(store.index.counts().values()) + store.index.held_steps()
-        result = {"image": [height, width], "duration_s": duration_s, "rss_mb": series, "updates": updates,
+        streamed = sum(r.sent_steps for r in robots)
+        result: dict[str, Any] = {
+                  "image": [height, width], "duration_s": duration_s, "rss_mb": series, "updates": updates,
                   "writer_backlog": backlog, "index_frame_mb": round(store.index.frame_bytes / 2**20, 3),
                   "index_memory_budget_mb": round((store.index.memory_budget or 0) / 2**20, 3),
                   "writer_drain_s": round(time.monotonic() - drain_started, 1) if drained else None,
                   "entries_on_disk": store.index.entries_on_disk,
-                  "steps_streamed": sum(r.sent_steps for r in robots), "steps_stored": stored,
+                  "steps_streamed": streamed, "steps_stored": stored, "lost_steps": streamed - stored,
                   "segments_refused": sum(r.refused for r in robots),
                   "robot_failures": [r.failure for r in robots if r.failure], "trainer_failure": trainer.failure}
-    result["lost_steps"] = result["steps_streamed"] - stored
     result["updates_per_s"] = rate_after(updates, min(bench.warmup_s, duration_s / 3))
     return result
 
