@@ -55,7 +55,9 @@ class BatchPrefetcher:
 
     def next_rng_state(self) -> dict[str, Any]:
         """The generator state that draws the next batch the trainer will get (what a checkpoint records)."""
-        return dict(self._state_before if self._pending is not None else self._rng.bit_generator.state)
+        if self._pending is not None and self._state_before is not None:
+            return dict(self._state_before)
+        return dict(self._rng.bit_generator.state)
 
     def discard(self) -> None:
         """Drop the batch drawn ahead and put the generator back where it was before it (a resume sets a new
