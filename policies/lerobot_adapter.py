@@ -63,7 +63,7 @@ from robot_rl.policies.lerobot_lora import (
     save_lora_checkpoint,
     wrap_with_lora,
 )
-from robot_rl.policies.trainable import StateOffsets, TrainablePolicy, weighted_mean
+from robot_rl.policies.trainable import InputFrames, StateOffsets, TrainablePolicy, weighted_mean
 
 # Config fields that say where/how a policy runs, not what it computes.
 _RUNTIME_FIELDS = {"device", "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path"}
@@ -117,6 +117,8 @@ class LeRobotChunkPolicy(TrainablePolicy):
         ours = {theirs: mine for mine, theirs in self.camera_map.items()}
         self._cameras: tuple[str, ...] = tuple(
             ours.get(key.removeprefix(f"{OBS_IMAGES}."), key.removeprefix(f"{OBS_IMAGES}.")) for key in self.image_keys)
+        self._input_frames = {ours: _input_frames(config, key) for ours, key in zip(self._cameras, self.image_keys,
+                                                                                    strict=True)}
         self._loss_takes_reduction = "reduction" in inspect.signature(policy.forward).parameters
         self.policy.reset()
 
@@ -124,6 +126,10 @@ class LeRobotChunkPolicy(TrainablePolicy):
     @property
     def cameras(self) -> tuple[str, ...]:
         return self._cameras
+
+    @property
+    def input_frames(self) -> dict[str, InputFrames]:
+        return self._input_frames
 
     def bind_joints(self, robot_joints: Sequence[str]) -> None:
         if self.joint_names is not None:
@@ -425,6 +431,8 @@ class LeRobotChunkPolicy(TrainablePolicy):
         """Rename our inputs to LeRobot's feature keys, checking that every expected image is there."""
         frame: dict[str, np.ndarray] = {}
         for ours, image in observation.items():
+            fit = self._input_frames.get(ours)  # the size training keeps: the same pixels here as in a batch
+            image = fit.apply(np.asarray(image)[None])[0] if fit is not None else image
             frame[f"{OBS_IMAGES}.{self.camera_map.get(ours, ours)}"] = np.ascontiguousarray(image)
         absent = [k for k in self.image_keys if k not in frame]
         if absent:
@@ -437,6 +445,24 @@ class LeRobotChunkPolicy(TrainablePolicy):
                 raise ValueError(f"state has {state.size} values, the LeRobot policy expects {self.state_dim}")
             frame[OBS_STATE] = self._to_policy_order(state)
         return frame
+
+
+def _input_frames(config: PreTrainedConfig, image_key: str) -> InputFrames:
+    """The frame size a LeRobot policy reads from ``image_key``, with its own resize: SmolVLA pads to
+    ``resize_imgs_with_padding`` (width, height), the pi0 family to ``image_resolution``, Diffusion
+    resizes to ``resize_shape``; otherwise (ACT, Diffusion without one) the config's image feature
+    shape is the size it is fed."""
+    padded = getattr(config, "resize_imgs_with_padding", None)
+    if padded is not None:
+        return InputFrames(int(padded[1]), int(padded[0]), "pad_top_left")
+    resolution = getattr(config, "image_resolution", None)
+    if resolution is not None:
+        return InputFrames(int(resolution[0]), int(resolution[1]), "pad_center")
+    resized = getattr(config, "resize_shape", None)
+    if resized is not None:
+        return InputFrames(int(resized[0]), int(resized[1]))
+    _, height, width = config.image_features[image_key].shape
+    return InputFrames(int(height), int(width))
 
 
 def episode_statistics(episodes: Sequence[dict], image_keys: dict[str, str]) -> dict[str, dict[str, np.ndarray]]:

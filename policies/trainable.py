@@ -22,14 +22,17 @@ update, and data-parallel ranks shard one draw instead of drawing their own.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F  # noqa: N812 - PyTorch's convention
 from torch import nn
+
+FRAME_FITS = ("stretch", "pad_center", "pad_top_left")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,56 @@ class StateOffsets:
 
     max_offset: int = 0
     weights: tuple[float, ...] | None = None  # relative probability per offset; None = uniform
+
+
+@dataclass(frozen=True)
+class InputFrames:
+    """The frame size a policy reads from one camera, and how a camera frame is brought to it.
+
+    Why declared: a 640x480 frame is 921,600 bytes, the 64x64 FlowVLA reads 12,288. The learner keeps
+    training frames at this size, resized once when they arrive, with the policy's own resize, so the
+    model sees the same pixels it would have resized itself (up to rounding to uint8) and a batch does
+    not move camera-size frames to be shrunk again at every update.
+    """
+
+    height: int
+    width: int
+    # "stretch": bilinear with antialiasing to (height, width) (FlowVLA's ``images_to_float``, and what
+    # ACT or Diffusion are fed at their config's size); "pad_center": aspect kept, black bars centred
+    # (pi0 / pi0.5: LeRobot's ``resize_with_pad_torch``); "pad_top_left": aspect kept, bars on the left
+    # and top (SmolVLA: LeRobot's ``resize_with_pad``).
+    fit: str = "stretch"
+
+    def __post_init__(self) -> None:
+        if self.height < 1 or self.width < 1:
+            raise ValueError(f"InputFrames: size must be positive, got {self.height}x{self.width}")
+        if self.fit not in FRAME_FITS:
+            raise ValueError(f"InputFrames: fit must be one of {FRAME_FITS}, got {self.fit!r}")
+
+    def apply(self, frames: np.ndarray) -> np.ndarray:
+        """uint8 [N,H,W,3] camera frames -> uint8 [N,height,width,3]; frames already at the size pass as they are."""
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise ValueError(f"InputFrames.apply: frames must be [N,H,W,3], got shape {frames.shape}")
+        if frames.shape[1:3] == (self.height, self.width):
+            return frames
+        chw = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
+        if self.fit == "pad_center":
+            # lerobot (optional extra): the pi0 family's own resize of uint8 frames
+            from lerobot.policies.common.vla_utils import resize_with_pad_torch
+
+            out = resize_with_pad_torch(chw, self.height, self.width)
+        else:
+            x = chw.float() / 255.0
+            if self.fit == "pad_top_left":
+                # lerobot (optional extra): SmolVLA's own resize, on 0..1 floats as it is fed
+                from lerobot.policies.common.vla_utils import resize_with_pad
+
+                x = resize_with_pad(x, self.height, self.width, pad_value=0)
+            else:
+                x = F.interpolate(x, size=(self.height, self.width), mode="bilinear", align_corners=False,
+                                  antialias=True)
+            out = (x * 255.0).round().clamp(0, 255).to(torch.uint8)
+        return out.permute(0, 2, 3, 1).contiguous().numpy()
 
 
 class TrainablePolicy(nn.Module, ABC):
@@ -55,6 +108,12 @@ class TrainablePolicy(nn.Module, ABC):
     @abstractmethod
     def cameras(self) -> tuple[str, ...]:
         """Our camera names the policy reads, in its order."""
+
+    @property
+    def input_frames(self) -> Mapping[str, InputFrames]:
+        """By camera, the frame size the policy reads and its resize (``InputFrames``); a camera not named
+        is read at the size it arrives."""
+        return {}
 
     @property
     @abstractmethod

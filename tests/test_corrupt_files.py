@@ -173,11 +173,11 @@ def test_a_state_that_is_not_finite_is_damage_naming_the_file_and_row(stored, tm
 
 
 def main(argv: list[str]) -> int:
-    import robot_rl.commands.learner as command
+    import robot_rl.app.policies as policies
     from robot_rl import cli
 
     if not any(a.startswith("learner.init_checkpoint=") for a in argv):
-        command.build_policy = lambda config: tiny_policy()  # offline text encoder, tiny net
+        policies.learner_policy = lambda config: tiny_policy()  # offline text encoder, tiny net
     return cli.main(["learner", *argv])
 
 

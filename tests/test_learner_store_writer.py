@@ -66,3 +66,29 @@ def test_a_killed_writer_process_leaves_the_episodes_staged_for_the_next_start(t
     with ReplayStore(store_config(tmp_path, writer="process")) as reopened:
         assert reopened.stats()["episodes_stored"] == 3 and reopened.stats()["segments_staged"] == 0
     assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in (1, 2, 3) for t in range(6)]
+
+
+def test_ctrl_c_leaves_the_writer_process_to_the_learner_that_stops_it(tmp_path, capfd):
+    """Ctrl-C reaches the writer's process too (one process group): it goes on, prints nothing, and
+    stores what it is given until the learner stops it."""
+    spec = RecorderSpec(str(tmp_path / "dataset"), 30, JOINTS, {cam: (IMG, IMG) for cam in CAMERAS},
+                        "local/robot_rl_replay")
+    writer = ProcessEpisodeWriter(spec)
+    try:
+        writer.finalize()  # the child is up
+        os.kill(writer.pid, signal.SIGINT)
+        good = [[bytes(f) for f in encode_message(s)] for s in segments("r0", 1, make_steps(5, robot=0, episode=1))]
+        assert writer.write("r0", 1, good).index == 0
+    finally:
+        writer.close()
+    assert sorted(stored_triples(tmp_path)) == [(0, 1, t) for t in range(5)]
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
+def test_a_png_store_does_not_log_video_codecs(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO), ReplayStore(store_config(tmp_path, writer="thread")) as store:
+        ingest_episodes(store, (1, 2))
+        assert store.stats()["episodes_stored"] == 2
+    assert "Using video codec" not in caplog.text

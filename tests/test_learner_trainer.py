@@ -17,7 +17,7 @@ from robot_rl.learner.index import DEMO_ROBOT, SampleSpec, SamplingIndex, steps_
 from robot_rl.learner.publisher import PublishSchedule
 from robot_rl.learner.trainer import Trainer, training_device
 from robot_rl.policies.trainable import published_state
-from tests.learner_helpers import BC, CAMERAS, make_steps, tiny_policy, trainer_config, wait_for
+from tests.learner_helpers import BC, CAMERAS, make_steps, store_config, tiny_policy, trainer_config, wait_for
 
 
 def filled_index() -> SamplingIndex:
@@ -66,6 +66,33 @@ def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_d
         assert torch.equal(value, params(b.policy)[key]), key
     for key, value in params(a.deployed).items():  # the average too, when one is kept
         assert torch.equal(value, params(b.deployed)[key]), key
+
+
+def test_a_learner_restarted_after_its_index_let_frames_go_samples_as_the_checkpointed_one(tmp_path):
+    """Episodes whose frames left memory (read back from the dataset when sampled) are sampled, after a
+    restart that reads the store back under the same budget, exactly as by the learner that checkpointed."""
+    from robot_rl.learner.store import ReplayStore
+    from tests.test_learner_index_memory import BUDGET_MB, fill_store
+
+    config = trainer_config(tmp_path / "ckpt")
+    stored = store_config(tmp_path / "store", index_memory=BUDGET_MB, index_read_workers=0)
+    with ReplayStore(stored) as store:
+        for _ in fill_store(store, 5):
+            pass
+        assert store.index.entries_on_disk >= 3
+        a = Trainer(tiny_policy(), store.index, config, BC)
+        for _ in range(3):
+            a.update_once()
+        a.checkpoint()
+        metrics_a = [a.update_once() for _ in range(3)]
+    with ReplayStore(stored) as store:
+        assert store.index.entries_on_disk >= 3 and store.index.frame_bytes <= store.index.memory_budget
+        b = Trainer(tiny_policy(seed=7), store.index, config, BC)
+        b.resume()
+        metrics_b = [b.update_once() for _ in range(3)]
+    assert [m["loss"] for m in metrics_b] == [m["loss"] for m in metrics_a]
+    for key, value in params(a.policy).items():
+        assert torch.equal(value, params(b.policy)[key]), key
 
 
 def test_a_resume_does_not_wait_for_the_store_to_read_its_dataset_and_training_says_if_it_matches(tmp_path,
@@ -277,6 +304,7 @@ def poison_every_batch(trainer: Trainer, monkeypatch) -> None:
         return batch
 
     monkeypatch.setattr(trainer.index, "sample", poisoned)
+    trainer._prefetch.discard()  # the clean batch drawn ahead before the patch
 
 
 def test_a_batch_with_a_non_finite_loss_is_skipped_without_touching_the_weights(tmp_path, monkeypatch):
@@ -286,6 +314,7 @@ def test_a_batch_with_a_non_finite_loss_is_skipped_without_touching_the_weights(
     with monkeypatch.context() as patch:
         poison_every_batch(trainer, patch)
         assert trainer.update_once() == {"skipped_nonfinite": 1.0}
+    trainer._prefetch.discard()  # the poisoned batch drawn ahead
     after = params(trainer.policy)
     assert all(torch.equal(before[k], after[k]) for k in before) and trainer.step == 1
     assert trainer.nonfinite_batches == 1

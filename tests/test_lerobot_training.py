@@ -175,15 +175,14 @@ def test_behaviour_cloning_builds_a_new_lerobot_policy_from_the_episodes_and_sav
 
 
 def test_the_learner_command_starts_from_the_lerobot_checkpoint_and_never_a_random_flowvla(act_dir, tmp_path):
-    from robot_rl.app.policies import NoCheckpointError
-    from robot_rl.commands.learner import build_policy
+    from robot_rl.app.policies import NoCheckpointError, learner_policy
     from robot_rl.config import load_config
 
-    policy = build_policy(load_config(["policy=lerobot", f"policy.path={act_dir}"]))
+    policy = learner_policy(load_config(["policy=lerobot", f"policy.path={act_dir}"]))
     assert isinstance(policy, LeRobotChunkPolicy)
     assert same_weights(policy, load(act_dir))
     with pytest.raises(NoCheckpointError):
-        build_policy(load_config(["policy=lerobot", f"output_dir={tmp_path}"]))
+        learner_policy(load_config(["policy=lerobot", f"output_dir={tmp_path}"]))
 
 
 def test_with_lora_only_the_adapters_train_travel_and_reload_on_their_base(act_dir, tmp_path):

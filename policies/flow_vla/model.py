@@ -29,7 +29,7 @@ from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
 from robot_rl.policies.flow_vla.encoders import ImageEncoder, TimeEmbedding, images_to_float, random_shift
 from robot_rl.policies.flow_vla.normalization import Normalizer
 from robot_rl.policies.text_encoder import InstructionEncoder
-from robot_rl.policies.trainable import StateOffsets, TrainablePolicy, weighted_mean
+from robot_rl.policies.trainable import InputFrames, StateOffsets, TrainablePolicy, weighted_mean
 from robot_rl.policies.wordings import InstructionVariants
 
 Batch = dict[str, Any]
@@ -80,6 +80,11 @@ class FlowVLA(TrainablePolicy):
     @property
     def cameras(self) -> tuple[str, ...]:
         return tuple(self.config.cameras)
+
+    @property
+    def input_frames(self) -> dict[str, InputFrames]:
+        """Every camera at image_size x image_size, stretched as ``images_to_float`` does."""
+        return {cam: InputFrames(self.config.image_size, self.config.image_size) for cam in self.config.cameras}
 
     @property
     def state_dim(self) -> int:

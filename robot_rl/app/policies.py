@@ -9,6 +9,7 @@ they all start from the same checkpoint: ``policy.path`` when given, else the BC
 from __future__ import annotations
 
 import dataclasses
+import logging
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,13 @@ from typing import TYPE_CHECKING, Any
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.registry import POLICIES
 from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
+from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
+    from robot_rl.policies.trainable import TrainablePolicy
+
+log = logging.getLogger(__name__)
 
 # Trained by `robot-rl train-bc` with the defaults on the default push demonstrations.
 SHIPPED_BC = Path(str(files("robot_rl.checkpoints"))) / "bc_push"
@@ -73,3 +78,27 @@ def load_policy(cfg: RobotRLConfig, deterministic: bool = False) -> Any:
     if deterministic and hasattr(policy, "config") and hasattr(policy.config, "inference_seed"):
         policy.config.inference_seed = 0
     return policy
+
+
+def learner_policy(config: RobotRLConfig) -> TrainablePolicy:
+    """The learner's policy: ``learner.init_checkpoint`` if given, else the checkpoint an edge of
+    the same configuration starts from (``policy.path``, else the BC checkpoint, else the shipped
+    one: ``robot_rl.app.policies``), so learner and robots begin with the same weights; with none
+    of these, a new FlowVLA of ``policy.model`` (a LeRobot policy needs its checkpoint: its
+    normalisation statistics travel with it)."""
+    if not isinstance(config.policy, FlowVLAPolicyConfig | LeRobotPolicyConfig):
+        raise ConfigError(f"the learner trains policy=flow_vla or policy=lerobot, not "
+                          f"policy={POLICIES.name_of(config.policy)}")
+    if config.learner.init_checkpoint:
+        policy_config = dataclasses.replace(config.policy, path=config.learner.init_checkpoint)
+    else:
+        try:
+            policy_config = resolved_policy_config(config)
+        except NoCheckpointError:
+            if not isinstance(config.policy, FlowVLAPolicyConfig):
+                raise
+            log.warning("no checkpoint to start from (policy.path, bc.checkpoint_dir, the shipped one): "
+                        "training a new model of policy.model")
+            policy_config = config.policy
+    log.info("learner starts from %s", policy_config.path or "a new model")
+    return POLICIES.build(policy_config)

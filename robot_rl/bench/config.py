@@ -132,6 +132,12 @@ class StoreBenchConfig:
             raise ValueError(f"bench store: writers must be thread and/or process, got {self.writers}")
 
 
+def check_camera_image(image: list[int]) -> None:
+    """``bench.image`` of the benches that store camera-size frames as video."""
+    if len(image) != 2 or min(image) < 8 or any(v % 2 for v in image):
+        raise ValueError(f"bench.image must be [height, width], even, >= 8 (video wants even sizes), got {image}")
+
+
 @dataclass
 class CamerasBenchConfig:
     """``bench cameras``: the store's writer fed real cameras' frames in real time, per image layout."""
@@ -148,9 +154,7 @@ class CamerasBenchConfig:
     def __post_init__(self) -> None:
         if self.robots < 1 or self.commit_batch < 1 or self.small_image < 8:
             raise ValueError(f"bench cameras: robots and commit_batch must be >= 1, small_image >= 8, got {self}")
-        if len(self.image) != 2 or min(self.image) < 8 or any(v % 2 for v in self.image):
-            raise ValueError(f"bench.image must be [height, width], even, >= 8 (video wants even sizes), "
-                             f"got {self.image}")
+        check_camera_image(self.image)
         if not self.layouts or any(layout not in ("png", "video") for layout in self.layouts):
             raise ValueError(f"bench.layouts must be png and/or video, got {self.layouts}")
         if self.episode_s <= 0 or self.window_s < self.episode_s or self.drain_timeout_s < 0:
@@ -244,6 +248,34 @@ class LearningBenchConfig:
             raise ValueError("bench.eval_episodes and bench.timeline_episodes must be >= 0")
 
 
+@dataclass
+class SoakBenchConfig:
+    """``bench soak``: a training learner fed camera-size frames for long, its memory over time
+    (robot_rl.bench.soak)."""
+
+    robots: int = 2
+    image: list[int] = field(default_factory=lambda: [480, 640])  # height, width of both cameras (the so101 preset's)
+    fps: int = 30
+    duration_s: float = 1800.0
+    episode_s: float = 10.0  # each robot sends one episode after another, this long each
+    # learner.store.index_memory of the run (MB): small enough to be reached within the warm-up, so
+    # what follows shows the learner's memory staying put, not the index filling its budget.
+    index_memory_mb: float = 256.0
+    warmup_s: float = 300.0  # growth is measured from here to the end (a third of a shorter run)
+    sample_every_s: float = 5.0  # RSS, updates and the writer's backlog
+    small_image: int = 96  # the side-by-side run's frames (square), for updates_per_s_small
+    small_duration_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.robots < 1 or self.fps < 1 or self.small_image < 8:
+            raise ValueError(f"bench soak: robots and fps must be >= 1, small_image >= 8, got {self}")
+        check_camera_image(self.image)
+        if min(self.duration_s, self.small_duration_s, self.episode_s, self.sample_every_s) <= 0:
+            raise ValueError("bench soak: durations, episode_s and sample_every_s must be > 0")
+        if self.index_memory_mb <= 0 or self.warmup_s < 0:
+            raise ValueError("bench soak: index_memory_mb must be > 0 and warmup_s >= 0")
+
+
 BENCHMARK_CONFIGS: dict[str, type] = {
     "sim": SimBenchConfig,
     "async": AsyncBenchConfig,
@@ -256,6 +288,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "learning": LearningBenchConfig,
     "policies": PoliciesBenchConfig,
     "serve": ServeBenchConfig,
+    "soak": SoakBenchConfig,
 }
 
 

@@ -20,6 +20,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "replan": ("replan", "held-out success of given weights at re-planning floors edge.min_request_threshold 0 vs N"),
     "learning": ("learning", "none vs rwr vs awr vs rl vs hgdagger, with/without interventions, "
                              "async learner vs sync loop"),
+    "soak": ("soak", "a training learner fed 640x480 cameras of N robots for long: RSS of its processes over "
+                     "time, lost steps, writer backlog, updates/s beside 96x96 frames"),
     "policies": ("policies", "FlowVLA vs ACT vs Diffusion vs SmolVLA, full vs LoRA: parameters, learner updates/s, "
                              "edge inference ms, publish bytes"),
     "serve": ("serve", "1/4/16 robots against one policy server, batched vs one at a time: latency, chunks/s, stalls"),

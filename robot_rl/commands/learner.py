@@ -20,8 +20,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from robot_rl.config import RobotRLConfig
-    from robot_rl.policies.trainable import TrainablePolicy
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -40,36 +39,6 @@ checkpoints (tensorboard --logdir OUTPUT_DIR/learner).
       learner.service.secret_key=keys/learner.key_secret learner.service.robot_keys_dir=keys/robots
   torchrun --nproc-per-node 2 -m robot_rl.cli learner learner.trainer.batch_size=64"""
 GROUPS: tuple[str, ...] = ("policy", "learner", "learner/algorithm")
-
-
-def build_policy(config: RobotRLConfig) -> TrainablePolicy:
-    """The learner's policy: ``learner.init_checkpoint`` if given, else the checkpoint an edge of
-    the same configuration starts from (``policy.path``, else the BC checkpoint, else the shipped
-    one: ``robot_rl.app.policies``), so learner and robots begin with the same weights; with none
-    of these, a new FlowVLA of ``policy.model`` (a LeRobot policy needs its checkpoint: its
-    normalisation statistics travel with it)."""
-    from robot_rl.app.policies import NoCheckpointError, resolved_policy_config
-    from robot_rl.config import ConfigError
-    from robot_rl.core.registry import POLICIES
-    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
-    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
-
-    if not isinstance(config.policy, FlowVLAPolicyConfig | LeRobotPolicyConfig):
-        raise ConfigError(f"the learner trains policy=flow_vla or policy=lerobot, not "
-                          f"policy={POLICIES.name_of(config.policy)}")
-    if config.learner.init_checkpoint:
-        policy_config = dataclasses.replace(config.policy, path=config.learner.init_checkpoint)
-    else:
-        try:
-            policy_config = resolved_policy_config(config)
-        except NoCheckpointError:
-            if not isinstance(config.policy, FlowVLAPolicyConfig):
-                raise
-            log.warning("no checkpoint to start from (policy.path, bc.checkpoint_dir, the shipped one): "
-                        "training a new model of policy.model")
-            policy_config = config.policy
-    log.info("learner starts from %s", policy_config.path or "a new model")
-    return POLICIES.build(policy_config)
 
 
 def stop_on_signals(stop: threading.Event) -> None:
@@ -97,6 +66,7 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     stop = threading.Event()
     stop_on_signals(stop)
+    from robot_rl.app.policies import learner_policy
     from robot_rl.config import load_config
     from robot_rl.learner.console import console_line
     from robot_rl.learner.ddp import follow_rank, init_distributed, shutdown_distributed
@@ -109,7 +79,7 @@ def main(argv: list[str]) -> int:
     try:
         if dist is not None:
             config.trainer = dataclasses.replace(config.trainer, device=str(dist.device))
-        policy = build_policy(root)
+        policy = learner_policy(root)
         if dist is not None and not dist.is_leader:
             steps = follow_rank(config, policy, dist, resume=args.resume)
             print(f"rank {dist.rank}: stopped after {steps} updates")

@@ -8,6 +8,7 @@ dataset's Arrow table rather than frame by frame.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,16 @@ def load_episode_arrays(
 ) -> list[dict]:
     """One dict per episode: ``images.<cam>`` [T,H,W,3] uint8, ``state``, ``action`` [T,D],
     ``instruction``, ``episode_index``, and every other stored column as a [T] array."""
+    return list(iter_episode_arrays(root, repo_id, episodes))
+
+
+def iter_episode_arrays(
+    root: str | Path | None,
+    repo_id: str = "local/robot_rl",
+    episodes: list[int] | None = None,
+) -> Iterator[dict]:
+    """``load_episode_arrays`` one episode at a time: a reader that keeps less (the learner's index,
+    at the policy's input size) never holds every camera-size frame at once."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     dataset = LeRobotDataset(repo_id, root=root, episodes=episodes, video_backend="pyav")
@@ -29,14 +40,12 @@ def load_episode_arrays(
     task_table = dataset.meta.tasks
     tasks = {int(idx): name for name, idx in zip(task_table.index, task_table["task_index"], strict=True)}
     episode_index = np.asarray(table["episode_index"])
-    out = []
     for ep in dict.fromkeys(episode_index.tolist()):
         rows = np.flatnonzero(episode_index == ep)
         chunk = table[int(rows[0]) : int(rows[-1]) + 1]
         if dataset.meta.video_keys:
             chunk.update(_decode_episode_videos(dataset, int(ep), np.asarray(chunk["timestamp"])))
-        out.append(_episode_dict(chunk, tasks))
-    return out
+        yield _episode_dict(chunk, tasks)
 
 
 def vector_names(feature: dict) -> tuple[str, ...]:

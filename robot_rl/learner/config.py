@@ -93,8 +93,26 @@ class StoreConfig:
     # How camera frames are stored: PNG for small frames, LeRobot's video encoding for camera-size
     # ones (640x480: PNG would need ~70 ms of a core a frame). A store that exists keeps its layout.
     frames: FrameStorageConfig = field(default_factory=FrameStorageConfig)
+    # MB of camera frames the sampling index keeps in memory (at the policy's input size); past it the
+    # oldest stored episodes' frames are read back from the dataset when sampled (robot_rl.learner.index).
+    # None: an eighth of the machine's RAM (3 GB of 24), leaving the rest to the model, the writer and robots.
+    index_memory: float | None = None
+    # Worker processes reading those frames back (video decoding holds a core); 0: on the trainer's thread.
+    index_read_workers: int = 2
+
+    def index_memory_bytes(self) -> int:
+        """``index_memory`` in bytes, the default worked out from this machine's RAM."""
+        if self.index_memory is not None:
+            return int(self.index_memory * (1 << 20))
+        import psutil  # a dependency of the package; imported here so reading a config stays light
+
+        return int(psutil.virtual_memory().total // 8)
 
     def __post_init__(self) -> None:
+        if self.index_memory is not None and self.index_memory < 0:
+            raise ValueError(f"StoreConfig: index_memory must be >= 0 MB or null, got {self.index_memory}")
+        if self.index_read_workers < 0:
+            raise ValueError(f"StoreConfig: index_read_workers must be >= 0, got {self.index_read_workers}")
         self.joint_names = tuple(self.joint_names) if self.joint_names is not None else None
         self.cameras = tuple(self.cameras) if self.cameras is not None else None
         if self.writer not in ("thread", "process"):

@@ -14,6 +14,16 @@ to ``intervention`` when a human was driving and to ``online`` otherwise, except
 where the runtime only held the arm (``held``: no chunk had arrived), which are nobody's
 decision and are never a training target (``build_sample`` also cuts chunks there).
 
+Frames: the index keeps each camera's frames at the size the policy reads (``InputFrames``,
+resized once as they arrive), not at the camera's: a 640x480 pair of cameras is 1.8 MB a step, the
+64x64 frames FlowVLA reads 25 kB. Under ``memory_budget`` bytes of frames, the oldest stored
+episodes (those the dataset holds: ``mark_stored``) let their frames go, oldest first, and a batch
+that samples them has their frames read back from the dataset (``robot_rl.learner.stored_frames``,
+on worker processes), so every stored step stays sampleable with the same stream mixing. A batch is
+drawn in two parts: ``plan`` (which steps, their numbers and which frames, under the lock, a function
+of the content and the generator only) and ``fill`` (the frames, from memory or the dataset), so
+which episodes are in memory never changes what is sampled.
+
 Learning signal: each sample also carries the reward fields of
 ``robot_rl.learner.rewards.transition_fields`` (return, chunk reward and discount, next
 observation, episode outcome, policy version), computed from the episode as it stands.
@@ -24,7 +34,9 @@ sampled while still growing, and their outcome (hence their return) is unknown u
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -34,11 +46,14 @@ import torch
 from robot_rl.core.types import Step
 from robot_rl.learner.config import RewardConfig
 from robot_rl.learner.rewards import EpisodeRewards, episode_rewards, transition_fields
+from robot_rl.learner.stored_frames import FrameReader, StoredEpisode
 from robot_rl.learner.streams import STREAMS
 from robot_rl.policies.augment import build_sample, sample_offsets
+from robot_rl.policies.trainable import InputFrames
 
 EntryKey = tuple[str, int, int]  # (robot_id, episode_id, fragment); demonstrations use robot_id "~demo"
 DEMO_ROBOT = "~demo"
+IMAGES = "images."
 
 
 class GrowingEpisode:
@@ -66,6 +81,19 @@ class GrowingEpisode:
             buf[self.length : self.length + n] = values
             self._arrays[name] = buf
         self.length += n
+
+    def frame_bytes(self) -> int:
+        """Bytes of camera frames this entry holds in memory (its buffers, grown ahead of its length)."""
+        return sum(buf.nbytes for name, buf in self._arrays.items() if name.startswith(IMAGES))
+
+    def drop_frames(self) -> None:
+        """Let the camera frames go (the dataset holds them); every other column stays."""
+        self._arrays = {name: buf for name, buf in self._arrays.items() if not name.startswith(IMAGES)}
+
+    def frames(self, name: str) -> np.ndarray | None:
+        """The ``images.<cam>`` frames held in memory, or None once they were let go."""
+        buf = self._arrays.get(name)
+        return None if buf is None else buf[: self.length]
 
     def mark_finished(self) -> None:
         """The episode will receive no more steps (e.g. cut short): its last step becomes terminal."""
@@ -153,6 +181,20 @@ def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str], *,
     return columns
 
 
+def fit_step_frames(steps: Sequence[Step], cameras: Sequence[str], fits: Mapping[str, InputFrames]) -> list[Step]:
+    """The steps holding only ``cameras``' frames, each at the size ``fits`` gives: what a decoded segment
+    keeps while it waits for the index (a queue of camera-size frames would hold 1.8 MB a step)."""
+    kept = {cam: np.stack([s.images[cam] for s in steps]) for cam in cameras} if steps else {}
+    kept = {cam: fits[cam].apply(frames) if cam in fits else frames for cam, frames in kept.items()}
+    return [dataclasses.replace(s, images={cam: kept[cam][i] for cam in cameras}) for i, s in enumerate(steps)]
+
+
+def fit_frames(columns: Mapping[str, np.ndarray], fits: Mapping[str, InputFrames]) -> dict[str, np.ndarray]:
+    """Columns with every ``images.<cam>`` at the size ``fits`` gives for that camera."""
+    return {name: fits[name[len(IMAGES):]].apply(values) if name.startswith(IMAGES) and name[len(IMAGES):] in fits
+            else values for name, values in columns.items()}
+
+
 @dataclass(frozen=True)
 class SampleSpec:
     """What a batch needs: chunking, cameras, augmentation (the policy's config) and rewards (the trainer's)."""
@@ -164,6 +206,41 @@ class SampleSpec:
     rewards: RewardConfig = field(default_factory=RewardConfig)
 
 
+@dataclass
+class FrameSlot:
+    """One frame a planned sample needs: ``samples[sample][field]`` is frame ``number`` of ``camera``."""
+
+    sample: int
+    field: str
+    camera: str
+    number: int
+    frames: np.ndarray | None  # the entry's frames in memory, or None: read from ``stored``
+    stored: StoredEpisode | None
+
+
+class BatchPlan:
+    """A batch drawn but not yet filled with its frames (``SamplingIndex.plan`` / ``fill``)."""
+
+    def __init__(self, streams: np.ndarray) -> None:
+        self.streams = streams
+        self.samples: list[dict] = []
+        self.frame_slots: list[FrameSlot] = []
+        self.instructions: list[str] = []
+        self.rewards: list[float] = []
+        self.flags: list[bool] = []
+
+    def add(self, sample: dict, stored: StoredEpisode | None, frames: Mapping[str, np.ndarray | None],
+            instruction: str, reward: float, is_intervention: bool) -> None:
+        i = len(self.samples)
+        for name in [k for k in sample if k.startswith(IMAGES) or k.startswith(f"next.{IMAGES}")]:
+            camera = name.split(IMAGES, 1)[1]
+            self.frame_slots.append(FrameSlot(i, name, camera, int(sample[name]), frames[camera], stored))
+        self.samples.append(sample)
+        self.instructions.append(instruction)
+        self.rewards.append(reward)
+        self.flags.append(is_intervention)
+
+
 class SamplingIndex:
     """Thread-safe index: the store appends, the trainer samples.
 
@@ -173,8 +250,19 @@ class SamplingIndex:
     fresh policy's normalisation statistics, and the manifest a checkpoint records.
     """
 
-    def __init__(self, cameras: Sequence[str]) -> None:
+    def __init__(self, cameras: Sequence[str], input_frames: Mapping[str, InputFrames] | None = None, *,
+                 memory_budget: int | None = None, reader: FrameReader | None = None) -> None:
+        """``input_frames``: the size the policy reads per camera (frames are kept at it); ``memory_budget``:
+        bytes of frames kept in memory (None: all), the rest read back by ``reader`` when sampled."""
+        if memory_budget is not None and reader is None:
+            raise ValueError("SamplingIndex: a memory budget needs a reader for the frames it lets go")
         self.cameras = tuple(cameras)
+        self.input_frames = dict(input_frames or {})
+        self.memory_budget = memory_budget
+        self.reader = reader
+        self._frame_bytes = 0
+        self._stored: OrderedDict[EntryKey, StoredEpisode] = OrderedDict()  # in the dataset, frames in memory
+        self._on_disk: dict[EntryKey, StoredEpisode] = {}  # frames let go: read back from here
         self._lock = threading.Lock()
         self._complete = threading.Event()
         self._complete.set()
@@ -212,13 +300,16 @@ class SamplingIndex:
 
     def append(self, key: EntryKey, columns: Mapping[str, np.ndarray], instruction: str) -> None:
         """Add steps to entry ``key`` (created on first use)."""
+        columns = fit_frames(columns, self.input_frames)  # outside the lock: resizing takes time
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 entry = GrowingEpisode(instruction, is_demonstration=key[0] == DEMO_ROBOT)
                 self._entries[key] = entry
                 bisect.insort(self._keys, key)
+            before = entry.frame_bytes()
             entry.append(columns)
+            self._frame_bytes += entry.frame_bytes() - before
             for stream in STREAMS:
                 self._positions[(key, stream)] = entry.stream_positions(stream)
             self._cumulative = None
@@ -230,6 +321,32 @@ class SamplingIndex:
             if entry is not None:
                 entry.mark_finished()
                 self._rewards.pop(key, None)
+
+    def mark_stored(self, key: EntryKey, episode: StoredEpisode) -> None:
+        """Entry ``key`` is complete in the dataset as ``episode``: its frames may leave memory from now on,
+        the oldest such entry's first, whenever the frames held pass the memory budget."""
+        with self._lock:
+            if key in self._entries and key not in self._on_disk:
+                self._stored[key] = episode
+            self._evict_locked()
+
+    def _evict_locked(self) -> None:
+        while self.memory_budget is not None and self._frame_bytes > self.memory_budget and self._stored:
+            key, episode = self._stored.popitem(last=False)
+            entry = self._entries[key]
+            self._frame_bytes -= entry.frame_bytes()
+            entry.drop_frames()
+            self._on_disk[key] = episode
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes of camera frames held in memory (what ``memory_budget`` bounds, with the open episodes)."""
+        return self._frame_bytes
+
+    @property
+    def entries_on_disk(self) -> int:
+        """Entries whose frames are read back from the dataset when sampled."""
+        return len(self._on_disk)
 
     # ------------------------------------------------------------ reading
 
@@ -264,6 +381,12 @@ class SamplingIndex:
         at the sampled step, and the reward fields of ``transition_fields`` (under
         ``spec.rewards``), for algorithms that need them.
         """
+        return self.fill(self.plan(batch_size, ratios, spec, rng))
+
+    def plan(self, batch_size: int, ratios: Mapping[str, float], spec: SampleSpec,
+             rng: np.random.Generator) -> BatchPlan:
+        """Which steps a batch holds, with every column but the frames; each frame as (entry, camera,
+        frame number) and, while the entry holds them, its frames in memory. ``fill`` completes it."""
         self._whole()
         with self._lock:
             cumulative = self._cumulative_locked()
@@ -274,7 +397,7 @@ class SamplingIndex:
                                   f"{dict(zip(STREAMS, totals.tolist(), strict=True))}, ratios: {dict(ratios)})")
             streams = rng.choice(len(STREAMS), size=batch_size, p=weights / weights.sum())
             offsets = sample_offsets(rng, batch_size, spec.max_state_offset, spec.offset_weights)
-            samples, instructions, rewards, flags = [], [], [], []
+            plan = BatchPlan(streams)
             for stream_index, offset in zip(streams, offsets, strict=True):
                 stream = STREAMS[stream_index]
                 pick = int(rng.integers(0, totals[stream_index]))
@@ -284,20 +407,43 @@ class SamplingIndex:
                 t = int(self._positions[(key, stream)][pick - before])
                 entry = self._entries[key]
                 episode = entry.view()
+                numbers = np.arange(entry.length)
+                for cam in spec.cameras:  # the frame numbers stand in for the frames: fill() looks them up
+                    episode[f"{IMAGES}{cam}"] = numbers
                 sample = build_sample(episode, t, int(offset), spec.chunk_size, spec.cameras)
                 sample.update(transition_fields(episode, t, int(offset), spec.chunk_size, spec.cameras, spec.rewards,
                                                 self._episode_rewards_locked(key, episode, spec.rewards)))
-                samples.append(sample)
-                instructions.append(entry.instruction)
-                rewards.append(float(episode["reward"][t]))
-                flags.append(bool(episode["is_intervention"][t]))
+                frames = {cam: entry.frames(f"{IMAGES}{cam}") for cam in spec.cameras}
+                plan.add(sample, self._on_disk.get(key), frames, entry.instruction, float(episode["reward"][t]),
+                         bool(episode["is_intervention"][t]))
+        return plan
+
+    def fill(self, plan: BatchPlan) -> dict:
+        """The batch of ``plan``: frames from memory, or read back from the dataset (``reader``) for the
+        entries that let theirs go."""
+        wanted: dict[StoredEpisode, dict[str, list[int]]] = {}
+        for slot in plan.frame_slots:
+            if slot.frames is None:
+                assert slot.stored is not None  # an entry lets its frames go only once the dataset holds them
+                wanted.setdefault(slot.stored, {}).setdefault(slot.camera, []).append(slot.number)
+        read = self.reader.read(wanted) if wanted and self.reader is not None else {}
+        taken = {episode: {cam: 0 for cam in cams} for episode, cams in wanted.items()}
+        for slot in plan.frame_slots:
+            if slot.frames is not None:
+                image = slot.frames[slot.number]
+            else:
+                assert slot.stored is not None
+                image = read[slot.stored][slot.camera][taken[slot.stored][slot.camera]]
+                taken[slot.stored][slot.camera] += 1
+            plan.samples[slot.sample][slot.field] = image
+        samples = plan.samples
         batch: dict[str, torch.Tensor | list[str]] = {
             key: torch.as_tensor(np.stack([s[key] for s in samples])) for key in samples[0]}
-        batch["instruction"] = instructions
-        batch["weight"] = torch.ones(batch_size)
-        batch["stream"] = torch.as_tensor(streams, dtype=torch.int64)
-        batch["reward"] = torch.tensor(rewards)
-        batch["is_intervention"] = torch.tensor(flags)
+        batch["instruction"] = plan.instructions
+        batch["weight"] = torch.ones(len(samples))
+        batch["stream"] = torch.as_tensor(plan.streams, dtype=torch.int64)
+        batch["reward"] = torch.tensor(plan.rewards)
+        batch["is_intervention"] = torch.tensor(plan.flags)
         return batch
 
     def instructions(self) -> list[str]:

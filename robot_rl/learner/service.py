@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from robot_rl.bridges.zmq.keys import ServerCurve
@@ -21,8 +20,7 @@ from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqS
 from robot_rl.bridges.zmq.weights import WeightsBlob
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
-from robot_rl.data.validation import check_dataset
-from robot_rl.learner.config import LearnerConfig, ServiceConfig, StoreConfig
+from robot_rl.learner.config import LearnerConfig, ServiceConfig
 from robot_rl.learner.console import FleetConsole
 from robot_rl.learner.ddp import DistContext, DistributedTrainer
 from robot_rl.learner.fleet import RobotStatus, status_line, stored_episodes
@@ -67,15 +65,6 @@ def check_layout(config: LearnerConfig, policy: TrainablePolicy) -> None:
                          f"action_dim {policy.action_dim}; make learner.store match the policy config")
 
 
-def check_store_datasets(store: StoreConfig) -> None:
-    """The store's dataset (``ReplayStore.dataset_root``) and its demonstrations, read before the store
-    opens them: a damaged file is one ``CorruptFileError`` naming it, not a traceback at start or a
-    trainer that waits forever for an index its reading thread could not fill."""
-    check_dataset(Path(store.root) / "dataset")
-    if store.demonstrations:
-        check_dataset(store.demonstrations)
-
-
 class LearnerService(ServerHandlers):
     """``with LearnerService(config, policy) as learner: learner.start(); ...``"""
 
@@ -88,8 +77,7 @@ class LearnerService(ServerHandlers):
         self.robots: dict[str, RobotStatus] = {}
         check_layout(config, policy)
         self.state_dim = policy.state_dim
-        check_store_datasets(config.store)
-        self.store = ReplayStore(config.store, train_cameras=policy.cameras)
+        self.store = ReplayStore(config.store, train_cameras=policy.cameras, input_frames=policy.input_frames)
         self.policy = policy
         try:
             known = self.store.layout.joint_names if self.store.layout is not None else config.store.joint_names

@@ -42,7 +42,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,19 +54,24 @@ from robot_rl.bridges.zmq.codec import BusyError
 from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, decode_message, encode_message
 from robot_rl.bridges.zmq.segments import OPTIONAL_ARRAYS, decode_segment
 from robot_rl.bridges.zmq.spool import Spool
+from robot_rl.core.errors import CorruptFileError
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import Step
+from robot_rl.data.validation import check_dataset
 from robot_rl.learner.config import StoreConfig
 from robot_rl.learner.index import (
     DEMO_ROBOT,
     SamplingIndex,
     dataset_episode_to_columns,
+    fit_step_frames,
     steps_to_columns,
 )
 from robot_rl.learner.layout import RecordedLayout, differences, mismatch, pinned_layout, read_layout, write_layout
 from robot_rl.learner.ledger import CommitRecord, Ledger
 from robot_rl.learner.metrics import OutcomeTracker, outcome_from_columns
 from robot_rl.learner.store_writer import RecorderSpec, make_writer
+from robot_rl.learner.stored_frames import FrameReader, StoredEpisode
+from robot_rl.policies.trainable import InputFrames
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,15 @@ class _NoJob(enum.Enum):
 
 
 _NO_JOB: Final = _NoJob.NO_JOB
+
+
+@dataclass(frozen=True)
+class WriterBacklog:
+    """What the dataset writer has still to write: closed episodes queued, bytes staged on disk (open
+    episodes' included) and not yet in the dataset."""
+
+    episodes: int
+    staged_bytes: int
 
 
 @dataclass(frozen=True)
@@ -124,13 +138,20 @@ class ReplayStore:
     """Exactly-once, crash-safe storage of streamed episodes plus the trainer's sampling index."""
 
     def __init__(self, config: StoreConfig, *, train_cameras: Sequence[str] | None = None,
+                 input_frames: Mapping[str, InputFrames] | None = None,
                  decode_workers: int = DECODE_WORKERS) -> None:
         """``train_cameras``: the cameras the policy reads (what the sampling index keeps) when
-        ``config.cameras`` does not say which are recorded."""
+        ``config.cameras`` does not say which are recorded; ``input_frames``: the size the policy reads
+        them at (the index keeps them at it; ``TrainablePolicy.input_frames``)."""
         self.config = config
         root = self.root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         self.dataset_root = root / "dataset"
+        # Read before anything opens them: a damaged file is one CorruptFileError naming it, not a
+        # traceback at start or a trainer that waits forever for an index its loader could not fill.
+        check_dataset(self.dataset_root)
+        if config.demonstrations:
+            check_dataset(config.demonstrations)
         self.layout = self._known_layout(root)
         cameras = config.cameras or train_cameras or (self.layout.cameras if self.layout else None)
         if not cameras:
@@ -138,7 +159,9 @@ class ReplayStore:
         self._decoder = (ThreadPoolExecutor(decode_workers, thread_name_prefix="store-decode")
                          if decode_workers > 1 else None)
         self.writer: Any = None  # opened once the layout is known (at start, or at the first robot's hello)
-        self.index = SamplingIndex(cameras)
+        fits = {cam: fit for cam, fit in (input_frames or {}).items() if cam in cameras}
+        self.frame_reader = FrameReader(fits, config.index_read_workers)
+        self.index = SamplingIndex(cameras, fits, memory_budget=config.index_memory_bytes(), reader=self.frame_reader)
         self.outcomes = OutcomeTracker()
         self.counters: Counter[str] = Counter()
         self._lock = threading.RLock()  # staging spool, ledger and the dedup maps
@@ -151,12 +174,13 @@ class ReplayStore:
         self._staged_bytes: Counter[str] = Counter()  # robot -> bytes staged and not yet in the dataset
         self._held_back: set[str] = set()  # robots past max_staged_bytes_per_robot (said once each time)
         self._staging_failing = 0  # segments refused since the staging log last took a write (said once)
+        self._behind_said_at = 2 * config.commit_batch  # closed episodes queued that make _say_if_behind warn
         self._jobs: queue.Queue[_OpenEpisode | None] = queue.Queue()
         self._idle = threading.Event()
         self._idle.set()
         self._draining = 0  # flush() calls under way: the writer stops lingering for them
         self._committer: threading.Thread | None = None
-        self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | None] | None] | None = None
+        self._index_jobs: queue.Queue[tuple[str, tuple, Sequence[Step] | StoredEpisode | None] | None] | None = None
         self._indexer: threading.Thread | None = None
         self._loader: threading.Thread | None = None  # the dataset into the index, after a restart
         self._load_demonstrations()
@@ -356,9 +380,14 @@ class ReplayStore:
     def _decode(self, segment: Segment) -> list[Step] | Exception:
         try:
             self._check_layout(segment)  # first: images are decoded only at the sizes this learner stores
-            return decode_segment(segment)
+            return self._fitted(decode_segment(segment))
         except Exception as exc:  # noqa: BLE001 - reported per segment
             return exc
+
+    def _fitted(self, steps: list[Step]) -> list[Step]:
+        """Decoded steps as the index keeps them (the policy's cameras at its input size): staging holds
+        the segment as it arrived, and these wait for the index thread only."""
+        return fit_step_frames(steps, self.index.cameras, self.index.input_frames)
 
     def close_stale(self, now_s: float | None = None) -> int:
         """Commit open episodes silent for ``episode_timeout_s`` as truncated; returns how many."""
@@ -419,6 +448,7 @@ class ReplayStore:
             self._indexer = None
         if self.writer is not None:
             self.writer.close()
+        self.frame_reader.close()
         with self._lock:
             self._ledger.close()
             self._staging.close()
@@ -496,13 +526,21 @@ class ReplayStore:
         if steps:
             self._index_op("append", (episode.robot_id, episode.episode_id, episode.fragment), steps)
 
-    def _index_op(self, op: str, key: tuple, steps: Sequence[Step] | None = None) -> None:
-        """Apply now, or queue for the indexer thread (one queue: appends and finishes stay in order)."""
+    def _index_op(self, op: str, key: tuple, payload: Sequence[Step] | StoredEpisode | None = None) -> None:
+        """Apply now, or queue for the indexer thread (one queue: appends, finishes and the dataset's
+        episodes stay in order, so an episode's frames never leave memory before its last segment is in)."""
         if self._index_jobs is not None:
-            self._index_jobs.put((op, key, steps))
-        elif op == "append":
-            assert steps is not None
-            self.index.append(key, steps_to_columns(steps, self.index.cameras), steps[0].instruction)
+            self._index_jobs.put((op, key, payload))
+        else:
+            self._apply_index_op(op, key, payload)
+
+    def _apply_index_op(self, op: str, key: tuple, payload: Sequence[Step] | StoredEpisode | None) -> None:
+        if op == "append":
+            assert isinstance(payload, Sequence)
+            self.index.append(key, steps_to_columns(payload, self.index.cameras), payload[0].instruction)
+        elif op == "stored":
+            assert isinstance(payload, StoredEpisode)
+            self.index.mark_stored(key, payload)
         else:
             self.index.mark_finished(key)
 
@@ -513,12 +551,7 @@ class ReplayStore:
             try:
                 if job is None:
                     return
-                op, key, steps = job
-                if op == "append":
-                    assert steps is not None
-                    self.index.append(key, steps_to_columns(steps, self.index.cameras), steps[0].instruction)
-                else:
-                    self.index.mark_finished(key)
+                self._apply_index_op(*job)
             except Exception:  # the data is staged and will be in the dataset; only sampling misses it
                 log.exception("could not add %s to the sampling index", job[1] if job else None)
             finally:
@@ -538,6 +571,25 @@ class ReplayStore:
         else:
             self._idle.clear()
             self._jobs.put(episode)
+            self._say_if_behind()
+
+    def writer_backlog(self) -> WriterBacklog:
+        with self._lock:
+            return WriterBacklog(self._jobs.qsize(), sum(self._staged_bytes.values()))
+
+    def _say_if_behind(self) -> None:
+        """Warn when closed episodes pile up before the writer (two batches' worth, then each doubling):
+        the staged segments wait on disk, not in memory, but a writer that never catches up ends in
+        robots held back at max_staged_bytes_per_robot."""
+        waiting = self._jobs.qsize()
+        if waiting < self._behind_said_at:
+            if waiting <= self.config.commit_batch:
+                self._behind_said_at = 2 * self.config.commit_batch
+            return
+        self._behind_said_at = 2 * waiting
+        log.warning("the dataset writer is %d episodes behind (%.0f MB staged on disk): it cannot keep up with "
+                    "what the robots send (robots are held back once max_staged_bytes_per_robot is staged); fewer "
+                    "robots or cameras, or a learner with more cores", waiting, sum(self._staged_bytes.values()) / 1e6)
 
     def _check_layout(self, segment: Segment) -> None:
         """The segment's declared shapes against what this learner stores, before anything is decoded
@@ -671,9 +723,14 @@ class ReplayStore:
                 del self._staged_bytes[episode.robot_id]
         if outcome is not None:
             self._record_outcome(episode.robot_id, episode.episode_id, outcome)
+            self._index_op("stored", (episode.robot_id, episode.episode_id, episode.fragment),
+                           self._stored_episode(record.index))
         log.info("stored episode %d of robot %s (fragment %d): %d steps from %d segments, dataset episode %d",
                  episode.episode_id, episode.robot_id, episode.fragment,
                  0 if outcome is None else len(outcome["success"]), len(keys), record.index)
+
+    def _stored_episode(self, index: int) -> StoredEpisode:
+        return StoredEpisode(str(self.dataset_root), self.config.repo_id, index)
 
     def _record_outcome(self, robot_id: str, episode_id: int, columns: dict[str, np.ndarray]) -> None:
         self.outcomes.add(outcome_from_columns(robot_id, episode_id, columns["success"], columns["is_intervention"],
@@ -753,6 +810,11 @@ class ReplayStore:
         started = time.monotonic()
         try:
             self._load_dataset_into_index(by_index)
+        except CorruptFileError as exc:  # named and explained in one line; a traceback adds nothing
+            log.error("could not read the dataset into the sampling index: %s; robots are still stored, but "
+                      "training waits", exc)
+            self.index.loaded(error=str(exc))
+            return
         except Exception as exc:
             log.exception("could not read the dataset at %s into the sampling index; robots are still stored, "
                           "but training waits", self.dataset_root)
@@ -763,9 +825,9 @@ class ReplayStore:
                  count, time.monotonic() - started, self.index.counts())
 
     def _load_dataset_into_index(self, by_index: dict[int, CommitRecord]) -> None:
-        from robot_rl.data.reader import load_episode_arrays
+        from robot_rl.data.reader import iter_episode_arrays
 
-        for episode in load_episode_arrays(self.dataset_root, self.config.repo_id):
+        for episode in iter_episode_arrays(self.dataset_root, self.config.repo_id):
             record = by_index.get(episode["episode_index"])
             if record is None:
                 log.warning("dataset episode %d has no ledger entry; indexing it as online data",
@@ -775,19 +837,24 @@ class ReplayStore:
                 key = (record.robot_id, record.episode_id, record.fragment)
             columns = dataset_episode_to_columns(episode, self.index.cameras)
             self.index.append(key, columns, episode["instruction"])
+            self.index.mark_stored(key, self._stored_episode(episode["episode_index"]))  # memory stays bounded
             self._record_outcome(key[0], key[1], columns)
 
     def _load_demonstrations(self) -> None:
         if not self.config.demonstrations:
             return
-        from robot_rl.data.reader import load_episode_arrays
+        from robot_rl.data.reader import iter_episode_arrays
 
-        episodes = load_episode_arrays(self.config.demonstrations, self.config.demonstrations_repo_id)
-        for i, episode in enumerate(episodes):
-            self.index.append((DEMO_ROBOT, i, 0),
-                              dataset_episode_to_columns(episode, self.index.cameras, robot_episode=False),
+        count = 0
+        for i, episode in enumerate(iter_episode_arrays(self.config.demonstrations,
+                                                        self.config.demonstrations_repo_id)):
+            key = (DEMO_ROBOT, i, 0)
+            self.index.append(key, dataset_episode_to_columns(episode, self.index.cameras, robot_episode=False),
                               episode["instruction"])
-        log.info("preloaded %d demonstration episodes from %s", len(episodes), self.config.demonstrations)
+            self.index.mark_stored(key, StoredEpisode(str(self.config.demonstrations),
+                                                      self.config.demonstrations_repo_id, episode["episode_index"]))
+            count += 1
+        log.info("preloaded %d demonstration episodes from %s", count, self.config.demonstrations)
 
     def _quarantine(self, key: str, frames: list[bytes], exc: ProtocolError) -> None:
         """A staged segment that no longer passes the checks (staged by a learner whose checks were
@@ -814,7 +881,7 @@ class ReplayStore:
                 segment = decode_message(frames)
                 if not isinstance(segment, Segment):
                     raise ProtocolError(f"a staged {segment.TYPE!r} message is no segment")
-                steps = decode_segment(segment)
+                steps = self._fitted(decode_segment(segment))
             except ProtocolError as exc:
                 self._quarantine(key, frames, exc)
                 continue

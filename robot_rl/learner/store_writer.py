@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ WRITERS = ("thread", "process")
 START_TIMEOUT_S = 120.0  # a cold child imports numpy, the wire codec and, at its first write, LeRobot
 POLL_S = 1.0  # how often a waiting parent checks that the child is still alive
 OUTCOME_COLUMNS = ("success", "is_intervention", "policy_version")
+# LeRobot's dataset writer builds its default video encoder settings at every open, PNG datasets too,
+# and each says at INFO which codec it found: two lines per stored batch that say nothing about it.
+CODEC_LOGGER = "lerobot.configs.video"
 
 
 class EpisodeWriteError(RuntimeError):
@@ -104,6 +108,7 @@ class ThreadEpisodeWriter:
     """Writes in the calling thread (tools, tests, and a learner that has the CPU to itself)."""
 
     def __init__(self, spec: RecorderSpec, nice: int = 0) -> None:
+        logging.getLogger(CODEC_LOGGER).setLevel(logging.WARNING)
         self.recorder = spec.open()  # nice: the store's writer thread lowers its own priority
 
     @property
@@ -237,8 +242,16 @@ def make_writer(kind: str, spec: RecorderSpec, nice: int = 0) -> ThreadEpisodeWr
 
 
 def _serve(conn, spec: RecorderSpec, nice: int) -> None:
-    """The child: one request at a time, each answered with ``ok`` and the dataset's episode count."""
-    logging.basicConfig(level=logging.WARNING, format="store-writer %(levelname)s %(name)s: %(message)s")
+    """The child: one request at a time, each answered with ``ok`` and the dataset's episode count.
+
+    An operator's Ctrl-C reaches the whole process group: the child ignores it and lets the learner
+    stop it (``close``: finalize, then stop), so the batch it is writing completes and no traceback
+    of an interrupted write is printed. A learner that dies instead is noticed by ``exit_when_parent_dies``.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # force: a spawned child re-imports the learner's main module, which may have set up INFO logging.
+    logging.basicConfig(level=logging.WARNING, format="store-writer %(levelname)s %(name)s: %(message)s",
+                        force=True)
     exit_when_parent_dies("the dataset writer")  # mid-write too: a restarted learner rolls the torn write back
     lower_own_priority(nice)
     try:

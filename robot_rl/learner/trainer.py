@@ -5,7 +5,9 @@ store holds too little data it idles briefly and looks again; otherwise it train
 whatever the index holds at that moment. Everything that decides the next update
 (weights, optimiser, step, algorithm and sampling RNG, and the index content, which
 is rebuilt from disk in a canonical order) is saved by ``checkpoint``, so
-``resume`` continues exactly where an uninterrupted run would be.
+``resume`` continues exactly where an uninterrupted run would be. The next batch is drawn
+while an update runs (``robot_rl.learner.prefetch``), and the checkpoint records the sampler's
+state from before it.
 
 With ``ema_decay`` the robots get, and checkpoints hold as their model, the moving average
 of the weights (``deployed``); the training weights travel in the checkpoint's state.
@@ -31,6 +33,7 @@ from robot_rl.learner.averaging import WeightAverage
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import SampleSpec, SamplingIndex
 from robot_rl.learner.metrics import LearningLogger
+from robot_rl.learner.prefetch import BatchPrefetcher
 from robot_rl.learner.publisher import PublishFn, PublishSchedule, snapshot
 from robot_rl.policies.trainable import TrainablePolicy
 from robot_rl.policies.training import auto_device
@@ -91,6 +94,10 @@ class Trainer:
         offsets = policy.state_offsets
         self._spec = SampleSpec(policy.training_horizon, policy.cameras, offsets.max_offset, offsets.weights,
                                 config.rewards)
+        # The next batch is drawn (frames read back, pinned on CUDA) while an update runs.
+        self._prefetch = BatchPrefetcher(
+            lambda rng: self.index.sample(config.batch_size, config.stream_ratios, self._spec, rng), self.rng,
+            pin=self.device.type == "cuda")
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
         self._said_unused_streams = False  # ready(): said once why stored steps do not count
         self._stop = threading.Event()
@@ -148,7 +155,7 @@ class Trainer:
         if self.policy.needs_statistics():
             self.policy.fit_statistics(*self.index.states_and_actions(), self.index.instructions())
             log.info("normalisation statistics fitted on %d stored steps", sum(self.index.counts().values()))
-        return self.index.sample(self.config.batch_size, self.config.stream_ratios, self._spec, self.rng)
+        return self._prefetch.next()
 
     def _apply_locked(self, batch: dict) -> dict[str, float]:
         """One update on ``batch``, then publish / checkpoint on schedule (the data-parallel trainer reuses it).
@@ -220,6 +227,9 @@ class Trainer:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.error("trainer thread did not stop within %.0f s", timeout_s)
+                return
+        with self._lock:
+            self._prefetch.discard()  # nothing reads frames for a batch no one will train on
 
     def set_threads(self, threads: int) -> None:
         """PyTorch intra-op threads for the training thread from its next update on (e.g. all cores
@@ -286,7 +296,7 @@ class Trainer:
             optimizers={n: o.state_dict() for n, o in self.algorithm.optimizers().items()},
             torch_rng=torch.get_rng_state(),
             algorithm_rng=self.algorithm.rng_state(),
-            numpy_rng=dict(self.rng.bit_generator.state),
+            numpy_rng=self._prefetch.next_rng_state(),  # the state that draws the next batch trained on
             extra_modules=extra,
             cuda_rng=list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
             index_manifest=self.index.manifest(),
@@ -326,6 +336,7 @@ class Trainer:
             if state.cuda_rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(state.cuda_rng)
             self.algorithm.set_rng_state(state.algorithm_rng)
+            self._prefetch.discard()  # a batch drawn ahead from the state being replaced
             self.rng.bit_generator.state = state.numpy_rng
             self.step, self.version = state.step, state.version
             self.algorithm.set_policy_version(self.version)

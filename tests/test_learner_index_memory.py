@@ -1,0 +1,138 @@
+"""The sampling index keeps frames at the policy's input size, under a memory budget, and reads the
+frames it let go back from the dataset exactly as they were."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+
+from robot_rl.learner.config import TrainerConfig
+from robot_rl.learner.index import SampleSpec, SamplingIndex, steps_to_columns
+from robot_rl.learner.store import ReplayStore
+from robot_rl.policies.trainable import InputFrames
+from tests.learner_helpers import CAMERAS, IMG, make_steps, store_config, tiny_policy
+from tests.test_learner_store import segments
+
+SPEC = SampleSpec(chunk_size=4, cameras=CAMERAS, max_state_offset=2)
+RATIOS = TrainerConfig().stream_ratios
+
+
+def camera_steps(n: int, episode: int, height: int, width: int):
+    """Steps whose frames are a camera's size and differ across the frame (a gradient that moves per tick)."""
+    steps = make_steps(n, episode=episode)
+    rows = np.arange(height, dtype=np.int64)[:, None, None]
+    cols = np.arange(width, dtype=np.int64)[None, :, None]
+    for s in steps:
+        s.images = {"front": ((rows + 2 * cols + 9 * s.tick + 31 * episode + np.arange(3)) % 256).astype(np.uint8)}
+    return steps
+
+
+def test_a_policys_declared_input_size_decides_what_the_index_keeps():
+    policy = tiny_policy()  # FlowVLA reading 16x16
+    assert policy.input_frames == {"front": InputFrames(IMG, IMG)}
+    steps = camera_steps(20, 0, 480, 640)
+    index = SamplingIndex(CAMERAS, policy.input_frames)
+    index.append(("r0", 0, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+    assert index.frame_bytes <= 32 * IMG * IMG * 3  # buffers of the policy's size, never 640x480
+    batch = index.sample(8, RATIOS, SPEC, np.random.default_rng(0))
+    assert batch["images.front"].shape == (8, IMG, IMG, 3)
+    # The kept frames are the policy's own resize of the camera frames: what it would have read.
+    kept = InputFrames(IMG, IMG).apply(np.stack([s.images["front"] for s in steps]))
+    original = torch.as_tensor(np.stack([s.images["front"] for s in steps])).permute(0, 3, 1, 2).float() / 255
+    model_view = torch.nn.functional.interpolate(original, size=(IMG, IMG), mode="bilinear", antialias=True)
+    assert np.abs(kept.astype(np.float32) / 255 - model_view.permute(0, 2, 3, 1).numpy()).max() <= 0.5 / 255 + 1e-6
+    # A policy that declares nothing keeps frames as they arrive.
+    as_arrived = SamplingIndex(CAMERAS)
+    as_arrived.append(("r0", 0, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+    assert as_arrived.sample(2, RATIOS, SPEC, np.random.default_rng(0))["images.front"].shape == (2, 480, 640, 3)
+
+
+@pytest.mark.parametrize(("kind", "expected"), [
+    ("smolvla", InputFrames(512, 512, "pad_top_left")),
+    ("pi0", InputFrames(224, 224, "pad_center")),
+    ("act", InputFrames(96, 128)),
+])
+def test_lerobot_policies_declare_their_configs_input_size(kind, expected):
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.factory import make_policy_config
+
+    from robot_rl.policies.lerobot_adapter import _input_frames
+
+    config = make_policy_config(kind)
+    config.input_features = {"observation.images.front": PolicyFeature(FeatureType.VISUAL, (3, 96, 128))}
+    assert _input_frames(config, "observation.images.front") == expected
+
+
+def test_padded_fits_are_lerobots_resize_with_its_bars():
+    frames = np.full((1, 480, 640, 3), 200, dtype=np.uint8)
+    top_left = InputFrames(512, 512, "pad_top_left").apply(frames)[0]
+    assert top_left.shape == (512, 512, 3)
+    assert (top_left[:128] == 0).all() and (top_left[128:] == 200).all()  # 640x480 -> 512x384, bars on top
+    centred = InputFrames(224, 224, "pad_center").apply(frames)[0]
+    assert (centred[:28] == 0).all() and (centred[28:196] == 200).all() and (centred[196:] == 0).all()
+
+
+def fill_store(store: ReplayStore, episodes: int, length: int = 40) -> Iterator[list]:
+    """Stream ``episodes`` episodes of robot r0 into ``store``, yielding each one's steps once it is stored."""
+    for ep in range(episodes):
+        steps = camera_steps(length, ep, IMG, IMG)
+        for seg in segments("r0", ep, steps, size=8):
+            store.ingest(seg)
+        yield steps
+
+
+BUDGET_MB = 0.06  # ~63 kB: one 40-step episode of 16x16 frames holds 49 kB in its buffers
+
+
+def test_the_index_stays_under_a_tiny_budget_while_episodes_keep_arriving(tmp_path):
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB)) as store:
+        budget = store.index.memory_budget
+        assert budget == int(BUDGET_MB * (1 << 20))
+        for n, _ in enumerate(fill_store(store, 8), start=1):
+            assert store.index.frame_bytes <= budget, f"after episode {n}"
+            assert sum(store.index.counts().values()) == 40 * n  # every step is still sampled from
+        assert store.index.entries_on_disk >= 6
+        batch = store.index.sample(64, RATIOS, SPEC, np.random.default_rng(1))
+        assert len({int(s[1]) for s in batch["state"]}) >= 6  # episodes whose frames left memory are drawn
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_frames_read_back_after_eviction_equal_the_kept_ones_bit_for_bit(tmp_path, workers):
+    reference = SamplingIndex(CAMERAS)
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=workers)) as store:
+        for ep, steps in enumerate(fill_store(store, 5)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+        assert store.index.entries_on_disk >= 3
+        for seed in range(3):
+            read_back = store.index.sample(32, RATIOS, SPEC, np.random.default_rng(seed))
+            kept = reference.sample(32, RATIOS, SPEC, np.random.default_rng(seed))
+            assert read_back.keys() == kept.keys()
+            for key, value in kept.items():
+                if isinstance(value, torch.Tensor):
+                    assert torch.equal(value, read_back[key]), key
+                else:
+                    assert value == read_back[key], key
+
+
+def test_video_frames_read_back_after_eviction_are_within_the_codecs_tolerance(tmp_path):
+    from robot_rl.data.frame_storage import FrameStorageConfig
+
+    reference = SamplingIndex(CAMERAS)
+    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0,
+                          frames=FrameStorageConfig(images="video", video_crf=10))
+    with ReplayStore(config) as store:
+        for ep, steps in enumerate(fill_store(store, 4)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+        assert store.index.entries_on_disk >= 2
+        read_back = store.index.sample(32, RATIOS, SPEC, np.random.default_rng(0))
+        kept = reference.sample(32, RATIOS, SPEC, np.random.default_rng(0))
+    assert torch.equal(read_back["state"], kept["state"])
+    for key in ("images.front", "next.images.front"):
+        error = (read_back[key].float() - kept[key].float()).abs()
+        assert error.mean() <= 6.0, (key, float(error.mean()))  # h264 at crf 10: a few levels per pixel
