@@ -45,17 +45,22 @@ def local_episode_lengths(out) -> list[int]:
     return [len(e["action"]) for e in load_episode_arrays(out / "session", repo_id="local/robot_rl_session")]
 
 
-def test_the_edge_runs_a_lerobot_checkpoint_and_streams_it_to_the_learner_training_it(act_dir, tmp_path):
+@pytest.mark.parametrize("lora", [(), ("policy.lora_rank=4", "policy.lora_targets=[linear1,linear2]")],
+                         ids=["full", "lora"])
+def test_the_edge_runs_a_lerobot_checkpoint_and_streams_it_to_the_learner_training_it(act_dir, tmp_path, lora):
     from robot_rl.commands import edge
+    from robot_rl.commands.learner import build_policy
+    from robot_rl.config import load_config
 
-    learner = start_learner(tmp_path / "learner", LeRobotChunkPolicy.from_pretrained(act_dir, device="cpu"))
+    policy = ("policy=lerobot", f"policy.path={act_dir}", "policy.device=cpu", *lora)
+    learner = start_learner(tmp_path / "learner", build_policy(load_config(policy)))
     try:
-        code = edge.main(edge_args(learner, tmp_path / "out", "policy=lerobot", f"policy.path={act_dir}"))
+        code = edge.main(edge_args(learner, tmp_path / "out", *policy))
         assert code == 0
         wait_for(lambda: learner.store.stats()["episodes_stored"] == 1, timeout_s=60, what="the episode stored")
     finally:
         learner.stop(checkpoint=False)
-    assert "sim_so101" in learner.robots  # the hello's config hash admitted the ACT the learner trains
+    assert "sim_so101" in learner.robots  # the hello's config hash admitted the ACT (or adapters) the learner trains
     assert local_episode_lengths(tmp_path / "out") == [STEPS]
 
 
