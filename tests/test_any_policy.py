@@ -103,3 +103,11 @@ def test_a_policy_chosen_explicitly_is_kept_and_a_flowvla_checkpoint_is_not_take
         from robot_rl.app.policies import load_policy
 
         load_policy(load_config(["policy=flow_vla", f"policy.path={act_dir}"]))
+
+
+def test_edge_help_names_the_policies_it_runs(capsys):
+    from robot_rl.cli import main
+
+    assert main(["edge", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "policy=lerobot" in out and "policy=hold" in out and "dry run" in out
