@@ -5,7 +5,10 @@ Kept apart from the adapter (``policies.lerobot_adapter``) so that reading a con
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from robot_rl.core.registry import POLICIES
@@ -47,3 +50,24 @@ class LeRobotPolicyConfig:
             if len(self.offset_weights) != self.max_state_offset + 1:
                 raise ValueError(f"policy.offset_weights needs {self.max_state_offset + 1} values (offsets "
                                  f"0..{self.max_state_offset}), got {len(self.offset_weights)}")
+
+
+def is_lerobot_checkpoint(path: str | Path) -> bool:
+    """True for a local directory whose config.json names a LeRobot policy type (``"type": "act"``),
+    as ``lerobot-train`` and ``save_pretrained`` write it; FlowVLA's says ``policy_type`` instead."""
+    config = Path(path) / "config.json"
+    try:
+        saved = json.loads(config.read_text())
+    except (OSError, ValueError):  # no such file, or not JSON: the policy's own loader says what is wrong
+        return False
+    return isinstance(saved, dict) and isinstance(saved.get("type"), str) and "policy_type" not in saved
+
+
+def with_recognised_policy(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with ``policy=lerobot`` added where ``policy.path`` alone names a LeRobot checkpoint,
+    so ``robot-rl learner policy.path=CK`` runs it as every command with ``policy=lerobot`` would.
+    A policy chosen explicitly (``policy=...``) is left as given."""
+    keys = {item.split("=", 1)[0].lstrip("+~"): item.split("=", 1)[-1] for item in overrides if "=" in item}
+    if "policy" in keys or not keys.get("policy.path") or not is_lerobot_checkpoint(keys["policy.path"]):
+        return list(overrides)
+    return ["policy=lerobot", *overrides]

@@ -33,6 +33,7 @@ from robot_rl.core.errors import ConfigError
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.learner.config import LearnerConfig
 from robot_rl.learner.serving_config import ServeConfig
+from robot_rl.policies.lerobot_config import with_recognised_policy
 from robot_rl.replay.config import ReplayConfig
 from robot_rl.session.config import SessionConfig
 
@@ -121,9 +122,10 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
+    overrides = with_recognised_policy(overrides)  # policy.path alone may name a LeRobot checkpoint
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(describe_error(exc, overrides)) from exc
     unknown = sorted(unknown_keys(cfg))
@@ -159,7 +161,7 @@ def group_choices(overrides: Sequence[str] = ()) -> dict[str, str]:
     register_configs()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+            cfg = compose(config_name="config", overrides=with_recognised_policy(overrides), return_hydra_config=True)
     except Exception as exc:
         raise ConfigError(describe_error(exc)) from exc
     choices = OmegaConf.to_container(cfg.hydra.runtime.choices)

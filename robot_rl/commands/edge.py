@@ -8,11 +8,17 @@ session.episodes episodes of session.max_episode_steps ticks with no operator, s
 episode to link.learner while it runs (spooled on disk, acked: a crash loses at most one segment),
 records it locally when it ends, and swaps in the weights published on link.weights (default: the
 learner's port + 1). The same edge runtime as `robot-rl session` and `robot-rl run`'s robots,
-without teleop or keys: the task (sim) or time (real robots) ends each episode. A real robot runs only policy.path.
+without teleop or keys: the task (sim) or time (real robots) ends each episode.
+Any policy a session runs: policy.path=DIR (a FlowVLA checkpoint, or a LeRobot one, recognised by
+its config.json), policy=lerobot with policy.lora_rank=R, or policy=hold: a dry run of the robot,
+cameras and recorder with the arm held still, link settings checked, nothing streamed, no weights
+fetched. Whether the learner trains the same model is its hello's check (the config hash).
+A real robot runs only policy.path or policy=hold.
 Off loopback the link needs CURVE keys from `robot-rl keys`: link.secret_key and link.learner_key.
 
 examples:
   robot-rl edge link.learner=tcp://127.0.0.1:5555 session.episodes=5 session.realtime=false
+  robot-rl edge policy=hold link.learner=tcp://127.0.0.1:5555 session.episodes=1 session.realtime=false
   robot-rl edge robot=so101 policy.path=outputs/bc_policy link.learner=tcp://learner.lab:5555 \\
       link.secret_key=keys/robots/follower.key_secret link.learner_key=keys/learner.key
 """
@@ -27,14 +33,9 @@ def main(argv: list[str]) -> int:
     # (the edge runtime brings PyTorch, LeRobot's dataset writer and the robot drivers).
     from robot_rl.commands.session import run_reporting_faults
     from robot_rl.config import ConfigError, load_config
-    from robot_rl.core.registry import POLICIES
-    from robot_rl.policies.flow_vla.config import FlowVLAPolicyConfig
     from robot_rl.session.runner import unattended
 
     cfg = load_config(argv)
     if cfg.link.learner is None:
         raise ConfigError("say where the learner is: robot-rl edge link.learner=tcp://HOST:5555")
-    if not isinstance(cfg.policy, FlowVLAPolicyConfig):
-        raise ConfigError(f"robot-rl edge streams to a learner, which trains policy=flow_vla, "
-                          f"not policy={POLICIES.name_of(cfg.policy)}")
     return run_reporting_faults("edge", unattended(cfg))

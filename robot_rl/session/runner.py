@@ -86,6 +86,10 @@ def run_session(cfg: RobotRLConfig) -> int:
         layout = RecordedLayout.of_robot(robot)
         client = dataclasses.replace(cfg.link.client_config(robot_name, cfg.output_dir),
                                      features=layout.to_document())
+        if not teaches(cfg):
+            log.warning("policy=hold without teleop: a dry run, the link's settings checked but nothing sent to %s",
+                        cfg.link.learner)
+            client = None
     edge_cfg = with_latency_calibration(cfg.edge, cfg.output_dir, robot_name)
 
     with contextlib.ExitStack() as stack:
@@ -122,6 +126,15 @@ def run_session(cfg: RobotRLConfig) -> int:
         )
         result = session.run()
     return result.exit_code
+
+
+def teaches(cfg: RobotRLConfig) -> bool:
+    """Whether this robot's steps can teach the learner anything. An arm held still (``policy=hold``)
+    with no teleop to take over acts by neither a model nor a person: a dry run of the robot, its
+    cameras and the local recorder, whose link settings (addresses, keys) are checked but which
+    streams nothing and fetches no weights (a learner would train on still arms; it also admits only
+    robots that run its model's config hash, which a policy without weights has none of)."""
+    return not (isinstance(cfg.policy, HoldPolicyConfig) and isinstance(cfg.teleop, NoTeleopConfig))
 
 
 def build_policy(cfg: RobotRLConfig, clock: Clock, robot_name: str) -> Any:
