@@ -49,12 +49,12 @@ def local_episode_lengths(out) -> list[int]:
                                     ("policy=lerobot", "policy.lora_rank=4", "policy.lora_targets=[linear1,linear2]")],
                          ids=["path-alone", "lora"])
 def test_the_edge_runs_a_lerobot_checkpoint_and_streams_it_to_the_learner_training_it(act_dir, tmp_path, choice):
+    from robot_rl.app.policies import learner_policy
     from robot_rl.commands import edge
-    from robot_rl.commands.learner import build_policy
     from robot_rl.config import load_config
 
     policy = (f"policy.path={act_dir}", "policy.device=cpu", *choice)
-    learner = start_learner(tmp_path / "learner", build_policy(load_config(policy)))
+    learner = start_learner(tmp_path / "learner", learner_policy(load_config(policy)))
     try:
         code = edge.main(edge_args(learner, tmp_path / "out", *policy))
         assert code == 0
@@ -80,14 +80,13 @@ def test_policy_hold_on_the_edge_is_a_dry_run_that_streams_nothing(act_dir, tmp_
 
 
 def test_a_lerobot_checkpoint_named_by_policy_path_alone_is_run_as_policy_lerobot(act_dir):
-    from robot_rl.app.policies import load_policy
-    from robot_rl.commands.learner import build_policy
+    from robot_rl.app.policies import learner_policy, load_policy
     from robot_rl.config import load_config
     from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 
     cfg = load_config([f"policy.path={act_dir}", "policy.device=cpu"])
     assert isinstance(cfg.policy, LeRobotPolicyConfig) and cfg.policy.path == str(act_dir)
-    assert isinstance(build_policy(cfg), LeRobotChunkPolicy)  # the learner's
+    assert isinstance(learner_policy(cfg), LeRobotChunkPolicy)  # the learner's
     assert isinstance(load_policy(cfg), LeRobotChunkPolicy)  # the edge's and the session's
 
 

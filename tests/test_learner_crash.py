@@ -194,11 +194,12 @@ def test_learner_writes_its_final_checkpoint_on_sigterm(tmp_path):
 def run_learner(overrides: list[str]) -> int:
     import logging
 
+    import robot_rl.app.policies as policies
     import robot_rl.commands.learner as command
     from tests.learner_helpers import tiny_policy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    command.build_policy = lambda config: tiny_policy()  # offline text encoder, tiny net
+    policies.learner_policy = lambda config: tiny_policy()  # offline text encoder, tiny net
     return command.main(overrides)
 
 

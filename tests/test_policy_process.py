@@ -22,7 +22,7 @@ from robot_rl.bridges.zmq.weights import serialize_tensors
 from robot_rl.core.clock import WallClock
 from robot_rl.edge import EdgeConfig, EdgeNode
 from robot_rl.edge.process_runner import PolicyProcessError, ProcessRunner, spawn_policy
-from robot_rl.edge.swap import load_weights_into
+from robot_rl.edge.weight_loading import load_weights_into
 from tests.edge_fakes import KinematicRobot, TorchEncodingPolicy, failing_policy
 
 OBS = {"front": np.zeros((4, 4, 3), dtype=np.uint8)}

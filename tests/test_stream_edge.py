@@ -67,11 +67,12 @@ def test_the_control_loop_never_waits_for_a_link_that_is_down_and_every_step_arr
     class Endpoints:
         router_endpoint, pub_endpoint = router, pub
 
-    streamer = EdgeStreamer(client_config("edge-a", Endpoints, tmp_path / "spool"), tiny_policy(), segment_steps=10,
-                            queue_size=2, image_encoding=ImageEncoding("png"))
     # Chunks from the encoding policy (no network to compute): the episode's wall time is the loop's
-    # and the sink's alone, a fraction of a second unless something blocks.
-    node = EdgeNode(CameraRobot(), EncodingPolicy(), VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=50),
+    # and the sink's alone, a fraction of a second unless something blocks. It has no weights to fetch.
+    policy = EncodingPolicy()
+    streamer = EdgeStreamer(client_config("edge-a", Endpoints, tmp_path / "spool"), None, segment_steps=10,
+                            queue_size=2, image_encoding=ImageEncoding("png"))
+    node = EdgeNode(CameraRobot(), policy, VirtualClock(), EdgeConfig(fps=30, simulated_latency_ms=50),
                     robot_id="edge-a")
     streamer.attach(node)
     # The link thread is not even running yet: its queue (2 segments) fills after 21 ticks, and

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-import robot_rl.edge.swap as swap
+import robot_rl.edge.weight_loading as weight_loading
 from robot_rl.bridges.zmq.weights import WeightsError, serialize_tensors, tensor_views
 from robot_rl.core.clock import VirtualClock
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.edge.node import EdgeNode
-from robot_rl.edge.swap import load_weights_into
+from robot_rl.edge.weight_loading import load_weights_into
 from robot_rl.learner.publisher import snapshot
 from tests.edge_fakes import KinematicRobot
 from tests.learner_helpers import IMG, client_config, tiny_policy, wait_for
@@ -116,14 +116,14 @@ def test_swaps_reuse_one_shadow_policy(tmp_path, monkeypatch):
     streamer.node = node
     streamer.start()  # the shadow is made here, once
     deepcopies = []
-    real_deepcopy = swap.copy.deepcopy
+    real_deepcopy = weight_loading.copy.deepcopy
 
     def counting_deepcopy(obj, *args, **kwargs):
         if isinstance(obj, torch.nn.Module):
             deepcopies.append(type(obj).__name__)
         return real_deepcopy(obj, *args, **kwargs)
 
-    monkeypatch.setattr(swap.copy, "deepcopy", counting_deepcopy)
+    monkeypatch.setattr(weight_loading.copy, "deepcopy", counting_deepcopy)
     running: list[torch.nn.Module] = []
     try:
         node.reset_episode("pick the cube")
@@ -170,7 +170,7 @@ class FrozenBase(torch.nn.Module):
 
 def test_the_shadow_shares_what_never_travels_and_owns_what_does():
     live = FrozenBase()
-    shadow = swap.shadow_of(live)
+    shadow = weight_loading.shadow_of(live)
     assert shadow.base.weight is live.base.weight and shadow.base.bias is live.base.bias  # held once
     assert shadow.head.weight.data_ptr() != live.head.weight.data_ptr()
     new = {k: torch.full_like(v, 3.0) for k, v in live.published_state_dict().items()}
@@ -178,4 +178,4 @@ def test_the_shadow_shares_what_never_travels_and_owns_what_does():
     assert torch.equal(shadow.head.weight, torch.full_like(shadow.head.weight, 3.0))
     assert not torch.equal(live.head.weight, shadow.head.weight)  # the running head is untouched
     full = torch.nn.Linear(8, 8)  # a module that publishes everything shares nothing
-    assert swap.shadow_of(full).weight.data_ptr() != full.weight.data_ptr()
+    assert weight_loading.shadow_of(full).weight.data_ptr() != full.weight.data_ptr()

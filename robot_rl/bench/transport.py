@@ -725,7 +725,7 @@ def _fanout_edge(robot_id: str, router: str, pub: str, spool: str, size_mb: floa
 
     from robot_rl.bridges.zmq.client import ClientConfig
     from robot_rl.bridges.zmq.streaming import StreamingClient
-    from robot_rl.edge.swap import load_weights_into, shadow_of
+    from robot_rl.edge.weight_loading import load_weights_into, shadow_of
 
     torch.set_num_threads(1)
     policy = ballast_policy(size_mb)

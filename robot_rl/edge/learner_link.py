@@ -47,7 +47,7 @@ from robot_rl.bridges.zmq.weights import WeightsError
 from robot_rl.core.priority import lower_thread_priority
 from robot_rl.core.types import Step
 from robot_rl.edge.process_runner import ProcessPolicy
-from robot_rl.edge.swap import load_weights_into
+from robot_rl.edge.weight_loading import load_weights_into
 
 if TYPE_CHECKING:
     from robot_rl.edge.node import EdgeNode

@@ -57,7 +57,8 @@ from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.core.priority import lower_own_priority, lower_thread_priority
 from robot_rl.core.types import ActionChunk
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRunner, PolicySwap
-from robot_rl.edge.swap import WeightSwap, load_weights_into
+from robot_rl.edge.swap import WeightSwap
+from robot_rl.edge.weight_loading import load_weights_into
 from robot_rl.edge.weights_files import PREFIX, SHM_DIR, WeightsFilePool
 from robot_rl.policies.base import ChunkPolicy
 from robot_rl.policies.trainable import published_state
