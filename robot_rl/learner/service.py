@@ -218,9 +218,10 @@ class LearnerService(ServerHandlers):
         waiting = stats["episodes_to_write"]
         # More than two batches waiting and more than at the last status: ingest outpaces the writer.
         if waiting > max(self._writer_behind, 2 * self.config.store.commit_batch):
-            log.warning("the dataset writer is %d episodes behind the robots (was %d): they are acked and staged, "
-                        "none is lost, but training sees them only once written; fewer robots, cameras or fps "
-                        "per learner, or store.commit_batch up, let it catch up", waiting, self._writer_behind)
+            log.warning("the dataset writer is %d episodes behind the robots (was %d): they are acked, staged and "
+                        "already sampled by training, none is lost, but the dataset on disk lags; fewer robots, "
+                        "cameras or fps per learner, or store.commit_batch up, let it catch up", waiting,
+                        self._writer_behind)
         self._writer_behind = waiting
 
     def _forget_written(self) -> None:
