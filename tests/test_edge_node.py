@@ -22,6 +22,7 @@ from tests.edge_fakes import (
     KinematicRobot,
     ScriptedLatency,
     SlowPolicy,
+    TorchEncodingPolicy,
     decode,
 )
 
@@ -599,3 +600,17 @@ def test_a_sink_that_blocks_in_wall_time_leaves_the_virtual_schedule_exact():
     assert [s.time_s for s in steps] == [s.time_s for s in expected]
     assert executed(steps) == executed(expected)
     assert [r.arrival_tick for r in node.stats.chunks] == [r.arrival_tick for r in reference.stats.chunks]
+
+
+
+def test_a_swap_whose_answer_comes_after_its_episode_ended_is_settled_so_the_shadow_is_free_again():
+    """The previous episode's last answer is dropped when the next one starts; the swap it carried must
+    still be settled, or the shadow stays taken for good and the robot never loads newer weights."""
+    node = EdgeNode(KinematicRobot(), TorchEncodingPolicy(), VirtualClock(),
+                    EdgeConfig(fps=30, simulated_latency_ms=600.0))
+    node.on_tick = at_tick(1, lambda n: n.request_policy_swap(n.swaps.free_shadow(), version=7))
+    node.run_episode(12, "go")  # its request with v7 is answered 18 ticks later, after the episode's end
+    assert node.swaps.free_shadow() is None  # taken, answer still in flight
+    node.on_tick = None
+    node.run_episode(30, "go")  # the start drops that answer
+    assert node.swaps.free_shadow() is not None

@@ -487,8 +487,10 @@ class EdgeNode:
             result = self.worker.poll(self.clock.now())
             if result is not None and result.request.generation == self._generation:
                 break
-            if result is None:
-                self.clock.sleep_until(self.clock.now() + poll_s)
+            if result is not None:  # the previous episode's answer: its chunk is dropped, but a swap it
+                self._take_result(0, result)  # carried is settled, or the shadow stays taken for good
+                continue
+            self.clock.sleep_until(self.clock.now() + poll_s)
         self._t0 = self.clock.now()
         if result is None or result.request.generation != self._generation:
             log.warning("first chunk not ready after %.1f s; starting the episode holding",
