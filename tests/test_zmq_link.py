@@ -42,9 +42,8 @@ from robot_rl.bridges.zmq import (
 )
 from robot_rl.bridges.zmq.admission import PeerLimits
 from robot_rl.bridges.zmq.codec import BusyError
-from robot_rl.bridges.zmq.keys import apply_client_curve
 from robot_rl.bridges.zmq.server import who
-from tests.zmq_helpers import FAST, MemoryIngest, client_config, make_steps, serving, wait_until
+from tests.zmq_helpers import FAST, MemoryIngest, client_config, dealer_on_routing_id, make_steps, serving, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -408,12 +407,8 @@ def test_a_robot_with_a_valid_key_cannot_write_on_another_robots_session(tmp_pat
             keys / "robots" / "so101-a.key_secret", keys / "learner.key")))
         assert wait_until(lambda: a.connected, timeout_s=5, tick=lambda: a.poll(5))
         ctx = zmq.Context()
-        attacker = ctx.socket(zmq.DEALER)
-        attacker.linger = 0
-        attacker.setsockopt(zmq.ROUTING_ID, a._routing_id)
-        apply_client_curve(attacker, ClientCurve.from_files(keys / "robots" / "so101-b.key_secret",
-                                                            keys / "learner.key"))
-        attacker.connect(server.router_endpoint)
+        attacker = dealer_on_routing_id(ctx, a._routing_id, keys / "robots" / "so101-b.key_secret",
+                                     keys / "learner.key", server.router_endpoint)
         try:
             forged = encode_segment("so101-a", 7, 0, make_steps(3))
             attacker.send_multipart(encode_message(forged), copy=False)

@@ -26,8 +26,7 @@ from robot_rl.bridges.zmq import (
     encode_message,
     generate_keypair,
 )
-from robot_rl.bridges.zmq.keys import apply_client_curve
-from tests.zmq_helpers import MemoryIngest, client_config, serving, wait_until
+from tests.zmq_helpers import MemoryIngest, client_config, dealer_on_routing_id, serving, wait_until
 
 HELLOS = 2000
 
@@ -89,12 +88,8 @@ def test_a_routing_id_stays_with_the_curve_key_that_said_hello_on_it(tmp_path):
         assert wait_until(lambda: a.connected, timeout_s=5, tick=lambda: a.poll(5))
         a_key = server.peers()[0].key
         ctx = zmq.Context()
-        taker = ctx.socket(zmq.DEALER)
-        taker.linger = 0
-        taker.setsockopt(zmq.ROUTING_ID, a._routing_id)
-        apply_client_curve(taker, ClientCurve.from_files(keys / "robots" / "so101-b.key_secret",
-                                                         keys / "learner.key"))
-        taker.connect(server.router_endpoint)
+        taker = dealer_on_routing_id(ctx, a._routing_id, keys / "robots" / "so101-b.key_secret",
+                                     keys / "learner.key", server.router_endpoint)
         try:
             server.publish_weights(WeightsBlob(version=1, data=b"w" * 100, config_hash=""))
             taker.send_multipart(encode_message(Hello(robot_id="so101-b", config_hash="", policy_version=-1)))

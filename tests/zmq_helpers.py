@@ -6,8 +6,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
+import zmq
 
 from robot_rl.bench.fault_peers import serving_thread
 from robot_rl.bridges.zmq import (
@@ -20,6 +22,7 @@ from robot_rl.bridges.zmq import (
     ZmqServer,
     decode_segment,
 )
+from robot_rl.bridges.zmq.keys import ClientCurve, apply_client_curve
 from robot_rl.core import Step
 
 FAST = dict(hello_retry_s=0.05, heartbeat_interval_s=0.2, ack_timeout_s=1.0, server_timeout_s=3.0,
@@ -71,3 +74,12 @@ def make_steps(n: int, start_tick: int = 0) -> list[Step]:
                  action=np.full(6, -i, np.float32), images={"front": img}, reward=float(i)) for i in range(n)]
 
 
+def dealer_on_routing_id(ctx: zmq.Context, routing_id: bytes, secret_key: Path, learner_key: Path,
+                         endpoint: str) -> zmq.Socket:
+    """A DEALER that connects under another robot's ``routing_id`` with its own CURVE keys (a taker)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.setsockopt(zmq.ROUTING_ID, routing_id)
+    apply_client_curve(sock, ClientCurve.from_files(secret_key, learner_key))
+    sock.connect(endpoint)
+    return sock
