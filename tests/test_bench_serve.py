@@ -33,5 +33,8 @@ def test_two_robots_are_served_in_one_forward_and_a_published_version_reaches_th
     assert row["dropped_late"] == 0 and row["latency_p95_s"] >= row["latency_p50_s"] > 0
     assert len(report["swap_to_serve_s"]) == 1  # version 1 reached the robot
     assert report["serial"] == {} and report["bytes_per_request"]["224x224"] > 0
+    assert report["capacity"][2]["robots"] > 0  # robots asking back to back were answered
+    # today's network path for the same weights: the version reached an edge's policy process
+    assert report["hot_swap"]["swaps"] == 1 and report["hot_swap_p95_s"] > 0
     print_table(report)
     assert "| 2 | batched |" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """The recorder writes LeRobotDataset v3 episodes that LeRobot and our reader read back exactly."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -134,3 +135,14 @@ def test_damage_that_a_killed_writer_cannot_explain_is_reported_and_left_alone(t
         EpisodeRecorder(root, fps=30, joint_names=JOINTS, cameras=CAMS)
     assert (root / "meta" / "info.json").read_text() == info_before
     assert not (tmp_path / "ds.interrupted").exists()
+
+
+def test_writing_png_episodes_logs_no_video_codec_lines(tmp_path, caplog):
+    """Demonstrations and every robot's own dataset write through this recorder: LeRobot's "Using
+    video codec" INFO lines, two per open, said nothing about a PNG dataset and filled the run's log."""
+    with caplog.at_level(logging.INFO):
+        recorder = EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS)
+        recorder.write_episode(make_episode(0, 4, 1))
+        recorder.write_episode(make_episode(1, 4, 2))
+    assert recorder.num_episodes == 2
+    assert "Using video codec" not in caplog.text

@@ -13,6 +13,12 @@ JPEG-encoded on its I/O thread). Per robot count, side by side in one run:
 * ``serial``: the same with ``serve.max_batch=1`` (one forward per request);
 * ``swap_to_serve_p95_s``: from ``load_published`` of a new version to the first chunk of that
   version at a robot asking on its schedule (the weights change in place, between two forwards);
+* ``hot_swap_p95_s``: the same for today's network path, a model of the served one's size published
+  over the weights socket to an edge that loads it into its policy process
+  (``robot_rl.bench.transport.zmq_swap``): what serving in place saves;
+* ``capacity``: chunks/s with every robot asking again as soon as its chunk came (no schedule),
+  batched and serial: what batching adds when demand is not the limit (on the default schedule 16
+  robots ask for fewer chunks than even one-at-a-time serving can make on a GPU);
 * ``bytes_per_request``: two cameras at 224x224 (the input of SmolVLA and pi0) and at the served
   policy's own input size.
 """
@@ -21,16 +27,20 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
 import torch
 
+from robot_rl.bench.config import TransportBenchConfig
 from robot_rl.bench.serve_config import ServeBenchConfig
+from robot_rl.bench.transport import SwapPayload, zmq_swap
 from robot_rl.bridges.zmq.segments import ImageEncoding, encode_image
 from robot_rl.edge.delay import DelayEstimator
 from robot_rl.edge.inference import InferenceRequest
@@ -56,8 +66,8 @@ def _serve_child(cfg: RobotRLConfig, serve: ServeConfig, conn: Any) -> None:
     torch.set_num_threads(1)  # the edges' machine is this one too: one core for the forward
     policy = load_policy(cfg)
     server = PolicyServer(policy, serve).start()
-    conn.send(server.endpoint)
     published = {k: v.clone() for k, v in policy.published_state_dict().items()}
+    conn.send((server.endpoint, sum(t.numel() * t.element_size() for t in published.values())))
     try:
         while (command := conn.recv()) != "close":
             if command == "stats":
@@ -84,7 +94,9 @@ class _ServerProcess:
         if not self.conn.poll(_SERVER_START_S):
             self.process.terminate()
             raise RuntimeError(f"the policy server did not start within {_SERVER_START_S:.0f} s")
-        self.endpoint: str = self.conn.recv()
+        self.endpoint: str
+        self.published_bytes: int  # what one version of the served policy weighs
+        self.endpoint, self.published_bytes = self.conn.recv()
 
     def call(self, command: Any) -> Any:
         self.conn.send(command)
@@ -223,6 +235,42 @@ def _swap_to_serve(server: _ServerProcess, swaps: int, frames: dict[str, np.ndar
     return out
 
 
+def _ask_back_to_back(policy: RemotePolicy, frames: dict[str, np.ndarray], until: float, chunks: list[int],
+                      slot: int) -> None:
+    state = np.zeros(policy.state_dim, np.float32)
+    while time.monotonic() < until:
+        policy.predict_chunk(frames, state, "push the red cube to the left")
+        chunks[slot] += 1
+
+
+def _capacity(server: _ServerProcess, n: int, seconds: float, frames: dict[str, np.ndarray]) -> float:
+    """Chunks/s with ``n`` robots each asking again as soon as its chunk arrives."""
+    policies = [RemotePolicy(RemoteInferenceConfig(server.endpoint, f"bench-cap-{i}", connect_timeout_s=120.0))
+                for i in range(n)]
+    chunks = [0] * n
+    try:
+        for policy in policies:
+            policy.predict_chunk(frames, np.zeros(policy.state_dim, np.float32), "push the red cube to the left")
+        until = time.monotonic() + seconds
+        threads = [threading.Thread(target=_ask_back_to_back, args=(p, frames, until, chunks, i), daemon=True)
+                   for i, p in enumerate(policies)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sum(chunks) / seconds
+    finally:
+        for policy in policies:
+            policy.close()
+
+
+def _hot_swap(published_bytes: int, swaps: int) -> dict[str, Any]:
+    """Today's network hot-swap of a model the served one's size (``bench transport``'s swap rows)."""
+    payload = SwapPayload("served", published_bytes / 1e6)
+    with tempfile.TemporaryDirectory(prefix="bench-serve-swap-") as workdir:
+        return zmq_swap(payload, "process", TransportBenchConfig(swaps=swaps), Path(workdir))
+
+
 def _bytes_per_request(frames: dict[str, np.ndarray], sizes: list[int]) -> dict[str, float]:
     """Bytes of the two cameras' JPEGs at each input size (JPEG quality as the edge sends them)."""
     encoding = ImageEncoding(format="jpeg", jpeg_quality=RemoteInferenceConfig("", "").jpeg_quality)
@@ -236,7 +284,7 @@ def _bytes_per_request(frames: dict[str, np.ndarray], sizes: list[int]) -> dict[
 
 def run_serve_bench(cfg: RobotRLConfig, bench: ServeBenchConfig) -> dict[str, Any]:
     frames = _sim_frames(cfg)
-    report: dict[str, Any] = {"robots": {}, "serial": {}, "seconds": bench.seconds}
+    report: dict[str, Any] = {"robots": {}, "serial": {}, "capacity": {}, "seconds": bench.seconds}
     serve = replace(cfg.serve, endpoint="tcp://127.0.0.1:*")  # a free loopback port
     arms = [("robots", serve)] + ([("serial", replace(serve, max_batch=1))] if bench.serial else [])
     for arm, arm_serve in arms:
@@ -245,10 +293,14 @@ def run_serve_bench(cfg: RobotRLConfig, bench: ServeBenchConfig) -> dict[str, An
             for n in bench.robots:
                 report[arm][n] = _cell(server, n, bench.seconds, frames, cfg)
                 log.info("%s %d robots: %s", arm, n, report[arm][n])
+                report["capacity"].setdefault(n, {})[arm] = _capacity(server, n, bench.seconds, frames)
             if arm == "robots" and bench.swaps:
                 swap = _swap_to_serve(server, bench.swaps, frames, cfg)
                 report["swap_to_serve_s"] = swap
                 report["swap_to_serve_p95_s"] = float(np.percentile(swap, 95)) if swap else None
+                hot = _hot_swap(server.published_bytes, bench.swaps)
+                report["hot_swap"] = hot
+                report["hot_swap_p95_s"] = hot["in_use_p95_s"]
         finally:
             server.close()
     report["bytes_per_request"] = _bytes_per_request(frames, [224])
@@ -265,8 +317,14 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"| {n} | {'batched' if arm == 'robots' else 'serial'} | {p50 * 1e3:.0f} ms | {p95 * 1e3:.0f} ms | "
                   f"{row['chunks_per_s']:.1f} | {row['mean_batch']:.1f} | {row['compute_per_chunk_s'] * 1e3:.1f} ms | "
                   f"{row['late_ticks']}/{row['ticks']} | {row['stall_s']:.1f} |")
+    for n, row in report.get("capacity", {}).items():
+        serial = row.get("serial")
+        gain = f" ({row['robots'] / serial:.1f}x)" if serial else ""
+        print(f"capacity, {n} robots asking back to back: batched {row['robots']:.1f} chunks/s"
+              + (f", serial {serial:.1f}{gain}" if serial else ""))
     if report.get("swap_to_serve_p95_s") is not None:
-        print(f"publish to first chunk of the new version: p95 {report['swap_to_serve_p95_s'] * 1e3:.0f} ms")
+        print(f"publish to first chunk of the new version: p95 {report['swap_to_serve_p95_s'] * 1e3:.0f} ms served in "
+              f"place, {report['hot_swap_p95_s'] * 1e3:.0f} ms over the network to an edge's policy process")
     print(f"bytes per request, two cameras: {report['bytes_per_request']}")
 
 

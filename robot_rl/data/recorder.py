@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 # `robot-rl run` they buried the live line. `datasets` reads this when it is first imported.
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 warnings.filterwarnings("ignore", message="Cannot enable progress bars")  # lerobot asks for them per episode
+# LeRobot's dataset writer builds its default video encoder settings at every open, PNG datasets too,
+# and each says at INFO which codec it found: two lines per stored batch that say nothing about it.
+CODEC_LOGGER = "lerobot.configs.video"
 
 
 class RecordingError(ValueError):
@@ -52,6 +55,7 @@ class EpisodeRecorder:
     ) -> None:
         if finalize_every < 1:
             raise ValueError(f"finalize_every must be >= 1, got {finalize_every}")
+        logging.getLogger(CODEC_LOGGER).setLevel(logging.WARNING)
         self.root = Path(root)
         self.finalize_every = finalize_every
         self._since_finalize = 0

@@ -47,9 +47,6 @@ WRITERS = ("thread", "process")
 START_TIMEOUT_S = 120.0  # a cold child imports numpy, the wire codec and, at its first write, LeRobot
 POLL_S = 1.0  # how often a waiting parent checks that the child is still alive
 OUTCOME_COLUMNS = ("success", "is_intervention", "policy_version")
-# LeRobot's dataset writer builds its default video encoder settings at every open, PNG datasets too,
-# and each says at INFO which codec it found: two lines per stored batch that say nothing about it.
-CODEC_LOGGER = "lerobot.configs.video"
 
 
 class EpisodeWriteError(RuntimeError):
@@ -108,7 +105,6 @@ class ThreadEpisodeWriter:
     """Writes in the calling thread (tools, tests, and a learner that has the CPU to itself)."""
 
     def __init__(self, spec: RecorderSpec, nice: int = 0) -> None:
-        logging.getLogger(CODEC_LOGGER).setLevel(logging.WARNING)
         self.recorder = spec.open()  # nice: the store's writer thread lowers its own priority
 
     @property
