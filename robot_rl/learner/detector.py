@@ -217,9 +217,12 @@ class _FrozenBackboneClassifier(Classifier):
 
 def build_classifier(config: DetectorConfig) -> _FrozenBackboneClassifier:
     """The classifier with a seeded small ResNet backbone, written to (and read from) a local dir."""
-    backbone = ResNetConfig(num_channels=3, embedding_size=config.backbone_channels[0],
-                            hidden_sizes=list(config.backbone_channels), depths=[1] * len(config.backbone_channels),
-                            layer_type="basic", downsample_in_first_stage=False)
+    # Passed as a dict: transformers' type hints do not name ResNetConfig's own keywords.
+    settings: dict[str, Any] = {"num_channels": 3, "embedding_size": config.backbone_channels[0],
+                                "hidden_sizes": list(config.backbone_channels),
+                                "depths": [1] * len(config.backbone_channels), "layer_type": "basic",
+                                "downsample_in_first_stage": False}
+    backbone = ResNetConfig(**settings)
     shape = (3, config.image_size, config.image_size)
     keys = input_keys(config)
     with tempfile.TemporaryDirectory(prefix="detector-backbone-") as directory:
