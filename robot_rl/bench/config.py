@@ -276,6 +276,30 @@ class SoakBenchConfig:
             raise ValueError("bench soak: index_memory_mb must be > 0 and warmup_s >= 0")
 
 
+@dataclass
+class DetectorBenchConfig:
+    """``bench detector``: the success detector's accuracy against the sim's ground truth per number of
+    labelled episodes (its own settings are ``learner.detector``)."""
+
+    labelled: list[int] = field(default_factory=lambda: [10, 25, 50, 100])  # labelled episodes per fit
+    test_episodes: int = 60  # other scenes per family the detectors are judged on
+    asked_after: int = 50  # asked_fraction is reported for the first fit with at least this many labelled
+    failure_share: float = 0.5  # episodes recorded as a stopped or noisy expert (the rest: the expert)
+    stop_ticks: list[int] = field(default_factory=lambda: [20, 120])  # a stopped expert's last own tick: [lo, hi]
+    noise_deg: float = 10.0  # a noisy expert's command noise (std, degrees / gripper units)
+    frame_stride: int = 10  # ticks between kept frames (the last ones are always kept)
+
+    def __post_init__(self) -> None:
+        if not self.labelled or min(self.labelled) < 4:
+            raise ValueError(f"bench.labelled must be counts >= 4, got {self.labelled}")
+        if self.test_episodes < 2 or self.frame_stride < 1:
+            raise ValueError("bench.test_episodes must be >= 2 and bench.frame_stride >= 1")
+        if not 0.0 < self.failure_share < 1.0:
+            raise ValueError(f"bench.failure_share must be in (0, 1), got {self.failure_share}")
+        if len(self.stop_ticks) != 2 or not 0 <= self.stop_ticks[0] <= self.stop_ticks[1]:
+            raise ValueError(f"bench.stop_ticks must be [lo, hi] with 0 <= lo <= hi, got {self.stop_ticks}")
+
+
 BENCHMARK_CONFIGS: dict[str, type] = {
     "sim": SimBenchConfig,
     "async": AsyncBenchConfig,
@@ -289,6 +313,7 @@ BENCHMARK_CONFIGS: dict[str, type] = {
     "policies": PoliciesBenchConfig,
     "serve": ServeBenchConfig,
     "soak": SoakBenchConfig,
+    "detector": DetectorBenchConfig,
 }
 
 

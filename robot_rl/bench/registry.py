@@ -25,4 +25,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "policies": ("policies", "FlowVLA vs ACT vs Diffusion vs SmolVLA, full vs LoRA: parameters, learner updates/s, "
                              "edge inference ms, publish bytes"),
     "serve": ("serve", "1/4/16 robots against one policy server, batched vs one at a time: latency, chunks/s, stalls"),
+    "detector": ("detector", "the success detector against the sim's ground truth: accuracy, ROC-AUC and the "
+                             "share of verdicts it is unsure of, after 10/25/50/100 labelled episodes"),
 }

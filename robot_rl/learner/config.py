@@ -19,6 +19,7 @@ from typing import Any
 from robot_rl.bridges.zmq.admission import PeerLimits
 from robot_rl.data.frame_storage import FrameStorageConfig
 from robot_rl.learner.algorithms.config import ALGORITHMS, WeightedBCConfig
+from robot_rl.learner.detector_config import DetectorConfig
 from robot_rl.learner.streams import STREAMS
 
 
@@ -302,6 +303,8 @@ class LearnerConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hub: HubConfig = field(default_factory=HubConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    # The per-task success detector that judges episodes nobody judged (robot_rl.learner.detector).
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
     # Initial weights: a checkpoint dir of the configured policy (FlowVLA or LeRobot layout); None: the policy group's
     # (``policy.path``, else a new model of ``policy.model``). ``robot-rl run`` sets its BC start here.
     init_checkpoint: str | None = None

@@ -1,0 +1,409 @@
+"""A success detector per task: LeRobot's reward classifier trained on the verdicts people give.
+
+A robot left alone has no one to say whether its episode succeeded; the recipes that weigh
+outcomes (``rwr``, ``awr``, ``rl``) then have nothing to weigh. This module learns, per task, to
+judge an episode's outcome from its camera frames, the way HIL-SERL's classifier does, from what
+operators already give:
+
+* **Samples.** The last ``verdict_frames`` frames of a success are positives; those of a failure
+  (an e-stop is one) are negatives; so are a few frames from the first part of any episode (the
+  task was not done yet) and the frames just before each human takeover (RLIF: the policy was
+  going wrong there). Each frame is paired with the episode's first frame of the same camera
+  (``compare_with_start``): whether a cube was pushed 5 cm shows only against where it started.
+* **Model.** ``lerobot.rewards.classifier.Classifier``: a frozen CNN backbone, a learned spatial
+  embedding per image, an MLP head. Its default backbone (``lerobot/resnet10``) comes from the
+  Hub, which a robot cell may not reach; a small HuggingFace ResNet with seeded weights is written
+  to a temporary dir instead. LeRobot's classifier runs its whole per-image encoder under
+  ``no_grad``, which would leave its learned spatial embedding at its random start; here only the
+  backbone is (``_FrozenBackboneClassifier``).
+* **Calibration.** ``heldout_fraction`` of the task's labelled episodes is held out. On them the
+  threshold is set (best balanced accuracy), the held-out accuracy measured, and a ``margin`` found:
+  beyond it from the threshold, the held-out episodes were judged at least ``sure_accuracy`` right.
+  A verdict inside the margin is not ``sure``: a person should be asked.
+
+    >>> detector = TaskDetector(DetectorConfig())
+    >>> calibration = detector.fit(labelled_episodes)        # LabelledEpisode(task, frames, success)
+    >>> verdict = detector.predict(episode_frames)           # camera -> uint8 [T, H, W, 3]
+    >>> verdict.success, verdict.confidence, verdict.sure
+
+torch and lerobot are imported at module level: only the learner (which trains anyway) imports this.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from lerobot.configs.types import FeatureType, PolicyFeature
+from lerobot.rewards.classifier import RewardClassifierConfig
+from lerobot.rewards.classifier.modeling_classifier import Classifier
+from lerobot.rewards.classifier.processor_classifier import make_classifier_processor
+from lerobot.utils.constants import OBS_IMAGE, REWARD
+from torch.nn.functional import interpolate
+from transformers import ResNetConfig, ResNetModel
+
+from robot_rl.learner.detector_config import DetectorConfig
+
+log = logging.getLogger(__name__)
+
+START_SUFFIX = "_start"  # the classifier input that holds a camera's first frame of the episode
+FEATURE_CHUNK = 256  # images per pass of the frozen backbone over the training set
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The detector's judgement of one episode."""
+
+    success: bool
+    confidence: float  # 0.5..1: how far the score lies on its side of the threshold (1: at 0 or 1)
+    sure: bool  # outside the calibrated margin: may stand in for a person's verdict
+    score: float  # the classifier's probability of success (mean over the last frames)
+
+
+@dataclass
+class LabelledEpisode:
+    """An episode someone (an operator, the sim's task) judged, as the detector learns from it."""
+
+    task: str
+    frames: Mapping[str, np.ndarray]  # camera -> uint8 [T, H, W, 3]
+    success: bool
+    is_intervention: np.ndarray | None = None  # bool [T]: a human drove that tick
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What fitting one task's detector found on its held-out episodes."""
+
+    threshold: float  # score at or above which an episode is judged a success
+    margin: float  # how far from the threshold a verdict is sure (inf: never)
+    heldout_accuracy: float  # share of held-out episodes judged right (nan: none held out)
+    heldout_episodes: int
+    trained_episodes: int
+
+
+@dataclass
+class _Samples:
+    """Classifier inputs and labels, frames resized: input key -> uint8 [N, S, S, 3]; labels float [N]."""
+
+    images: dict[str, np.ndarray]
+    labels: np.ndarray
+
+    @staticmethod
+    def concat(parts: Sequence[_Samples]) -> _Samples:
+        keys = parts[0].images
+        return _Samples({k: np.concatenate([p.images[k] for p in parts]) for k in keys},
+                        np.concatenate([p.labels for p in parts]))
+
+
+# ---------------------------------------------------------------- frames -> classifier inputs
+
+
+def input_keys(config: DetectorConfig) -> list[str]:
+    """The classifier's image inputs: each camera's frame, then (``compare_with_start``) its first frame."""
+    keys = [f"{OBS_IMAGE}.{cam}" for cam in config.cameras]
+    if config.compare_with_start:
+        keys += [f"{OBS_IMAGE}.{cam}{START_SUFFIX}" for cam in config.cameras]
+    return keys
+
+
+def resize(frames: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [N, H, W, 3] -> uint8 [N, size, size, 3] (area-averaged, as a camera at that size would see)."""
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    x = interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def _frames_at(frames: Mapping[str, np.ndarray], ticks: np.ndarray, config: DetectorConfig) -> dict[str, np.ndarray]:
+    """The classifier inputs for ``ticks`` of one episode (each paired with the episode's first frame)."""
+    size = config.image_size
+    out: dict[str, np.ndarray] = {}
+    for cam in config.cameras:
+        if cam not in frames:
+            raise KeyError(f"the success detector reads camera {cam!r}; the episode has {sorted(frames)}")
+        out[f"{OBS_IMAGE}.{cam}"] = resize(np.asarray(frames[cam])[ticks], size)
+        if config.compare_with_start:
+            start = resize(np.asarray(frames[cam])[:1], size)
+            out[f"{OBS_IMAGE}.{cam}{START_SUFFIX}"] = np.repeat(start, len(ticks), axis=0)
+    return out
+
+
+def _episode_length(frames: Mapping[str, np.ndarray]) -> int:
+    lengths = {len(v) for v in frames.values()}
+    if len(lengths) != 1 or 0 in lengths:
+        raise ValueError(f"episode frames must be non-empty and equally long per camera, got lengths {lengths}")
+    return lengths.pop()
+
+
+def verdict_ticks(length: int, config: DetectorConfig) -> np.ndarray:
+    """The last frames, which carry the episode's outcome."""
+    return np.arange(max(0, length - config.verdict_frames), length)
+
+
+def training_samples(episode: LabelledEpisode, config: DetectorConfig) -> _Samples:
+    """One labelled episode's samples (see the module doc): last frames labelled with its outcome,
+    early frames and the frames before each takeover negative."""
+    n = _episode_length(episode.frames)
+    last = verdict_ticks(n, config)
+    early_end = max(1, int(n * config.early_fraction))
+    early = np.unique(np.linspace(0, early_end - 1, config.early_negatives).round().astype(np.int64))
+    early = early[early < last[0]]
+    before_takeover: list[np.ndarray] = []
+    if episode.is_intervention is not None and config.takeover_negatives:
+        flags = np.asarray(episode.is_intervention, dtype=bool).reshape(-1)
+        for start in np.flatnonzero(flags[1:] & ~flags[:-1]) + 1:
+            lo = max(0, int(start) - config.takeover_window)
+            driven = lo + np.flatnonzero(~flags[lo:start])  # ticks the policy drove
+            if len(driven):
+                pick = np.linspace(0, len(driven) - 1, config.takeover_negatives).round().astype(np.int64)
+                before_takeover.append(driven[np.unique(pick)])
+    negatives = np.unique(np.concatenate([early, *before_takeover])) if before_takeover else early
+    negatives = negatives[~np.isin(negatives, last)]
+    ticks = np.concatenate([last, negatives]).astype(np.int64)
+    labels = np.concatenate([np.full(len(last), float(episode.success)), np.zeros(len(negatives))])
+    return _Samples(_frames_at(episode.frames, ticks, config), labels.astype(np.float32))
+
+
+def verdict_inputs(frames: Mapping[str, np.ndarray], config: DetectorConfig) -> dict[str, np.ndarray]:
+    """The classifier inputs an episode is judged on: its last frames."""
+    return _frames_at(frames, verdict_ticks(_episode_length(frames), config), config)
+
+
+@dataclass(frozen=True)
+class PreparedEpisode:
+    """A labelled episode reduced to what fitting reads (resized frames): kept in memory by an online
+    learner instead of whole episodes, and fit again and again without resizing anew."""
+
+    success: bool
+    samples: _Samples
+    verdict_inputs: dict[str, np.ndarray]
+
+
+def prepare(episode: LabelledEpisode, config: DetectorConfig) -> PreparedEpisode:
+    return PreparedEpisode(bool(episode.success), training_samples(episode, config),
+                           verdict_inputs(episode.frames, config))
+
+
+# ---------------------------------------------------------------- the classifier
+
+
+@dataclass(frozen=True)
+class BackboneFeatures:
+    """The frozen backbone's output for a batch of images, computed once per fit: what LeRobot's
+    spatial embedding reads (``last_hidden_state``: [N, C, 4, 4])."""
+
+    last_hidden_state: torch.Tensor
+
+
+class _FrozenBackboneClassifier(Classifier):
+    """LeRobot's classifier with only its backbone frozen: its per-image spatial embedding learns too
+    (the parent runs the whole per-image encoder under ``no_grad``). An input may be the backbone's
+    output already (``BackboneFeatures``): training runs the frozen backbone once per image, not once
+    per epoch."""
+
+    def _get_encoder_output(self, x: torch.Tensor | BackboneFeatures, image_key: str) -> torch.Tensor:
+        features = x if isinstance(x, BackboneFeatures) else self.backbone_features(x)
+        return self.encoders[image_key][1:](features)
+
+    def backbone_features(self, x: torch.Tensor) -> BackboneFeatures:
+        with torch.no_grad():
+            return BackboneFeatures(self.encoder(x).last_hidden_state)
+
+
+def build_classifier(config: DetectorConfig) -> _FrozenBackboneClassifier:
+    """The classifier with a seeded small ResNet backbone, written to (and read from) a local dir."""
+    # Passed as a dict: transformers' type hints do not name ResNetConfig's own keywords.
+    settings: dict[str, Any] = {"num_channels": 3, "embedding_size": config.backbone_channels[0],
+                                "hidden_sizes": list(config.backbone_channels),
+                                "depths": [1] * len(config.backbone_channels), "layer_type": "basic",
+                                "downsample_in_first_stage": False}
+    backbone = ResNetConfig(**settings)
+    shape = (3, config.image_size, config.image_size)
+    keys = input_keys(config)
+    with tempfile.TemporaryDirectory(prefix="detector-backbone-") as directory:
+        with torch.random.fork_rng():
+            torch.manual_seed(config.backbone_seed)
+            ResNetModel(backbone).save_pretrained(directory)
+        classifier_config = RewardClassifierConfig(
+            model_name=directory, model_type="cnn", num_cameras=len(keys), latent_dim=config.latent_dim,
+            hidden_dim=config.hidden_dim, dropout_rate=config.dropout, device="cpu",
+            input_features={key: PolicyFeature(type=FeatureType.VISUAL, shape=shape) for key in keys})
+        with torch.random.fork_rng():
+            torch.manual_seed(config.seed)
+            return _FrozenBackboneClassifier(classifier_config)
+
+
+def _image_stats(samples: _Samples) -> dict[str, dict[str, torch.Tensor]]:
+    """Per-input channel mean and std of the training frames (in [0, 1]), which LeRobot's processor normalizes by."""
+    stats = {}
+    for key, images in samples.images.items():
+        pixels = images.reshape(-1, 3).astype(np.float64) / 255.0
+        stats[key] = {"mean": torch.tensor(pixels.mean(0), dtype=torch.float32).view(3, 1, 1),
+                      "std": torch.tensor(np.maximum(pixels.std(0), 1e-3), dtype=torch.float32).view(3, 1, 1)}
+    return stats
+
+
+def _batch(images: Mapping[str, np.ndarray], index: np.ndarray) -> dict[str, torch.Tensor]:
+    return {key: torch.from_numpy(value[index]).permute(0, 3, 1, 2).float() / 255.0 for key, value in images.items()}
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def best_threshold(scores: np.ndarray, outcomes: np.ndarray) -> float:
+    """The threshold with the best balanced accuracy on these episodes (ties: the one nearest 0.5);
+    0.5 when they hold one outcome only."""
+    outcomes = outcomes.astype(bool)
+    if outcomes.all() or not outcomes.any():
+        return 0.5
+    ordered = np.unique(scores)
+    candidates = np.concatenate([[0.5], (ordered[1:] + ordered[:-1]) / 2, [ordered[0] - 1e-6, ordered[-1] + 1e-6]])
+
+    def balanced_accuracy(threshold: float) -> float:
+        judged = scores >= threshold
+        return 0.5 * (judged[outcomes].mean() + (~judged[~outcomes]).mean())
+
+    return float(max(candidates, key=lambda t: (balanced_accuracy(t), -abs(t - 0.5))))
+
+
+def sure_margin(scores: np.ndarray, outcomes: np.ndarray, threshold: float, config: DetectorConfig) -> float:
+    """The smallest distance from the threshold beyond which the held-out verdicts were at least
+    ``sure_accuracy`` right (never below ``min_margin``; inf where no distance is)."""
+    if not len(scores):
+        return math.inf
+    distance = np.abs(scores - threshold)
+    right = (scores >= threshold) == outcomes.astype(bool)
+    for margin in np.sort(distance):
+        beyond = distance >= margin
+        if right[beyond].mean() >= config.sure_accuracy:
+            return max(float(margin), config.min_margin)
+    return math.inf
+
+
+def heldout_split(outcomes: Sequence[bool], config: DetectorConfig) -> np.ndarray:
+    """Which episodes are held out: ``heldout_fraction`` of each outcome (at least one where the
+    outcome has two or more episodes), drawn with ``config.seed``."""
+    rng = np.random.default_rng(config.seed)
+    flags = np.asarray(outcomes, dtype=bool)
+    held = np.zeros(len(flags), dtype=bool)
+    for value in (True, False):
+        members = np.flatnonzero(flags == value)
+        if len(members) >= 2:
+            count = min(len(members) - 1, max(1, round(config.heldout_fraction * len(members))))
+            held[rng.choice(members, size=count, replace=False)] = True
+    return held
+
+
+# ---------------------------------------------------------------- one task's detector
+
+
+class TaskDetector:
+    """One task's success detector: fit on labelled episodes, then judge episodes' frames."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        self.model: _FrozenBackboneClassifier | None = None
+        self._preprocess = None
+        self.calibration: Calibration | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.model is not None and self.calibration is not None
+
+    def fit(self, episodes: Sequence[LabelledEpisode | PreparedEpisode]) -> Calibration:
+        """Train a fresh classifier on the episodes not held out, calibrate on the held-out ones."""
+        if not episodes:
+            raise ValueError("the success detector needs labelled episodes to learn from")
+        prepared = [e if isinstance(e, PreparedEpisode) else prepare(e, self.config) for e in episodes]
+        held = heldout_split([e.success for e in prepared], self.config)
+        train = [e for e, h in zip(prepared, held, strict=True) if not h]
+        heldout = [e for e, h in zip(prepared, held, strict=True) if h]
+        self._train(_Samples.concat([e.samples for e in train]))
+        if heldout:
+            scores = np.array([self.score_prepared(e) for e in heldout])
+            outcomes = np.array([e.success for e in heldout])
+            threshold = best_threshold(scores, outcomes)
+            accuracy = float(((scores >= threshold) == outcomes).mean())
+            margin = sure_margin(scores, outcomes, threshold, self.config)
+        else:
+            threshold, accuracy, margin = 0.5, math.nan, math.inf
+        self.calibration = Calibration(threshold, margin, accuracy, len(heldout), len(train))
+        return self.calibration
+
+    def _train(self, samples: _Samples) -> None:
+        config = self.config
+        model = build_classifier(config)
+        preprocess, _ = make_classifier_processor(model.config, _image_stats(samples))
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        labels = samples.labels
+        positives = labels > 0.5
+        # Each outcome weighs half of every epoch, however few successes (or failures) there are.
+        weights = np.where(positives, 0.5 / max(positives.sum(), 1), 0.5 / max((~positives).sum(), 1))
+        rng = np.random.default_rng(config.seed)
+        model.eval()
+        features = self._backbone_features(model, preprocess, samples)
+        model.train()
+        for _ in range(config.epochs):
+            order = rng.choice(len(labels), size=len(labels), p=weights / weights.sum())
+            for start in range(0, len(order), config.batch_size):
+                index = torch.from_numpy(order[start:start + config.batch_size])
+                batch = {key: BackboneFeatures(value[index]) for key, value in features.items()}
+                loss, _ = model({**batch, REWARD: torch.from_numpy(labels)[index]})
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, model.config.grad_clip_norm)
+                optimizer.step()
+        model.eval()
+        self.model, self._preprocess = model, preprocess
+
+    @staticmethod
+    def _backbone_features(model: _FrozenBackboneClassifier, preprocess: Any,
+                           samples: _Samples) -> dict[str, torch.Tensor]:
+        """Every training image through the normalizer and the frozen backbone, once."""
+        keys = list(samples.images)
+        chunks: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+        for start in range(0, len(samples.labels), FEATURE_CHUNK):
+            index = np.arange(start, min(start + FEATURE_CHUNK, len(samples.labels)))
+            batch = preprocess(_batch(samples.images, index))
+            for key in keys:
+                chunks[key].append(model.backbone_features(batch[key]).last_hidden_state)
+        return {key: torch.cat(parts) for key, parts in chunks.items()}
+
+    def score(self, frames: Mapping[str, np.ndarray]) -> float:
+        """The classifier's probability of success, averaged over the episode's last frames."""
+        return self._score_inputs(verdict_inputs(frames, self.config))
+
+    def _score_inputs(self, images: Mapping[str, np.ndarray]) -> float:
+        if self.model is None or self._preprocess is None:
+            raise RuntimeError("this success detector is not trained yet")
+        index = np.arange(len(next(iter(images.values()))))
+        with torch.no_grad():
+            batch = self._preprocess(_batch(images, index))
+            probabilities = self.model.predict([batch[key] for key in input_keys(self.config)]).probabilities
+        return float(probabilities.mean())
+
+    def score_prepared(self, episode: PreparedEpisode) -> float:
+        """``score`` of an episode already prepared (its frames resized once)."""
+        return self._score_inputs(episode.verdict_inputs)
+
+    def predict(self, frames: Mapping[str, np.ndarray]) -> Verdict:
+        """The verdict on one episode from its frames (camera -> uint8 [T, H, W, 3])."""
+        return self.verdict(self.score(frames))
+
+    def verdict(self, score: float) -> Verdict:
+        """The verdict a score stands for, by the calibrated threshold and margin."""
+        if self.calibration is None:
+            raise RuntimeError("this success detector is not trained yet")
+        threshold = self.calibration.threshold
+        success = score >= threshold
+        # The classifier's probability, rescaled so that the calibrated threshold sits at 0.5 (held-out
+        # episodes set the threshold, not the training loss): 0.5 at it, 1 at the far end of its side.
+        side = (score - threshold) / (1.0 - threshold) if success else (threshold - score) / threshold
+        return Verdict(success=success, confidence=0.5 + 0.5 * min(max(side, 0.0), 1.0),
+                       sure=abs(score - threshold) >= self.calibration.margin, score=score)

@@ -1,0 +1,80 @@
+"""Settings of the success detector (``robot_rl.learner.detector``): what it reads, how it learns,
+how sure it must be before its verdict stands in for a person's.
+
+Nothing here imports torch, so a command reads and checks its config in a moment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DetectorConfig:
+    """One success detector per task, on LeRobot's reward classifier (``lerobot.rewards.classifier``)."""
+
+    cameras: tuple[str, ...] = ("front", "wrist")  # the frames it judges (all must be recorded)
+    # Each camera's current frame is paired with the episode's first one: a push is judged by how far
+    # the cube moved, which one frame cannot show. The classifier takes them as two more "cameras".
+    compare_with_start: bool = True
+    # The frozen CNN backbone (a HuggingFace ResNet written to a local dir; the Hub is not reachable):
+    # channels per stage. Each stage after the first halves the grid, and the classifier's spatial
+    # embedding wants a 4x4 grid, so the frames are resized to 16 * 2 ** (stages - 1) pixels.
+    backbone_channels: tuple[int, ...] = (16, 32, 64)
+    backbone_seed: int = 0  # its weights are drawn, not pretrained: the same seed gives the same features
+    latent_dim: int = 64  # per-camera embedding of the classifier
+    hidden_dim: int = 64  # its MLP head
+    dropout: float = 0.1
+    # Frames per episode that carry its verdict: the last few of a success are positives, the last few
+    # of a failure negatives (judging averages the detector's probability over the same last frames).
+    verdict_frames: int = 3
+    # Frames from the first part of every episode (before ``early_fraction`` of its length) taken as
+    # negatives: whatever the outcome, the task was not done yet there.
+    early_negatives: int = 2
+    early_fraction: float = 0.6
+    # Frames taken as negatives before each human takeover (RLIF: the policy was going wrong there),
+    # from the ``takeover_window`` ticks before it (~0.5 s of reaction time at 30 fps).
+    takeover_negatives: int = 2
+    takeover_window: int = 15
+    # Training: AdamW over the classifier's trainable part (the backbone stays frozen).
+    epochs: int = 40
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    # Calibration: this share of a task's labelled episodes (at least one per outcome, when there are
+    # two) is held out to set the threshold and measure accuracy; the rest trains the classifier.
+    heldout_fraction: float = 0.3
+    # A verdict is "sure" when its score is at least ``margin`` from the threshold, where margin is the
+    # smallest distance beyond which the held-out episodes were judged at least this accurately.
+    sure_accuracy: float = 0.98
+    min_margin: float = 0.05  # never sure closer to the threshold than this
+    min_labelled: int = 6  # a task's detector is trained once it has this many labelled episodes ...
+    min_per_outcome: int = 2  # ... with at least this many successes and as many failures
+    retrain_every: int = 5  # then trained again after this many new labelled episodes
+    seed: int = 0  # the held-out split and the training order
+
+    def __post_init__(self) -> None:
+        if not self.cameras:
+            raise ValueError("DetectorConfig: cameras must name at least one camera")
+        if not self.backbone_channels:
+            raise ValueError("DetectorConfig: backbone_channels must name at least one stage")
+        if self.verdict_frames < 1:
+            raise ValueError(f"DetectorConfig: verdict_frames must be >= 1, got {self.verdict_frames}")
+        if not 0.0 < self.early_fraction <= 1.0:
+            raise ValueError(f"DetectorConfig: early_fraction must be in (0, 1], got {self.early_fraction}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"DetectorConfig: heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if not 0.5 < self.sure_accuracy <= 1.0:
+            raise ValueError(f"DetectorConfig: sure_accuracy must be in (0.5, 1], got {self.sure_accuracy}")
+        if self.min_per_outcome < 1 or self.min_labelled < 2 * self.min_per_outcome:
+            raise ValueError("DetectorConfig: needs min_per_outcome >= 1 and min_labelled >= 2 * min_per_outcome "
+                             f"(got {self.min_per_outcome}, {self.min_labelled})")
+        if self.retrain_every < 1:
+            raise ValueError(f"DetectorConfig: retrain_every must be >= 1, got {self.retrain_every}")
+        self.cameras = tuple(self.cameras)
+        self.backbone_channels = tuple(self.backbone_channels)
+
+    @property
+    def image_size(self) -> int:
+        """Side of the square frames the backbone reads (its last stage then has a 4x4 grid)."""
+        return 16 * 2 ** (len(self.backbone_channels) - 1)

@@ -1,0 +1,114 @@
+"""``SuccessJudge``: one success detector per task, trained online from the verdicts that arrive.
+
+Verdicts come from three sources (``VerdictSource``): an operator (a person said so), the task
+(the sim's ground truth, or a scripted check) and the detector itself. Only the first two teach:
+a detector that learned from its own verdicts would only grow surer of its mistakes. Each task's
+detector is fit once the task has ``min_labelled`` verdicts with ``min_per_outcome`` of each
+outcome, and fit again from scratch after every ``retrain_every`` new ones (a fresh fit calibrates
+its threshold on held-out episodes that include the newest). An episode nobody judged gets the
+detector's verdict with its confidence, or none while its task's detector is not trained.
+
+Fitting takes seconds to a minute on a CPU; ``learn`` fits on the calling thread, so the learner
+calls it from a thread that may wait (never the one that acks robots).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from robot_rl.learner.detector import Calibration, LabelledEpisode, PreparedEpisode, TaskDetector, Verdict, prepare
+from robot_rl.learner.detector_config import DetectorConfig
+
+log = logging.getLogger(__name__)
+
+
+class VerdictSource(StrEnum):
+    """Who said whether an episode succeeded."""
+
+    operator = "operator"
+    task = "task"
+    detector = "detector"
+
+
+@dataclass
+class _Task:
+    """One task's labelled episodes and the detector last fit on them."""
+
+    episodes: list[PreparedEpisode] = field(default_factory=list)
+    detector: TaskDetector | None = None
+    received: int = 0  # judged episodes taken so far (the oldest beyond max_labelled are dropped)
+    received_at_fit: int = 0
+
+
+class SuccessJudge:
+    """Per-task success detectors that learn from operators' and tasks' verdicts (see the module doc).
+
+    >>> judge = SuccessJudge(DetectorConfig())
+    >>> judge.learn(LabelledEpisode("push", frames, success=True), VerdictSource.operator)
+    >>> judge.judge("push", frames)   # a Verdict, or None while "push" has no trained detector
+    """
+
+    def __init__(self, config: DetectorConfig, max_labelled: int = 500) -> None:
+        self.config = config
+        self.max_labelled = max_labelled  # per task: the newest are kept (memory stays bounded)
+        self._tasks: dict[str, _Task] = {}
+        self._lock = threading.Lock()  # the tasks' state: judge() reads it while learn() fits
+        self._fitting = threading.Lock()  # one learn() at a time, so no fit is started twice
+
+    def learn(self, episode: LabelledEpisode, source: VerdictSource) -> Calibration | None:
+        """Take one judged episode; fit its task's detector when due. Returns the new calibration
+        when it fit one. A detector's own verdict teaches nothing and is refused."""
+        if source is VerdictSource.detector:
+            raise ValueError("a detector's verdict cannot train the detector (it would learn its own mistakes)")
+        prepared = prepare(episode, self.config)
+        with self._fitting:
+            with self._lock:
+                task = self._tasks.setdefault(episode.task, _Task())
+                task.episodes = [*task.episodes, prepared][-self.max_labelled:]
+                task.received += 1
+                episodes = list(task.episodes)
+            if not self._fit_due(task, episodes):
+                return None
+            detector = TaskDetector(self.config)
+            calibration = detector.fit(episodes)
+            with self._lock:
+                task.detector, task.received_at_fit = detector, task.received
+        log.info("success detector for %r fit on %d labelled episodes: held-out accuracy %.1f%% on %d, threshold "
+                 "%.2f, sure beyond +-%.2f", episode.task, calibration.trained_episodes,
+                 100 * calibration.heldout_accuracy, calibration.heldout_episodes, calibration.threshold,
+                 calibration.margin)
+        return calibration
+
+    def _fit_due(self, task: _Task, episodes: list[PreparedEpisode]) -> bool:
+        outcomes = np.array([e.success for e in episodes])
+        enough = (len(episodes) >= self.config.min_labelled and outcomes.sum() >= self.config.min_per_outcome
+                  and (~outcomes).sum() >= self.config.min_per_outcome)
+        return enough and (task.detector is None or task.received - task.received_at_fit >= self.config.retrain_every)
+
+    def judge(self, task: str, frames: Mapping[str, np.ndarray]) -> Verdict | None:
+        """The verdict of ``task``'s detector on an episode nobody judged; None while it has none."""
+        detector = self.detector(task)
+        return None if detector is None else detector.predict(frames)
+
+    def detector(self, task: str) -> TaskDetector | None:
+        with self._lock:
+            entry = self._tasks.get(task)
+            return None if entry is None else entry.detector
+
+    def labelled(self, task: str) -> int:
+        """How many judged episodes of ``task`` the judge holds."""
+        with self._lock:
+            entry = self._tasks.get(task)
+            return 0 if entry is None else len(entry.episodes)
+
+    def calibrations(self) -> dict[str, Calibration]:
+        """Each trained task's calibration (held-out accuracy, threshold, margin): what the console shows."""
+        with self._lock:
+            return {name: entry.detector.calibration for name, entry in self._tasks.items()
+                    if entry.detector is not None and entry.detector.calibration is not None}

@@ -1,0 +1,43 @@
+"""SuccessJudge (robot_rl.learner.judge): per-task detectors fit online from the verdicts that arrive;
+an episode nobody judged gets the detector's verdict once its task has one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.judge import SuccessJudge, VerdictSource
+from tests.detector_helpers import episodes, one_torch_thread  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CONFIG = DetectorConfig(cameras=("front",), epochs=20, heldout_fraction=0.25, min_labelled=12, min_per_outcome=3,
+                        retrain_every=4)
+
+
+def test_operators_verdicts_train_the_detector_that_then_judges_unjudged_episodes():
+    judge = SuccessJudge(CONFIG)
+    unseen = episodes(1, 20)
+    assert judge.judge("place", unseen[0].frames) is None  # no verdicts yet: nothing to judge with
+    fits = [judge.learn(episode, VerdictSource.operator) for episode in episodes(0, 16)]
+    assert [i for i, fit in enumerate(fits) if fit is not None] == [11, 15]  # at 12 verdicts, then every 4 more
+    assert judge.calibrations()["place"].trained_episodes + judge.calibrations()["place"].heldout_episodes == 16
+    verdicts = [judge.judge("place", e.frames) for e in unseen]
+    assert all(v is not None for v in verdicts)
+    assert np.mean([v.success == e.success for v, e in zip(verdicts, unseen, strict=True)]) >= 0.9
+    assert judge.judge("pick", unseen[0].frames) is None  # another task: its own detector, none yet
+
+
+def test_no_detector_is_fit_until_both_outcomes_have_enough_verdicts():
+    judge = SuccessJudge(CONFIG)
+    successes = [e for e in episodes(0, 24) if e.success]
+    assert all(judge.learn(e, VerdictSource.task) is None for e in successes)
+    assert judge.labelled("place") == 12 and judge.detector("place") is None
+
+
+def test_a_detectors_own_verdict_never_trains_it():
+    judge = SuccessJudge(CONFIG)
+    with pytest.raises(ValueError, match="cannot train the detector"):
+        judge.learn(episodes(0, 1)[0], VerdictSource.detector)
+    assert judge.labelled("place") == 0
