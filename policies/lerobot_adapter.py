@@ -135,6 +135,10 @@ class LeRobotChunkPolicy(TrainablePolicy):
         if self.joint_names is not None:
             self.joint_order = JointOrder(self.joint_names, robot_joints)
 
+    def loading_options(self) -> dict[str, Any]:
+        return {"camera_map": dict(self.camera_map) or None,
+                "joint_names": list(self.joint_names) if self.joint_names else None}
+
     def _to_policy_order[V: (np.ndarray, torch.Tensor)](self, vectors: V) -> V:
         return vectors if self.joint_order is None else self.joint_order.to_policy(vectors)
 
