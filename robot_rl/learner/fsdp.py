@@ -61,16 +61,15 @@ def gather_trained(sharded: nn.Module, whole: nn.Module | None) -> None:
     its buffers (never sharded) into ``whole``, a copy of the same module made before sharding (rank 0;
     None on the others, which only take part). Frozen parameters never change: the copy has them."""
     targets = dict(whole.named_parameters()) if whole is not None else {}
-    for name, param in sharded.named_parameters():
-        if not param.requires_grad:
-            continue
-        full = param.detach().full_tensor() if isinstance(param, DTensor) else param.detach()
-        if whole is not None:
-            with torch.no_grad():
+    with torch.no_grad():
+        for name, param in sharded.named_parameters():
+            if not param.requires_grad:
+                continue
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            if whole is not None:
                 targets[name].copy_(full)
-    if whole is not None:
-        buffers = dict(whole.named_buffers())
-        with torch.no_grad():
+        if whole is not None:
+            buffers = dict(whole.named_buffers())
             for name, buffer in sharded.named_buffers():
                 buffers[name].copy_(buffer)
 
