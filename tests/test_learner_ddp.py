@@ -301,8 +301,8 @@ def train(out: Path, ctx, algorithm: str, lerobot_dir: str | None, parallel: str
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(report))
 
 
-def _record(metrics: dict, losses: list[float]) -> dict:
-    losses.append(metrics["loss"])
+def _record(metrics: dict | None, losses: list[float]) -> dict | None:
+    losses.append(float("nan") if metrics is None else metrics["loss"])  # None: a skipped (non-finite) batch
     return metrics
 
 
