@@ -38,7 +38,13 @@ from lerobot.policies.factory import get_policy_class, make_policy_config, make_
 from lerobot.policies.pretrained import PreTrainedPolicy
 from lerobot.policies.rtc import RTCConfig
 from lerobot.policies.utils import prepare_observation_for_inference
-from lerobot.processor import DeviceProcessorStep, NormalizerProcessorStep, TransitionKey, create_transition
+from lerobot.processor import (
+    DeviceProcessorStep,
+    NormalizerProcessorStep,
+    TransitionKey,
+    UnnormalizerProcessorStep,
+    create_transition,
+)
 from lerobot.utils.constants import (
     ACTION,
     OBS_IMAGES,
@@ -134,6 +140,10 @@ class LeRobotChunkPolicy(TrainablePolicy):
     def bind_joints(self, robot_joints: Sequence[str]) -> None:
         if self.joint_names is not None:
             self.joint_order = JointOrder(self.joint_names, robot_joints)
+
+    def loading_options(self) -> dict[str, Any]:
+        return {"camera_map": dict(self.camera_map) or None,
+                "joint_names": list(self.joint_names) if self.joint_names else None}
 
     def _to_policy_order[V: (np.ndarray, torch.Tensor)](self, vectors: V) -> V:
         return vectors if self.joint_order is None else self.joint_order.to_policy(vectors)
@@ -363,15 +373,23 @@ class LeRobotChunkPolicy(TrainablePolicy):
             batch = {**batch, OBS_STATE: batch[OBS_STATE].unsqueeze(1)}
         return batch
 
-    def _to_lerobot_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Our training batch (uint8 HWC images by camera, state, actions) under LeRobot's keys, CHW in 0..1."""
+    def _observations_to_lerobot(self, batch: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        """The observations of a training batch (uint8 HWC images by camera, state, instruction) under
+        LeRobot's keys, images CHW in 0..1; ``prefix``: those of the next chunk (``next.``)."""
         out: dict[str, Any] = {}
         for ours, key in zip(self.cameras, self.image_keys, strict=True):
-            if f"images.{ours}" not in batch:
-                raise KeyError(f"the training batch has no images.{ours}; the LeRobot policy reads {self.image_keys}")
-            frames = torch.as_tensor(batch[f"images.{ours}"])
+            if f"{prefix}images.{ours}" not in batch:
+                raise KeyError(f"the training batch has no {prefix}images.{ours}; the LeRobot policy reads "
+                               f"{self.image_keys}")
+            frames = torch.as_tensor(batch[f"{prefix}images.{ours}"])
             out[key] = frames.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
-        out[OBS_STATE] = self._to_policy_order(torch.as_tensor(batch["state"], dtype=torch.float32))
+        out[OBS_STATE] = self._to_policy_order(torch.as_tensor(batch[f"{prefix}state"], dtype=torch.float32))
+        out["task"] = list(batch["instruction"])
+        return out
+
+    def _to_lerobot_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Our training batch (observations and actions) under LeRobot's keys."""
+        out = self._observations_to_lerobot(batch)
         actions = self._to_policy_order(torch.as_tensor(batch["actions"], dtype=torch.float32))
         if actions.ndim != 3 or actions.shape[1:] != (self.training_horizon, self.action_dim):
             raise ValueError(f"batch['actions'] must be [B, {self.training_horizon}, {self.action_dim}], "
@@ -380,8 +398,46 @@ class LeRobotChunkPolicy(TrainablePolicy):
         pad = batch.get("action_is_pad")
         out["action_is_pad"] = (torch.zeros(actions.shape[:2], dtype=torch.bool) if pad is None
                                 else torch.as_tensor(pad, dtype=torch.bool))
-        out["task"] = list(batch["instruction"])
         return out
+
+    # ------------------------------------------------------------------ flow sampling (rl's candidates)
+    @property
+    def has_flow_sampler(self) -> bool:
+        """SmolVLA, pi0 and pi0.5 integrate a flow from noise their ``predict_action_chunk`` takes (``noise=``,
+        passed on to their model's ``sample_actions``); ACT and Diffusion have no such sampler."""
+        return (hasattr(getattr(self.policy, "model", None), "sample_actions")
+                and hasattr(self.policy.config, "max_action_dim"))
+
+    @property
+    def flow_noise_shape(self) -> tuple[int, int]:
+        """The noise one sample integrates from: [chunk_size, max_action_dim] (the model's padded actions)."""
+        return int(self.policy.config.chunk_size), int(self.policy.config.max_action_dim)
+
+    def sample_normalized_chunks(self, batch: dict[str, Any], noise: torch.Tensor, prefix: str = "") -> torch.Tensor:
+        """[B, training_horizon, action_dim] chunks for the batch's observations under ``prefix`` (``next.``: the
+        next chunk's), drawn by the policy's own flow sampler from ``noise`` [B, *flow_noise_shape]: in the
+        normalised action space, the robot's joint order. Best-of-N candidates (``learner=rl``) differ only
+        by their noise, which the algorithm draws from its own generator."""
+        device = self._follow_device()
+        observations = self.preprocessor(self._observations_to_lerobot(batch, prefix))
+        training = self.policy.training  # predict_action_chunk switches the policy to eval
+        try:
+            chunks = self.policy.predict_action_chunk(observations, noise=noise.to(device))
+        finally:
+            self.policy.train(training)
+        return self._to_robot_order(chunks[:, : self.training_horizon, : self.action_dim])
+
+    def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """[..., action_dim] robot units -> the policy's normalised action space (both in the robot's joint order)."""
+        normalize = self.preprocessor_step(NormalizerProcessorStep)
+        normalized = normalize(create_transition(action=self._to_policy_order(actions)))[TransitionKey.ACTION]
+        return self._to_robot_order(normalized)
+
+    def unnormalize_actions(self, chunks: torch.Tensor) -> torch.Tensor:
+        """``normalize_actions`` undone, with the postprocessor's own unnormaliser."""
+        unnormalize = next(step for step in self.postprocessor.steps if isinstance(step, UnnormalizerProcessorStep))
+        actions = unnormalize(create_transition(action=self._to_policy_order(chunks)))[TransitionKey.ACTION]
+        return self._to_robot_order(actions)
 
     # ------------------------------------------------------------------ inference
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:

@@ -152,6 +152,13 @@ class TrainablePolicy(nn.Module, ABC):
         """Read states and write actions in the robot's joint order from now on. A policy that names no
         joints (FlowVLA) reads and writes the order it was trained in, which the edge checks by count."""
 
+    def loading_options(self) -> dict[str, Any]:
+        """What ``policies.loading.load_trainable`` needs beside the directory ``save_pretrained`` wrote to
+        rebuild this policy in another process (a robot process, a held-out scorer): how it is bound to
+        the robot, which a checkpoint does not hold (a LeRobot policy's ``camera_map`` and
+        ``joint_names``). Plain values: they travel as JSON."""
+        return {}
+
     @abstractmethod
     def config_hash(self) -> str:
         """Equal hashes mean the published weights fit (architecture and features)."""

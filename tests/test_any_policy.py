@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,69 @@ def test_edge_help_names_the_policies_it_runs(capsys):
     assert main(["edge", "--help"]) == 0
     out = capsys.readouterr().out
     assert "policy=lerobot" in out and "policy=hold" in out and "dry run" in out
+
+
+RUN_JOINTS = [f"{joint}.pos" for joint in reversed(SIM_JOINTS)]  # a dataset's names, in another order
+
+
+@pytest.fixture(scope="module")
+def act_top_dir(tmp_path_factory):
+    """An ACT whose front camera is called "top" (camera_map {front: top})."""
+    return tiny_act_dir(tmp_path_factory.mktemp("act_top"), cameras=("top", "wrist"), image_size=IMG, chunk_size=4)
+
+
+def test_a_policy_reloaded_in_another_process_keeps_its_camera_map_and_joint_order(act_top_dir, tmp_path):
+    import numpy as np
+
+    from robot_rl.policies.loading import load_trainable
+
+    policy = LeRobotChunkPolicy.from_pretrained(act_top_dir, device="cpu", camera_map={"front": "top"},
+                                                joint_names=RUN_JOINTS)
+    policy.save_pretrained(tmp_path / "start")  # what the main job hands its robot processes
+    again = load_trainable(tmp_path / "start", **policy.loading_options())
+    rng = np.random.default_rng(0)
+    images = {cam: rng.integers(0, 256, (IMG, IMG, 3), dtype=np.uint8) for cam in CAMERAS}
+    state = np.arange(1.0, 7.0, dtype=np.float32) * 2.0
+    for each in (policy, again):
+        each.bind_joints(SIM_JOINTS)
+        each.eval()
+    assert again.cameras == CAMERAS
+    np.testing.assert_allclose(again.predict_chunk(images, state, "push"), policy.predict_chunk(images, state, "push"),
+                               rtol=1e-5, atol=1e-5)
+    unbound = load_trainable(tmp_path / "start", camera_map={"front": "top"})  # the checkpoint's order taken as ours
+    unbound.eval()
+    assert not np.allclose(unbound.predict_chunk(images, state, "push"), policy.predict_chunk(images, state, "push"))
+
+
+@pytest.mark.slow
+def test_the_main_job_trains_lora_adapters_of_a_lerobot_checkpoint_and_its_robot_swaps_to_them(act_top_dir, tmp_path):
+    """``robot-rl run policy=lerobot policy.lora_rank=R`` with camera_map and joint_names: the learner publishes
+    the adapters only, and the robot (in its own process) loads the base with them and swaps to newer ones."""
+    from safetensors import safe_open
+
+    from robot_rl.app.main_job import run_main_job
+    from robot_rl.config import load_config
+    from robot_rl.learner.published import HISTORY_FILE
+
+    cfg = load_config([
+        "policy=lerobot", f"policy.path={act_top_dir}", "policy.lora_rank=4", "policy.lora_targets=[linear1,linear2]",
+        "+policy.camera_map={front:top}", f"policy.joint_names=[{','.join(RUN_JOINTS)}]",
+        f"output_dir={tmp_path}", f"robot.image_height={IMG}", f"robot.image_width={IMG}", "demos.episodes=1",
+        "run.num_robots=1", "run.episodes=4", "run.max_episode_steps=30", "run.time_budget_min=null",
+        "run.min_updates=null", "run.eval_episodes=0", "run.heldout_scenes=0", "run.robots=process",
+        "learner.trainer.batch_size=4", "learner.trainer.publish_every_updates=2",
+        "learner.trainer.min_steps_to_train=8", "learner.service.router_endpoint=tcp://127.0.0.1:0",
+        "learner.service.pub_endpoint=tcp://127.0.0.1:0", "learner.console.enabled=false",
+        "learner.store.writer=thread", "learner.store.commit_linger_s=0", "learner.store.index_read_workers=0",
+    ])
+    summary = run_main_job(cfg)
+    assert summary["episodes"] == 4 and summary["updates"] > 0
+    assert summary["robot_versions"]["sim-0"] >= 1  # the robot swapped to adapters the learner published
+    full = LeRobotChunkPolicy.from_pretrained(act_top_dir, device="cpu")
+    full_bytes = sum(t.numel() * t.element_size() for t in full.published_state_dict().values())
+    checkpoint = Path(summary["checkpoint"])
+    published = [json.loads(line) for line in (checkpoint.parent / HISTORY_FILE).read_text().splitlines()]
+    assert published and max(p["size_bytes"] for p in published) < full_bytes / 4
+    with safe_open(str(checkpoint / "adapter_model.safetensors"), "pt") as saved:
+        keys = list(saved.keys())
+    assert keys and all("lora_" in key for key in keys)  # adapters only: the frozen base stays home

@@ -1,10 +1,10 @@
 """Data-parallel trainer: 2 CPU ranks (gloo) under torchrun, on loopback.
 
-The same file is the rank worker: ``torchrun -m tests.test_learner_ddp OUT ACT_DIR`` trains one
-tiny FlowVLA per algorithm, then the LeRobot ACT in ACT_DIR, one after the other in one process
-group (one start-up). Rank 0 holds the data (the ranks start from different initial weights on
-purpose); after each run every rank writes its parameters, its critics and what it published and
-checkpointed under OUT/RUN.
+The same file is the rank worker: ``torchrun -m tests.test_learner_ddp OUT ACT_DIR GROUP`` trains
+the runs of ``RUN_GROUPS[GROUP]`` one after the other in one process group (one start-up): one tiny
+FlowVLA per algorithm, the LeRobot ACT in ACT_DIR, and both sharded (``learner.trainer.parallel=fsdp``).
+Rank 0 holds the data (the ranks start from different initial weights on purpose); after each run
+every rank writes its parameters, its critics and what it published and checkpointed under OUT/RUN.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ ALGORITHMS = {"bc": BC, "awr": AWRConfig(critic_hidden=16),
               "rl": RLConfig(critic_hidden=16, num_candidates=3, warmup_updates=0)}
 
 
-def ddp_trainer_config(root: Path, rank: int):
+def ddp_trainer_config(root: Path, rank: int, parallel: str = "ddp"):
     return trainer_config(root / f"ckpt-rank{rank}", batch_size=BATCH, publish_every_updates=2,
-                          checkpoint_every_updates=2, max_updates=UPDATES)
+                          checkpoint_every_updates=2, max_updates=UPDATES, parallel=parallel)
 
 
 def free_port() -> int:
@@ -61,8 +61,10 @@ def ddp_runs(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("ddp")
     act = tiny_act_dir(out / "act-start", chunk_size=4)
-    proc = run_torchrun(["-m", "tests.test_learner_ddp", str(out), str(act)], timeout_s=400)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    for group in RUN_GROUPS:
+        proc = run_torchrun(["-m", "tests.test_learner_ddp", str(out), str(act), group], timeout_s=400)
+        assert proc.returncode == 0, (f"torchrun {group} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                      f"{proc.stderr[-5000:]}")
     return out
 
 
@@ -82,31 +84,41 @@ def test_ranks_end_bit_identical(ddp_run):
     assert not torch.equal(trained, tiny_policy(seed=0).state_dict()["action_out.weight"])
 
 
-def test_matches_a_single_process_on_the_same_batches(ddp_run, tmp_path):
-    """Same parameters, critics and losses as one process on the same batches.
+def single_process(algorithm: str, root: Path) -> tuple[Trainer, list[float]]:
+    """One process's UPDATES updates on the batches the data-parallel runs train on; its losses."""
+    from tests.test_learner_trainer import filled_index
+
+    single = Trainer(tiny_policy(seed=0), filled_index(), ddp_trainer_config(root, 0), ALGORITHMS[algorithm])
+    params = dict(single.policy.named_parameters())
+    single.loss_free = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in params.items()}
+    losses = []
+    for _ in range(UPDATES):
+        losses.append(single.update_once()["loss"])
+        for name, p in params.items():
+            single.loss_free[name] |= p.grad.abs() < 1e-6
+    assert sum(int(m.sum()) for m in single.loss_free.values()) < 0.05 * sum(p.numel() for p in params.values())
+    return single, losses
+
+
+def assert_same_policy(saved: dict[str, torch.Tensor], single: Trainer) -> None:
+    """``saved`` holds ``single``'s parameters and buffers.
 
     Elements whose gradient is numerically zero (biases right before a GroupNorm, attention
     key biases: the loss does not depend on them) are left out: AdamW turns float noise
     there into +-lr steps, in one process as much as in two.
     """
-    from tests.test_learner_trainer import filled_index
-
-    name, ddp_run = ddp_run
-    single = Trainer(tiny_policy(seed=0), filled_index(), ddp_trainer_config(tmp_path, 0), ALGORITHMS[name])
-    params = dict(single.policy.named_parameters())
-    loss_free = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in params.items()}
-    losses = []
-    for _ in range(UPDATES):
-        losses.append(single.update_once()["loss"])
-        for name, p in params.items():
-            loss_free[name] |= p.grad.abs() < 1e-6
-    assert sum(int(m.sum()) for m in loss_free.values()) < 0.05 * sum(p.numel() for p in params.values())
-    ddp = load_file(str(ddp_run / "rank0.policy.safetensors"))
-    for key, p in params.items():
-        keep = ~loss_free[key]
-        torch.testing.assert_close(ddp[key][keep], p.detach()[keep], rtol=1e-4, atol=1e-5, msg=key)
+    for key, p in single.policy.named_parameters():
+        keep = ~single.loss_free[key]
+        torch.testing.assert_close(saved[key][keep], p.detach()[keep], rtol=1e-4, atol=1e-5, msg=key)
     for key, buf in single.policy.named_buffers():
-        torch.testing.assert_close(ddp[key], buf, msg=key)  # normaliser fitted on rank 0, same on all
+        torch.testing.assert_close(saved[key], buf, msg=key)  # normaliser fitted on rank 0, same on all
+
+
+def test_matches_a_single_process_on_the_same_batches(ddp_run, tmp_path):
+    """Same parameters, critics and losses as one process on the same batches."""
+    name, ddp_run = ddp_run
+    single, losses = single_process(name, tmp_path)
+    assert_same_policy(load_file(str(ddp_run / "rank0.policy.safetensors")), single)
     critics = load_file(str(ddp_run / "rank0.extra.safetensors"))
     for key, tensor in extra_state(single).items():
         torch.testing.assert_close(critics[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
@@ -126,6 +138,55 @@ def test_a_lerobot_act_trains_data_parallel_and_its_checkpoint_loads_in_lerobot(
     initial = get_policy_class("act").from_pretrained(str(start)).state_dict()
     assert all(torch.equal(v, rank0[k]) for k, v in reloaded.items())
     assert any(not torch.equal(v, initial[k]) for k, v in reloaded.items())
+
+
+def test_fsdp_ranks_hold_slices_and_rank_zero_publishes_and_checkpoints_what_one_process_trains(ddp_runs, tmp_path):
+    """learner.trainer.parallel=fsdp: each rank keeps half of every sharded weight and of Adam's moments;
+    the weights rank 0 gathers, publishes and checkpoints are one process's on the same batches."""
+    from robot_rl.learner.checkpoint import read_checkpoint
+
+    out = ddp_runs / "fsdp"
+    single, losses = single_process("bc", tmp_path)
+    leader, follower = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    for report in (leader, follower):
+        assert report["steps"] == UPDATES and report["local_params"] <= report["params"] / 2 + 1000
+    assert leader["published"] == [1, 2] and follower["published"] == []
+    assert [(a + b) / 2 for a, b in zip(leader["losses"], follower["losses"], strict=True)] == pytest.approx(
+        losses, rel=1e-4)
+    assert_same_policy(load_file(str(out / "rank0.policy.safetensors")), single)  # gathered at the last checkpoint
+    weights, state = read_checkpoint(out / "ckpt-rank0" / "step-00000004")
+    assert_same_policy(weights, single)
+    [(name, moments)] = state.optimizers.items()
+    expected = single.algorithm.optimizers()[name].state_dict()["state"]
+    assert len(moments["state"]) == len(expected)
+    for param_id, values in expected.items():  # whole moments, as one process's optimiser holds them
+        assert moments["state"][param_id]["exp_avg"].shape == values["exp_avg"].shape
+    assert not (out / "ckpt-rank1").exists()
+
+
+def test_fsdp_checkpoints_a_lerobot_policy_in_lerobots_layout(ddp_runs):
+    from lerobot.policies.factory import get_policy_class
+
+    start, out = ddp_runs / "act-start", ddp_runs / "fsdp-act"
+    gathered = load_file(str(out / "rank0.policy.safetensors"))
+    saved = sorted((out / "ckpt-rank0").glob("step-*"))[-1]
+    reloaded = get_policy_class("act").from_pretrained(str(saved)).state_dict()
+    initial = get_policy_class("act").from_pretrained(str(start)).state_dict()
+    assert reloaded.keys() == gathered.keys() and all(torch.equal(v, gathered[k]) for k, v in reloaded.items())
+    assert any(not torch.equal(v, initial[k]) for k, v in reloaded.items())
+
+
+@pytest.mark.parametrize("algorithm, overrides, match", [
+    ("awr", {}, "without critics"), ("bc", {"ema_decay": 0.99}, "ema_decay=null")])
+def test_fsdp_refuses_what_it_cannot_shard_in_one_line_before_any_collective(tmp_path, algorithm, overrides, match):
+    from robot_rl.core.errors import ConfigError
+    from robot_rl.learner.ddp import DistContext, DistributedTrainer
+    from tests.test_learner_trainer import filled_index
+
+    ctx = DistContext(rank=0, world_size=2, local_rank=0, backend="gloo", device=torch.device("cpu"))
+    config = trainer_config(tmp_path, batch_size=BATCH, parallel="fsdp", **overrides)
+    with pytest.raises(ConfigError, match=match):
+        DistributedTrainer(tiny_policy(seed=0), filled_index(), config, ALGORITHMS[algorithm], ctx)
 
 
 def test_only_rank_zero_publishes_and_checkpoints(ddp_run):
@@ -188,19 +249,27 @@ def rank_policy(rank: int, lerobot_dir: str | None):
     return policy
 
 
-def worker(out: Path, act_dir: str) -> None:
+# The runs of one torchrun (one process group). One sharded run per process: a second trainer thread
+# that shards in the same process crashes inside torch's DTensor (torch 2.11, CPU); a learner has one.
+RUN_GROUPS = {"ddp+fsdp": ["bc", "awr", "rl", "act", "fsdp"], "fsdp-act": ["fsdp-act"]}
+
+
+def worker(out: Path, act_dir: str, group: str) -> None:
     from robot_rl.learner.ddp import init_distributed, shutdown_distributed
 
     ctx = init_distributed("cpu", timeout_s=120)
     assert ctx is not None and ctx.world_size == 2, "run me under torchrun --nproc-per-node 2"
-    for algorithm in sorted(ALGORITHMS):
-        train(out / algorithm, ctx, algorithm, None)
-    train(out / "act", ctx, "bc", act_dir)
+    for run in RUN_GROUPS[group]:
+        algorithm = run if run in ALGORITHMS else "bc"
+        train(out / run, ctx, algorithm, act_dir if run.endswith("act") else None,
+              parallel="fsdp" if run.startswith("fsdp") else "ddp")
     shutdown_distributed()
 
 
-def train(out: Path, ctx, algorithm: str, lerobot_dir: str | None) -> None:
+def train(out: Path, ctx, algorithm: str, lerobot_dir: str | None, parallel: str = "ddp") -> None:
     """One data-parallel run of UPDATES updates; what each rank ends with goes under ``out``."""
+    from torch.distributed.tensor import DTensor
+
     from robot_rl.learner.ddp import DistributedTrainer
     from robot_rl.learner.index import SamplingIndex
     from tests.learner_helpers import CAMERAS
@@ -210,27 +279,33 @@ def train(out: Path, ctx, algorithm: str, lerobot_dir: str | None) -> None:
     index = filled_index() if ctx.is_leader else SamplingIndex(CAMERAS)
     published: list[int] = []
     losses: list[float] = []
-    trainer = DistributedTrainer(rank_policy(ctx.rank, lerobot_dir), index, ddp_trainer_config(out, ctx.rank),
+    trainer = DistributedTrainer(rank_policy(ctx.rank, lerobot_dir), index, ddp_trainer_config(out, ctx.rank, parallel),
                                  ALGORITHMS[algorithm], ctx, publish=lambda blob: published.append(blob.version))
-    update = trainer.algorithm.update
-    trainer.algorithm.update = lambda batch: _record(update(batch), losses)  # this rank's shard loss
+    update = trainer.update_or_skip  # (sharded, the algorithm is built anew over the shards at the first update)
+    trainer.update_or_skip = lambda batch: _record(update(batch), losses)  # this rank's shard loss
     if ctx.is_leader:
         trainer.start()
         assert trainer.wait(180), "leader did not finish its updates"
     else:
         trainer.follow()
-    save_file({k: v.contiguous() for k, v in trainer.policy.state_dict().items()},
-              str(out / f"rank{ctx.rank}.policy.safetensors"))
-    save_file(extra_state(trainer), str(out / f"rank{ctx.rank}.extra.safetensors"))
     report = {"published": published, "steps": trainer.step, "losses": losses}
+    if trainer.sharded:  # rank 0 has the whole weights as it last gathered them; each rank its slices
+        report["params"] = sum(p.numel() for p in trainer.policy.parameters())
+        report["local_params"] = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel()  # scalars: whole
+                                     for p in trainer.policy.parameters())
+    weights = trainer.deployed if trainer.sharded else trainer.policy
+    if ctx.is_leader or not trainer.sharded:
+        save_file({k: v.contiguous() for k, v in weights.state_dict().items()},
+                  str(out / f"rank{ctx.rank}.policy.safetensors"))
+    save_file(extra_state(trainer), str(out / f"rank{ctx.rank}.extra.safetensors"))
     (out / f"rank{ctx.rank}.json").write_text(json.dumps(report))
 
 
-def _record(metrics: dict, losses: list[float]) -> dict:
-    losses.append(metrics["loss"])
+def _record(metrics: dict | None, losses: list[float]) -> dict | None:
+    losses.append(float("nan") if metrics is None else metrics["loss"])  # None: a skipped (non-finite) batch
     return metrics
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    worker(Path(sys.argv[1]), sys.argv[2])
+    worker(Path(sys.argv[1]), sys.argv[2], sys.argv[3])

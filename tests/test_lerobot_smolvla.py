@@ -3,8 +3,9 @@
 What must hold for a vision-language-action checkpoint, as for ACT (tests/test_lerobot_training.py):
 the learner's per-sample loss is SmolVLA's own (``forward(reduction="none")``) and a zero weight
 removes a sample, an update changes the trainable (action expert) weights and lowers the loss,
-the learner's checkpoint is a LeRobot checkpoint (``SmolVLAPolicy.from_pretrained``), and a
-publish lands in a running edge node mid-episode and changes its chunks.
+the learner's checkpoint is a LeRobot checkpoint (``SmolVLAPolicy.from_pretrained``), a
+publish lands in a running edge node mid-episode and changes its chunks, and ``rl`` distils the best
+of candidates SmolVLA's own sampler draws from the algorithm's noise.
 """
 
 from __future__ import annotations
@@ -221,3 +222,24 @@ def test_an_edge_node_with_real_time_chunking_sends_the_pending_plan_with_each_r
 
     with pytest.raises(ValueError, match="takes a frozen prefix"):
         EdgeNode(CameraRobot(), HoldPolicy(), VirtualClock(), config, robot_id="edge-hold")
+
+
+def test_rl_trains_smolvla_on_best_of_n_candidates_from_its_own_sampler_with_controlled_noise(smolvla_dir):
+    from robot_rl.learner.algorithms.config import RLConfig
+
+    trainer = Trainer(load(smolvla_dir), filled_index(), trainer_config(smolvla_dir / "unused-rl", lr=1e-3),
+                      RLConfig(critic_hidden=16, num_candidates=2, warmup_updates=0))
+    algorithm = trainer.algorithm
+    inputs = algorithm.encoder(fixed_batch(4))
+    noise = torch.randn((8, *algorithm.candidates.noise_shape), generator=torch.Generator().manual_seed(1))
+    first = algorithm.candidates(inputs, noise, next_observation=False)
+    assert first.shape == (8, CHUNK, JOINTS)
+    torch.testing.assert_close(algorithm.candidates(inputs, noise, next_observation=False), first)  # noise decides
+    assert not torch.allclose(algorithm.candidates(inputs, noise.flip(0), next_observation=False), first)
+    assert not torch.allclose(algorithm.candidates(inputs, noise, next_observation=True), first)  # the next state's
+    before = trainable(trainer.policy)
+    metrics = [trainer.update_once() for _ in range(3)]
+    assert all(np.isfinite(m["loss"]) and np.isfinite(m["critic_loss"]) and m["distilling"] == 1.0 for m in metrics)
+    assert metrics[0]["critic_loss"] != metrics[-1]["critic_loss"]
+    after = trainable(trainer.policy)
+    assert any(not torch.equal(after[k], before[k]) for k in before)  # best-of-N distilled into the expert

@@ -3,8 +3,8 @@
 What must hold for a lab's own checkpoint: the learner's per-sample loss is LeRobot's loss, an
 update lowers it, the learner's checkpoint is a LeRobot checkpoint (``from_pretrained`` in
 LeRobot itself), a publish lands in a running edge node between chunks and changes its chunks,
-``awr`` weights it with a critic on an encoder of its own, and ``rl`` (whose candidates come from
-FlowVLA's flow sampler) refuses in one line.
+``awr`` weights it with a critic on an encoder of its own, and ``rl``, whose candidates need a flow
+sampler (SmolVLA's: tests/test_lerobot_smolvla.py), refuses ACT in one line.
 """
 
 from __future__ import annotations

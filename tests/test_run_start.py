@@ -135,7 +135,7 @@ def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_sc
 
     calls = []
 
-    def scored(weights, cfg, episodes, desc):
+    def scored(weights, cfg, episodes, desc, policy_options=None):
         calls.append(([Path(w).name for w in weights], episodes, int(cfg.seed)))
         return [{"success": 0.6, "ci95": [0.45, 0.73]}, None]  # the final's child failed: said, not raised
 
@@ -149,7 +149,7 @@ def test_the_run_ends_with_the_start_and_the_final_weights_on_the_same_unseen_sc
     assert "start 60% (45%-73%) -> final not scored" in out
     assert result["final_vs_start"] is None  # one side not scored: no paired comparison
 
-    def both_scored(weights, cfg, episodes, desc):
+    def both_scored(weights, cfg, episodes, desc, policy_options=None):
         return [{"success": 0.25, "ci95": [0.05, 0.7], "per_episode_success": [False, True, False, False]},
                 {"success": 1.0, "ci95": [0.5, 1.0], "per_episode_success": [True] * 4}]
 

@@ -311,26 +311,29 @@ class HeldoutJob:
     edge: EdgeConfig
     seeds: list[int]
     families: list[str]
+    policy_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # the policy's ``loading_options()``
 
     @classmethod
-    def of(cls, cfg: RobotRLConfig, episodes: int) -> HeldoutJob:
+    def of(cls, cfg: RobotRLConfig, episodes: int, policy_options: dict[str, Any] | None = None) -> HeldoutJob:
         """``episodes`` scenes no robot of a run sees (``seeds.heldout`` on), families rotating."""
         first = cfg.seed + cfg.seeds.heldout
-        return cls(sim_config(cfg), cfg.edge, [first + i for i in range(episodes)], task_families(cfg))
+        return cls(sim_config(cfg), cfg.edge, [first + i for i in range(episodes)], task_families(cfg),
+                   dict(policy_options or {}))
 
     def to_json(self) -> str:
         return json.dumps({"robot": dataclasses.asdict(self.robot), "edge": dataclasses.asdict(self.edge),
-                           "seeds": self.seeds, "families": self.families})
+                           "seeds": self.seeds, "families": self.families, "policy_options": self.policy_options})
 
     @classmethod
     def from_json(cls, text: str) -> HeldoutJob:
         data = json.loads(text)
-        return cls(SimConfig(**data["robot"]), EdgeConfig(**data["edge"]), list(data["seeds"]), list(data["families"]))
+        return cls(SimConfig(**data["robot"]), EdgeConfig(**data["edge"]), list(data["seeds"]), list(data["families"]),
+                   dict(data.get("policy_options") or {}))
 
 
 def evaluate_weights(weights: Path, job: HeldoutJob, desc: str) -> dict[str, Any]:
     """Success of ``weights`` alone (no operator) on the job's scenes, in this process (virtual time)."""
-    policy = load_trainable(weights)
+    policy = load_trainable(weights, **job.policy_options)
     robot = SimSO101(job.robot)
     robot.connect()
     try:
@@ -349,14 +352,15 @@ def heldout_eval(weights: Path, cfg: RobotRLConfig, episodes: int, desc: str,
 
 
 def heldout_eval_all(weights: list[Path], cfg: RobotRLConfig, episodes: int, desc: str,
-                     timeout_s: float = 1800.0) -> list[dict | None]:
+                     timeout_s: float = 1800.0, policy_options: dict[str, Any] | None = None) -> list[dict | None]:
     """``heldout_eval`` of several weights, one after the other in one child (one start-up);
-    None for each one not scored (``episodes`` 0, a failed child, a missing result)."""
+    None for each one not scored (``episodes`` 0, a failed child, a missing result).
+    ``policy_options``: the saving policy's ``loading_options()`` (a LeRobot policy's camera_map, joint_names)."""
     if episodes <= 0 or not weights:
         return [None] * len(weights)
     with tempfile.TemporaryDirectory(prefix="heldout-") as tmp:
         job_path = Path(tmp) / "job.json"
-        job_path.write_text(HeldoutJob.of(cfg, episodes).to_json())
+        job_path.write_text(HeldoutJob.of(cfg, episodes, policy_options).to_json())
         command = [sys.executable, "-m", "robot_rl.app.evaluation", str(job_path), desc, *map(str, weights)]
         try:
             done = subprocess.run(command, stdout=subprocess.PIPE, text=True, timeout=timeout_s * len(weights),

@@ -59,9 +59,10 @@ class HeldoutMonitor:
 
     def __init__(self, trainer: Trainer, cfg: RobotRLConfig, directory: Path, scenes: int,
                  episodes: Callable[[], int], every_updates: int = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, policy_options: dict[str, Any] | None = None) -> None:
         """``every_updates``: a version is scored only once the trainer is this many updates past the
-        last one scored (the first: past the start)."""
+        last one scored (the first: past the start); ``policy_options``: the trained policy's
+        ``loading_options()`` (a LeRobot policy's camera_map and joint_names), for the scorer's loads."""
         if scenes < 1 or every_updates < 1:
             raise ValueError(f"the held-out monitor needs scenes >= 1 and every_updates >= 1, got {scenes}, "
                              f"{every_updates}")
@@ -70,6 +71,7 @@ class HeldoutMonitor:
         self.directory = Path(directory)
         self.scenes = scenes
         self._cfg = cfg
+        self._policy_options = dict(policy_options or {})
         self._episodes = episodes
         self._clock = clock
         self._t0 = clock()
@@ -89,7 +91,7 @@ class HeldoutMonitor:
         """Start the scorer (the clock of ``wall_s`` starts now: call it as the robots start)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         job = self.directory / "job.json"
-        job.write_text(HeldoutJob.of(self._cfg, self.scenes).to_json())
+        job.write_text(HeldoutJob.of(self._cfg, self.scenes, self._policy_options).to_json())
         self._t0 = self._clock()
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         with open(self.directory / "scorer.log", "w") as errors:

@@ -229,7 +229,7 @@ def _robots_in_processes(learner: LearnerService, policy: TrainablePolicy, run: 
     start_dir = Path(run.spool_dir) / "start_policy"  # the weights every robot starts from
     policy.save_pretrained(start_dir)
     jobs = [RobotJob(i, robot_client(i, learner, policy, run), str(start_dir), run, robot_factory,
-                     operator_factory) for i in range(run.num_robots)]
+                     operator_factory, policy_options=policy.loading_options()) for i in range(run.num_robots)]
     robots = RobotProcesses(jobs, on_episode, versions)
     try:
         robots.start()

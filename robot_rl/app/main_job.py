@@ -34,7 +34,7 @@ from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.app.local_run import make_sim_robot_factory, run_local
 from robot_rl.app.policies import shipped_bc_checkpoint
 from robot_rl.app.sim import demo_expert, sim_config, task_families
-from robot_rl.core.errors import ConfigError
+from robot_rl.core.registry import POLICIES
 from robot_rl.core.statistics import PairedComparison
 from robot_rl.edge.rerun_view import start_viewer
 from robot_rl.hardware.sim.scene import JOINT_NAMES
@@ -43,12 +43,14 @@ from robot_rl.hardware.teleop.intervention import TeleopIntervention
 from robot_rl.hardware.teleop.scripted import ScriptedOperatorConfig, scripted_operator_for_sim
 from robot_rl.learner.algorithms.config import ALGORITHMS
 from robot_rl.learner.console import console_line
+from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 from robot_rl.policies.loading import load_trainable
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
     from robot_rl.learner.config import LearnerConfig
     from robot_rl.learner.service import LearnerService
+    from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,15 @@ def ensure_bc_checkpoint(cfg: RobotRLConfig) -> Path:
         result = behaviour_cloning.train_bc(cfg)
         print(f"BC start: success {result['success']:.0%} over {result['eval_episodes']} sim episodes")
     return checkpoint
+
+
+def run_policy(cfg: RobotRLConfig, checkpoint: Path) -> TrainablePolicy:
+    """The policy the run's learner trains and its robots start from: ``checkpoint`` as ``policy=lerobot``
+    configures it (LoRA adapters on a frozen base, ``camera_map``, ``joint_names``; on ``policy.device``,
+    else the CPU the run shares), or by its layout (a FlowVLA or LeRobot checkpoint)."""
+    if isinstance(cfg.policy, LeRobotPolicyConfig):
+        return POLICIES.build(replace(cfg.policy, path=str(checkpoint), device=cfg.policy.device or "cpu"))
+    return load_trainable(checkpoint)
 
 
 @dataclass(frozen=True)
@@ -192,15 +203,11 @@ def local_run_config(cfg: RobotRLConfig, run_dir: Path, viewer: Any = None) -> L
 
 
 def run_main_job(cfg: RobotRLConfig) -> dict:
-    if getattr(cfg.policy, "lora_rank", 0) > 0:
-        raise ConfigError("robot-rl run trains full weights: its robot processes load a checkpoint directory and "
-                          "would not add the adapters; LoRA runs as `robot-rl learner` + `robot-rl edge` with the "
-                          "same policy.lora_rank")
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
     families = task_families(cfg)  # a bad value fails now, not after a BC start was trained
     checkpoint = ensure_bc_checkpoint(cfg)
     share_cpu_with_robots(cfg)
-    policy = load_trainable(checkpoint)
+    policy = run_policy(cfg, checkpoint)
     learner_config = local_learner_config(cfg, checkpoint, run_dir)
     viewer, viewer_hub = start_viewer(cfg.viewer, run_dir.name)
     run = local_run_config(cfg, run_dir, viewer)
@@ -214,7 +221,8 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
             progress.bar.write(console_line(learner.console))
         if cfg.run.heldout_scenes:
             monitor = HeldoutMonitor(learner.trainer, cfg, run_dir / "heldout", cfg.run.heldout_scenes,
-                                     lambda: len(curve.records), cfg.run.heldout_every_updates).start()
+                                     lambda: len(curve.records), cfg.run.heldout_every_updates,
+                                     policy_options=policy.loading_options()).start()
             monitors.append(monitor)
             learner.heldout_points = lambda: [point.to_dict() for point in monitor.points]
 
@@ -239,21 +247,24 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
             viewer_hub.disconnect()
     ended_s = curve.elapsed_s()
     summary = summarize(curve, result, run_dir, cfg.run.curve_window, ALGORITHMS.name_of(learner_config.algorithm),
-                        heldout=start_vs_final(cfg, checkpoint, result.checkpoint),
+                        heldout=start_vs_final(cfg, checkpoint, result.checkpoint, policy.loading_options()),
                         learner=learner_label(learner_config), heldout_points=points, ended_s=ended_s)
     print_summary(summary)
     return summary
 
 
-def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None) -> dict | None:
+def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None,
+                   policy_options: dict[str, Any] | None = None) -> dict | None:
     """The start's and the final weights' success alone (no operator) on ``run.eval_episodes``
     scenes no robot of the run saw, paired (same scenes, same flow noise): the live window of 30
-    episodes, watched by the operator, moves by +-17 points on its own (BENCHMARKS.md "learning")."""
+    episodes, watched by the operator, moves by +-17 points on its own (BENCHMARKS.md "learning").
+    ``policy_options``: the run policy's ``loading_options()`` (a LeRobot policy's camera_map, joint_names)."""
     episodes = cfg.run.eval_episodes
     if episodes <= 0 or final is None:
         return None
     print(f"held-out check: the start and the final weights on {episodes} unseen scenes (run.eval_episodes)")
-    before, after = evaluation.heldout_eval_all([start, final], cfg, episodes, "held-out")
+    before, after = evaluation.heldout_eval_all([start, final], cfg, episodes, "held-out",
+                                                policy_options=policy_options)
     return {"start": before, "final": after, "episodes": episodes,
             "final_vs_start": evaluation.paired_scores(after, before)}
 

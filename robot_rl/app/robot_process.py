@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -68,6 +68,9 @@ class RobotJob:
     robot_factory: Any  # robot_rl.app.sim_edge.RobotFactory, a picklable one (e.g. SimRobotFactory)
     operator_factory: Any = None  # robot_rl.app.sim_edge.OperatorFactory or None
     torch_threads: int = 1  # one inference at a time per robot: more threads only wait on each other
+    # The policy's ``loading_options()``: what the saved weights do not say (a LeRobot policy's camera_map
+    # and joint_names), so the robot's copy reads its cameras and joints as the parent's would.
+    policy_options: dict[str, Any] = field(default_factory=dict)
 
 
 class RobotProcesses:
@@ -201,7 +204,7 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
 
     try:
         torch.set_num_threads(job.torch_threads)
-        policy = load_trainable(job.policy_dir)
+        policy = load_trainable(job.policy_dir, **job.policy_options)
         robot_id = job.client.robot_id
         versions: dict[str, int] = {}
 

@@ -76,6 +76,7 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
     robot, task, reset = robot_parts
     robot_id = client.robot_id
     own_policy = copy.deepcopy(policy)
+    own_policy.bind_joints(robot.joint_names)  # a LeRobot checkpoint's joint_names: its vectors matched by name
     recorder = None
     if run.record_dir is not None:
         layout = RecordedLayout.of_robot(robot)

@@ -7,7 +7,9 @@ Ctrl-C or SIGTERM stops it cleanly with a final checkpoint; ``--resume`` continu
 Data-parallel on several GPUs (or CPU processes, gloo): launch the same command under torchrun,
 ``torchrun --nproc-per-node 2 -m robot_rl.cli learner OVERRIDES``. Rank 0 is the learner the
 robots talk to; the other ranks only train (``robot_rl.learner.ddp``). ``learner.trainer.batch_size`` is
-the global batch and must divide by the number of ranks.
+the global batch and must divide by the number of ranks. ``learner.trainer.parallel=fsdp`` shards the
+model over the ranks instead of copying it, for one that does not fit a device with its optimiser
+(``robot_rl.learner.fsdp``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ Nothing here imports torch, so a command reads and checks its config in a moment
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,15 @@ class StoreConfig:
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
+class Parallelism(StrEnum):
+    """How the ranks of a learner under ``torchrun`` share the model."""
+
+    ddp = "ddp"  # every rank holds the whole model, its gradients and optimiser state (robot_rl.learner.ddp)
+    # each rank holds 1/N of them and gathers a layer's weights while it computes (torch's FSDP2,
+    # robot_rl.learner.fsdp): for a model that does not fit one device with its optimiser state
+    fsdp = "fsdp"
+
+
 @dataclass
 class TrainerConfig:
     """The update loop: batch mixing, optimiser, publishing and checkpoint cadence.
@@ -177,6 +187,8 @@ class TrainerConfig:
     # TF32 tensor cores (10-bit mantissa inputs, float32 sums), which a VLA's update is dominated
     # by; "highest" keeps full float32 products. The CPU is always full float32.
     matmul_precision: str = "high"
+    # Under torchrun: ddp (the model whole on every rank) or fsdp (sharded over the ranks); one process ignores it.
+    parallel: Parallelism = Parallelism.ddp
     # Discount, success/failure reward, shaping and takeover penalty the batches are scored with.
     rewards: RewardConfig = field(default_factory=RewardConfig)
     # TensorBoard event files. None: "<parent of checkpoint_dir>/tensorboard"; "" turns file logging off.
@@ -188,6 +200,7 @@ class TrainerConfig:
     thread_nice: int = 0
 
     def __post_init__(self) -> None:
+        self.parallel = Parallelism(self.parallel)
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise ValueError(f"TrainerConfig: matmul_precision must be one of {MATMUL_PRECISIONS}, "
                              f"got {self.matmul_precision!r}")

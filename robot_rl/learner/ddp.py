@@ -31,10 +31,15 @@ leader will not join, and an idle learner keeps the process group alive.
 
 The global ``batch_size`` must divide by the world size. On ``--resume`` every rank reads the
 same checkpoint directory (shared storage across nodes).
+
+``learner.trainer.parallel=fsdp`` shards the model over the ranks instead of copying it
+(``robot_rl.learner.fsdp``); the protocol above is the same, and rank 0 asks every rank to gather
+the weights (``OP_GATHER``) before it publishes or checkpoints them.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -52,7 +57,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from robot_rl.core.errors import ConfigError
-from robot_rl.learner.config import LearnerConfig, TrainerConfig
+from robot_rl.learner import fsdp
+from robot_rl.learner.algorithms.config import ALGORITHMS
+from robot_rl.learner.config import LearnerConfig, Parallelism, TrainerConfig
 from robot_rl.learner.index import SamplingIndex
 from robot_rl.learner.publisher import PublishFn
 from robot_rl.learner.trainer import Trainer
@@ -61,6 +68,8 @@ from robot_rl.policies.trainable import TrainablePolicy
 log = logging.getLogger(__name__)
 
 OP_UPDATE, OP_IDLE, OP_STOP = 1, 2, 3
+# Sharded weights: every rank gathers them for rank 0 to publish, or to checkpoint with the optimiser's state.
+OP_GATHER, OP_GATHER_CHECKPOINT = 4, 5
 
 
 @dataclass(frozen=True)
@@ -201,21 +210,33 @@ def shard_rows(value: Any, rows: slice) -> Any:
     return value
 
 
-def route_loss_through_ddp(policy: TrainablePolicy, ctx: DistContext, batch_size: int) -> DistributedDataParallel:
-    """Make ``policy.compute_loss`` compute this rank's shard through a DDP wrapper.
+def route_loss_through_ddp(policy: TrainablePolicy, ctx: DistContext, batch_size: int) -> nn.Module:
+    """``route_loss`` through a DDP wrapper, which all-reduces the gradients in ``backward``.
+    Constructing DDP broadcasts rank 0's parameters and buffers, so all ranks start identical."""
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return route_loss(policy, ctx, batch_size, lambda module: DistributedDataParallel(module, device_ids=device_ids))
+
+
+def route_loss_through_fsdp(policy: TrainablePolicy, ctx: DistContext, batch_size: int) -> nn.Module:
+    """``route_loss`` through the policy sharded by FSDP2 (``fsdp.shard_module``), which averages each
+    rank's slice of the gradients in ``backward``. The ranks must hold rank 0's weights first."""
+    return route_loss(policy, ctx, batch_size, lambda module: fsdp.shard_module(module, ctx.device, ctx.world_size))
+
+
+def route_loss(policy: TrainablePolicy, ctx: DistContext, batch_size: int,
+               wrap: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """Make ``policy.compute_loss`` compute this rank's shard through ``wrap`` (DDP or FSDP) around it.
 
     Algorithms call ``self.policy.compute_loss(batch, weights, **randomness)`` with the whole
     batch and the randomness drawn for it (``draw_training_randomness``); the replacement keeps
     rows ``[rank*n, (rank+1)*n)`` of every argument (``n`` = rows / world size: ``rl`` regresses
-    on twice the batch) and calls DDP, which all-reduces the gradients in ``backward``.
-    Constructing DDP broadcasts rank 0's parameters and buffers, so all ranks start identical.
+    on twice the batch) and calls the wrapper, whose ``backward`` averages the ranks' gradients.
     """
     if batch_size % ctx.world_size:
         raise ValueError(f"trainer.batch_size {batch_size} must divide by the world size {ctx.world_size} "
                          "(each rank trains on an equal shard)")
     original = policy.compute_loss
-    ddp = DistributedDataParallel(_LossModule(policy, original),
-                                  device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    ddp = wrap(_LossModule(policy, original))
 
     def compute_shard_loss(batch: dict, weights: torch.Tensor | None = None, **randomness: Any) -> Any:
         total = len(batch["actions"])
@@ -227,7 +248,7 @@ def route_loss_through_ddp(policy: TrainablePolicy, ctx: DistContext, batch_size
         shard = {k: shard_rows(v, rows) for k, v in batch.items()}
         shard_weights = shard_rows(weights, rows)
         loss, per_sample = ddp(shard, shard_weights, {k: shard_rows(v, rows) for k, v in randomness.items()})
-        if weights is not None:  # DDP averages the ranks: make that average the batch's weighted mean
+        if weights is not None:  # the ranks are averaged: make that average the batch's weighted mean
             total_weight = torch.as_tensor(weights, dtype=torch.float64).sum()
             shard_weight = torch.as_tensor(shard_weights, dtype=torch.float64).sum()
             share = ctx.world_size * shard_weight / total_weight if total_weight > 0 else torch.zeros(())
@@ -253,31 +274,83 @@ class DistributedTrainer(Trainer):
     def __init__(self, policy: TrainablePolicy, index: SamplingIndex, config: TrainerConfig, algorithm_config: object,
                  ctx: DistContext, publish: PublishFn | None = None,
                  on_checkpoint: Callable[[Path], None] | None = None, logger: Any = None) -> None:
+        self.sharded = config.parallel is Parallelism.fsdp
+        if self.sharded and config.ema_decay is not None:
+            raise ConfigError("learner.trainer.parallel=fsdp keeps no moving average (trainer.ema_decay=null)")
+        # Sharded, the whole weights live only here: rank 0's CPU copy, gathered before each publish/checkpoint.
+        self._whole = copy.deepcopy(policy).cpu() if self.sharded and ctx.is_leader else None
         super().__init__(policy, index, config, algorithm_config, publish=publish if ctx.is_leader else None,
                          on_checkpoint=on_checkpoint if ctx.is_leader else None,
                          logger=logger if ctx.is_leader else None)
+        if self.sharded and self.algorithm.extra_modules():
+            raise ConfigError(f"learner.trainer.parallel=fsdp trains algorithms without critics (bc, hgdagger, rwr); "
+                              f"{type(self.algorithm).__name__}'s critics read the policy outside its loss, where "
+                              "sharded weights are not gathered (learner.trainer.parallel=ddp)")
         self.ctx = ctx
         self.channel = BatchChannel(ctx)
-        self._ddp: DistributedDataParallel | None = None
+        self._wrapped: nn.Module | None = None  # the DDP or FSDP module the loss runs through
+        self._whole_optimizer_states: dict[str, dict[str, Any]] = {}  # sharded: gathered for rank 0's checkpoint
+        self._gathered: tuple[int, int] | None = None  # (update, op) of the last gather
         self._statistics_to_sync = True
 
+    @property
+    def deployed(self) -> TrainablePolicy:
+        """Sharded: rank 0's copy of the whole weights as last gathered (the published ones)."""
+        return self._whole if self._whole is not None else super().deployed
+
     def connect(self) -> None:
-        """Collective: agree on the step (after a resume) and wrap the policy in DDP."""
-        if self._ddp is not None:
+        """Collective: agree on the step (after a resume), wrap the policy in DDP or shard it with FSDP."""
+        if self._wrapped is not None:
             return
         state = torch.tensor([self.step, self.version], dtype=torch.int64)
         leader_state = self.channel.broadcast(state.clone())
         if not self.ctx.is_leader and int(leader_state[0]) != self.step:
             raise RuntimeError(f"rank {self.ctx.rank} is at update {self.step} but rank 0 resumed at update "
                                f"{int(leader_state[0])}; every rank must see the same checkpoint directory")
+        if self.sharded:
+            self._broadcast_from_leader([*self.policy.parameters(), *self.policy.buffers()])
+            self._wrapped = route_loss_through_fsdp(self.policy, self.ctx, self.config.batch_size)
+            # Sharding made new parameter tensors: the algorithm's optimiser steps those (each rank its slices).
+            self.algorithm = ALGORITHMS.build(self.algorithm_config, self.policy, self.config, self.device)
+        else:
+            self._wrapped = route_loss_through_ddp(self.policy, self.ctx, self.config.batch_size)
         self.version = int(leader_state[1])
         self.algorithm.set_policy_version(self.version)
         # Same sampling-noise generator on every rank, whatever happened before.
         rng = self.channel.broadcast(self.algorithm.rng_state().clone())
         self.algorithm.set_rng_state(rng)
-        self._ddp = route_loss_through_ddp(self.policy, self.ctx, self.config.batch_size)
         self._sync_extra_modules()
         self._statistics_to_sync = True
+
+    def _gather(self, op: int) -> None:
+        """Collective: the sharded weights into rank 0's copy, with ``OP_GATHER_CHECKPOINT`` also the
+        optimisers' state (kept whole on rank 0). Rank 0 decides and tells the others first; what it
+        gathered at this update already is not gathered again."""
+        if self.ctx.is_leader:
+            if self._gathered in ((self.step, op), (self.step, OP_GATHER_CHECKPOINT)):
+                return
+            self.channel.send(op)
+        fsdp.gather_trained(self.policy, self._whole)
+        if op == OP_GATHER_CHECKPOINT:
+            self._whole_optimizer_states = {name: fsdp.gather_optimizer_state(optimizer, keep=self.ctx.is_leader)
+                                            for name, optimizer in self.algorithm.optimizers().items()}
+        self._gathered = (self.step, op)
+
+    def _publish_locked(self) -> None:
+        if self.sharded:
+            self._gather(OP_GATHER)
+        super()._publish_locked()
+
+    def optimizer_states(self) -> dict[str, dict[str, Any]]:
+        if self.sharded:
+            return self._whole_optimizer_states
+        return super().optimizer_states()
+
+    def resume(self, path: str | Path | None = None, *, check_index: bool = True) -> Path:
+        if self.sharded:
+            raise ConfigError("--resume under learner.trainer.parallel=fsdp is not supported yet; start a new learner "
+                              "from the checkpoint's weights with learner.init_checkpoint=DIR")
+        return super().resume(path, check_index=check_index)
 
     def _before_update(self) -> None:
         """Collective: on the first update, rank 0's policy buffers (its normaliser is fitted on the first
@@ -324,6 +397,9 @@ class DistributedTrainer(Trainer):
     def _send_stop(self) -> None:
         try:
             self.connect()
+            if self.sharded:  # the final checkpoint comes after the other ranks have stopped: gather for it now
+                with self._lock:
+                    self._gather(OP_GATHER_CHECKPOINT)
             self.channel.send(OP_STOP)
             log.info("told %d follower rank(s) to stop after update %d", self.ctx.world_size - 1, self.step)
         except Exception:  # a follower already gone: torchrun tears the group down anyway
@@ -332,6 +408,8 @@ class DistributedTrainer(Trainer):
     def _checkpoint_locked(self) -> Path:
         if not self.ctx.is_leader:
             raise RuntimeError("only rank 0 writes checkpoints")
+        if self.sharded:
+            self._gather(OP_GATHER_CHECKPOINT)
         return super()._checkpoint_locked()
 
     # ------------------------------------------------------------ followers
@@ -347,6 +425,10 @@ class DistributedTrainer(Trainer):
                 log.info("rank %d: stop after update %d", self.ctx.rank, self.step)
                 return self.step
             if op == OP_IDLE:
+                continue
+            if op in (OP_GATHER, OP_GATHER_CHECKPOINT):
+                with self._lock:
+                    self._gather(op)
                 continue
             if op != OP_UPDATE or batch is None:
                 raise RuntimeError(f"rank {self.ctx.rank}: unexpected op {op} from rank 0")

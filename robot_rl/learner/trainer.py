@@ -286,6 +286,10 @@ class Trainer:
             self.deployed.save_pretrained(directory)
             return self.step, self.version
 
+    def optimizer_states(self) -> dict[str, dict]:
+        """Every optimiser's state, by name, as a checkpoint holds it."""
+        return {name: optimizer.state_dict() for name, optimizer in self.algorithm.optimizers().items()}
+
     def _checkpoint_locked(self) -> Path:
         extra = {n: m.state_dict() for n, m in self.algorithm.extra_modules().items()}
         if self.average is not None:
@@ -293,7 +297,7 @@ class Trainer:
         state = ckpt.TrainerState(
             step=self.step,
             version=self.version,
-            optimizers={n: o.state_dict() for n, o in self.algorithm.optimizers().items()},
+            optimizers=self.optimizer_states(),
             torch_rng=torch.get_rng_state(),
             algorithm_rng=self.algorithm.rng_state(),
             numpy_rng=self._prefetch.next_rng_state(),  # the state that draws the next batch trained on

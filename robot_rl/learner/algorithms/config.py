@@ -157,8 +157,9 @@ class RLConfig:
     # 55 %), with 2 and 0.25 above it (1.1/s, 77.5 %; one run each, the two changes not separated:
     # BENCHMARKS.md "learning").
     num_candidates: int = 2
-    # Euler steps per candidate (None: the policy's own). Sampling 2 x N x B chunks is most of
-    # an update's cost on a CPU learner: 10 steps and N = 8 made it 14x slower than rwr.
+    # FlowVLA's Euler steps per candidate (None: the policy's own; a LeRobot flow policy integrates its
+    # config's num_steps). Sampling 2 x N x B chunks is most of an update's cost on a CPU learner:
+    # 10 steps and N = 8 made it 14x slower than rwr.
     candidate_integration_steps: int | None = 5
     include_data_chunk: bool = True  # the recorded chunk competes too (a human correction may be best)
     ensemble_size: int = 2  # clipped double Q

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from robot_rl.core.errors import ConfigError
 from robot_rl.policies.flow_vla import FlowVLA
 from robot_rl.policies.flow_vla.encoders import ImageEncoder, images_to_float
 from robot_rl.policies.text_encoder import TEXT_EMBEDDING_DIM, InstructionEncoder
@@ -46,14 +45,6 @@ def mlp(in_dim: int, hidden: int, depth: int, out_dim: int = 1) -> nn.Sequential
         layers += [nn.Linear(in_dim if i == 0 else hidden, hidden), nn.LayerNorm(hidden), nn.ReLU()]
     layers.append(nn.Linear(hidden if depth else in_dim, out_dim))
     return nn.Sequential(*layers)
-
-
-def require_flow_vla(policy: object, algorithm: str) -> None:
-    """Refuse, in one line, a policy whose flow sampler (best-of-N candidates) ``algorithm`` cannot use."""
-    if not isinstance(policy, FlowVLA):
-        raise ConfigError(
-            f"learner algorithm {algorithm!r} needs policy=flow_vla (its best-of-N candidates come from the "
-            f"policy's flow sampler); {type(policy).__name__} trains with learner=bc, hgdagger, rwr or awr")
 
 
 @dataclass
