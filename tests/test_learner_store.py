@@ -222,7 +222,8 @@ def test_episodes_trickling_in_share_a_finalize_and_flush_does_not_wait_out_the_
     with ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=8, commit_linger_s=60.0)) as store:
         for s in segments("r0", 1, make_steps(5, robot=0, episode=1)):
             store.ingest(s)
-        wait_for(lambda: store._jobs.qsize() == 0, what="the writer to take episode 1")  # it is waiting for more now
+        # The writer has taken episode 1 and waits (lingers) for more now.
+        wait_for(lambda: store.writer_backlog().episodes == 0, what="the writer to take episode 1")
         for s in segments("r0", 2, make_steps(5, robot=0, episode=2)):
             store.ingest(s)
         assert store.flush(10)
@@ -279,7 +280,7 @@ def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_pa
 
     from robot_rl.bridges.zmq.protocol import encode_message
     from robot_rl.bridges.zmq.spool import Spool
-    from robot_rl.learner.store import _staging_key
+    from robot_rl.learner.open_episodes import staging_key
     from robot_rl.learner.store_writer import ThreadEpisodeWriter
 
     with ReplayStore(store_config(tmp_path)) as store:  # writes layout.json, nothing else
@@ -287,7 +288,7 @@ def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_pa
     with Spool(tmp_path / "staging") as staging:  # three whole episodes, acked but never written
         for episode in range(3):
             for seq, segment in enumerate(segments("r0", episode, make_steps(8, episode=episode))):
-                staging.append(_staging_key("r0", episode, seq), encode_message(segment))
+                staging.append(staging_key("r0", episode, seq), encode_message(segment))
     release = threading.Event()
     write = ThreadEpisodeWriter.write
     monkeypatch.setattr(ThreadEpisodeWriter, "write", lambda self, *a: release.wait(60) and write(self, *a))
