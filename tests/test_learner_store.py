@@ -107,20 +107,21 @@ KILLED_BATCH = """
 import os, sys, threading
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-import robot_rl.learner.store as store_module
+import robot_rl.learner.commit as commit_module
 from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.learner.store import ReplayStore
 from tests.learner_helpers import make_steps, store_config
 from tests.test_learner_store import segments
 
 queued = threading.Event()
-store_module.lower_own_priority = lambda nice: queued.wait()  # the writer starts once all three are queued
+commit_module.lower_own_priority = lambda nice: queued.wait()  # the writer starts once all three are queued
 finalize = EpisodeRecorder.close
 def killed(self):
     if self._dataset is not None:
         os._exit(3)  # the batch is saved, not finalized
     finalize(self)
 EpisodeRecorder.close = killed
-store = store_module.ReplayStore(store_config(Path({root!r}), background_commit=True, commit_batch=8))
+store = ReplayStore(store_config(Path({root!r}), background_commit=True, commit_batch=8))
 for episode in (1, 2, 3):
     for segment in segments("r0", episode, make_steps(6, robot=0, episode=episode)):
         store.ingest(segment)
@@ -158,10 +159,10 @@ def test_a_batch_killed_before_its_finalize_stays_staged_and_is_stored_once_on_r
 def test_queued_episodes_share_one_finalize_and_keep_their_order(tmp_path, monkeypatch):
     import threading
 
-    import robot_rl.learner.store as store_module
+    import robot_rl.learner.commit as commit_module
 
     queued = threading.Event()
-    monkeypatch.setattr(store_module, "lower_own_priority", lambda nice: queued.wait())
+    monkeypatch.setattr(commit_module, "lower_own_priority", lambda nice: queued.wait())
     finalizes = count_finalizes(monkeypatch)
     store = ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=2))
     try:
@@ -183,11 +184,11 @@ def test_an_episode_whose_write_failed_is_not_taken_for_the_next_one_on_restart(
     proof the failed episode was written, and drop it."""
     import threading
 
-    import robot_rl.learner.store as store_module
+    import robot_rl.learner.commit as commit_module
     from robot_rl.data.recorder import EpisodeRecorder
 
     queued = threading.Event()
-    monkeypatch.setattr(store_module, "lower_own_priority", lambda nice: queued.wait())
+    monkeypatch.setattr(commit_module, "lower_own_priority", lambda nice: queued.wait())
     write = EpisodeRecorder.write_episode
     failures = []
 
