@@ -91,7 +91,7 @@ def test_a_staged_segment_that_fails_the_checks_is_quarantined_and_start_up_goes
     on it at every restart nor drop the good segments staged beside it."""
     from robot_rl.bridges.zmq.protocol import encode_message
     from robot_rl.bridges.zmq.spool import Spool
-    from robot_rl.learner.store import _staging_key
+    from robot_rl.learner.open_episodes import staging_key
 
     steps = make_steps(8)
     with ReplayStore(store_config(tmp_path)) as store:
@@ -100,14 +100,14 @@ def test_a_staged_segment_that_fails_the_checks_is_quarantined_and_start_up_goes
         assert store.flush()
     bad_steps = make_steps(4, episode=5)
     with Spool(tmp_path / "staging") as staging:
-        staging.append(_staging_key("r0", 5, 0), encode_message(one_segment(
+        staging.append(staging_key("r0", 5, 0), encode_message(one_segment(
             with_step(bad_steps, 1, reward=float("nan")), episode=5)))
-        staging.append(_staging_key("r0", 6, 0), encode_message(one_segment(make_steps(4, episode=6), episode=6)))
+        staging.append(staging_key("r0", 6, 0), encode_message(one_segment(make_steps(4, episode=6), episode=6)))
     with ReplayStore(store_config(tmp_path)) as store:
         assert store.counters["quarantined_segments"] == 1
         assert store.flush()
     with Spool(tmp_path / "quarantine") as quarantine:
-        assert quarantine.keys() == [_staging_key("r0", 5, 0)]
+        assert quarantine.keys() == [staging_key("r0", 5, 0)]
     with Spool(tmp_path / "staging") as staging:
         assert len(staging) == 0
     assert sorted({e for _, e, _ in stored_triples(tmp_path)}) == [0, 6]  # the good staged episode is stored

@@ -107,20 +107,21 @@ KILLED_BATCH = """
 import os, sys, threading
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-import robot_rl.learner.store as store_module
+import robot_rl.learner.commit as commit_module
 from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.learner.store import ReplayStore
 from tests.learner_helpers import make_steps, store_config
 from tests.test_learner_store import segments
 
 queued = threading.Event()
-store_module.lower_own_priority = lambda nice: queued.wait()  # the writer starts once all three are queued
+commit_module.lower_own_priority = lambda nice: queued.wait()  # the writer starts once all three are queued
 finalize = EpisodeRecorder.close
 def killed(self):
     if self._dataset is not None:
         os._exit(3)  # the batch is saved, not finalized
     finalize(self)
 EpisodeRecorder.close = killed
-store = store_module.ReplayStore(store_config(Path({root!r}), background_commit=True, commit_batch=8))
+store = ReplayStore(store_config(Path({root!r}), background_commit=True, commit_batch=8))
 for episode in (1, 2, 3):
     for segment in segments("r0", episode, make_steps(6, robot=0, episode=episode)):
         store.ingest(segment)
@@ -158,10 +159,10 @@ def test_a_batch_killed_before_its_finalize_stays_staged_and_is_stored_once_on_r
 def test_queued_episodes_share_one_finalize_and_keep_their_order(tmp_path, monkeypatch):
     import threading
 
-    import robot_rl.learner.store as store_module
+    import robot_rl.learner.commit as commit_module
 
     queued = threading.Event()
-    monkeypatch.setattr(store_module, "lower_own_priority", lambda nice: queued.wait())
+    monkeypatch.setattr(commit_module, "lower_own_priority", lambda nice: queued.wait())
     finalizes = count_finalizes(monkeypatch)
     store = ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=2))
     try:
@@ -183,11 +184,11 @@ def test_an_episode_whose_write_failed_is_not_taken_for_the_next_one_on_restart(
     proof the failed episode was written, and drop it."""
     import threading
 
-    import robot_rl.learner.store as store_module
+    import robot_rl.learner.commit as commit_module
     from robot_rl.data.recorder import EpisodeRecorder
 
     queued = threading.Event()
-    monkeypatch.setattr(store_module, "lower_own_priority", lambda nice: queued.wait())
+    monkeypatch.setattr(commit_module, "lower_own_priority", lambda nice: queued.wait())
     write = EpisodeRecorder.write_episode
     failures = []
 
@@ -222,7 +223,8 @@ def test_episodes_trickling_in_share_a_finalize_and_flush_does_not_wait_out_the_
     with ReplayStore(store_config(tmp_path, background_commit=True, commit_batch=8, commit_linger_s=60.0)) as store:
         for s in segments("r0", 1, make_steps(5, robot=0, episode=1)):
             store.ingest(s)
-        wait_for(lambda: store._jobs.qsize() == 0, what="the writer to take episode 1")  # it is waiting for more now
+        # The writer has taken episode 1 and waits (lingers) for more now.
+        wait_for(lambda: store.writer_backlog().episodes == 0, what="the writer to take episode 1")
         for s in segments("r0", 2, make_steps(5, robot=0, episode=2)):
             store.ingest(s)
         assert store.flush(10)
@@ -279,7 +281,7 @@ def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_pa
 
     from robot_rl.bridges.zmq.protocol import encode_message
     from robot_rl.bridges.zmq.spool import Spool
-    from robot_rl.learner.store import _staging_key
+    from robot_rl.learner.open_episodes import staging_key
     from robot_rl.learner.store_writer import ThreadEpisodeWriter
 
     with ReplayStore(store_config(tmp_path)) as store:  # writes layout.json, nothing else
@@ -287,7 +289,7 @@ def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_pa
     with Spool(tmp_path / "staging") as staging:  # three whole episodes, acked but never written
         for episode in range(3):
             for seq, segment in enumerate(segments("r0", episode, make_steps(8, episode=episode))):
-                staging.append(_staging_key("r0", episode, seq), encode_message(segment))
+                staging.append(staging_key("r0", episode, seq), encode_message(segment))
     release = threading.Event()
     write = ThreadEpisodeWriter.write
     monkeypatch.setattr(ThreadEpisodeWriter, "write", lambda self, *a: release.wait(60) and write(self, *a))

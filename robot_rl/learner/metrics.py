@@ -107,6 +107,12 @@ class OutcomeTracker:
         with self._lock:
             self._outcomes.append(outcome)
 
+    def add_columns(self, robot_id: str, episode_id: int, columns: Mapping[str, np.ndarray]) -> None:
+        """A stored episode's outcome from its step columns (``success``, ``is_intervention``,
+        ``policy_version``: what the dataset writer reports, and what the dataset holds)."""
+        self.add(outcome_from_columns(robot_id, episode_id, columns["success"], columns["is_intervention"],
+                                      columns["policy_version"]))
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._outcomes)

@@ -231,7 +231,10 @@ class ProcessEpisodeWriter:
         return EpisodeWriteError(f"the dataset writer process is gone ({why}); episodes stay staged")
 
 
-def make_writer(kind: str, spec: RecorderSpec, nice: int = 0) -> ThreadEpisodeWriter | ProcessEpisodeWriter:
+EpisodeWriter = ThreadEpisodeWriter | ProcessEpisodeWriter
+
+
+def make_writer(kind: str, spec: RecorderSpec, nice: int = 0) -> EpisodeWriter:
     if kind not in WRITERS:
         raise ValueError(f"store writer must be one of {WRITERS}, got {kind!r}")
     return (ProcessEpisodeWriter if kind == "process" else ThreadEpisodeWriter)(spec, nice)

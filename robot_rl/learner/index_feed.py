@@ -1,0 +1,118 @@
+"""What the replay store puts into the sampling index, in order, off the serving thread.
+
+Staging, not the index, is the record: a segment is acked once it is fsynced to the staging log,
+and nothing waits for the index before that. An append (stacking and copying every frame into
+the growing episode arrays) would otherwise hold up the thread that acks robots, so with
+``StoreConfig.background_commit`` the index is fed by a thread of its own (``store-index``).
+
+One queue carries every change: a segment's steps (``append``), the end of an episode piece
+(``finish``: nothing more arrives, its returns are final) and its place in the dataset
+(``stored``: its frames may leave memory and be read back from there). In one queue they stay in
+order, so an episode's frames never leave memory before its last segment is in. The queue is
+bounded (``INDEX_QUEUE``): when it is full, ingest waits, and memory stays bounded.
+
+A failed change is logged and skipped: the data is staged and will be in the dataset; only
+sampling misses it. ``flush`` waits until the index holds everything fed so far (it trails by a
+few ms).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+from robot_rl.core.types import Step
+from robot_rl.learner.index import EntryKey, SamplingIndex, fit_step_frames, steps_to_columns
+from robot_rl.learner.stored_frames import StoredEpisode
+
+log = logging.getLogger(__name__)
+
+INDEX_QUEUE = 64  # decoded segments waiting for the index thread
+
+_Op = Literal["append", "finish", "stored"]
+_Job = tuple[_Op, EntryKey, Sequence[Step] | StoredEpisode | None]
+
+
+class IndexFeed:
+    """Feeds one ``SamplingIndex``: on the ``store-index`` thread (``background``), else inline."""
+
+    def __init__(self, index: SamplingIndex, *, background: bool) -> None:
+        self.index = index
+        self._jobs: queue.Queue[_Job | None] | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._jobs = queue.Queue(maxsize=INDEX_QUEUE)  # full: ingest waits (bounded memory)
+            self._thread = threading.Thread(target=self._loop, name="store-index", daemon=True)
+            self._thread.start()
+
+    def fitted(self, steps: list[Step]) -> list[Step]:
+        """Decoded steps as the index keeps them (the policy's cameras at its input size): staging holds
+        the segment as it arrived, and these wait for the index thread only."""
+        return fit_step_frames(steps, self.index.cameras, self.index.input_frames)
+
+    def append(self, key: EntryKey, steps: Sequence[Step]) -> None:
+        if steps:
+            self._put("append", key, steps)
+
+    def finish(self, key: EntryKey) -> None:
+        self._put("finish", key, None)
+
+    def stored(self, key: EntryKey, episode: StoredEpisode) -> None:
+        self._put("stored", key, episode)
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the sampling index holds every segment fed so far (and a restarted store's
+        dataset, read in behind it)."""
+        jobs = self._jobs
+        if jobs is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        if not self.index.wait_loaded(timeout_s):
+            return False
+        with jobs.all_tasks_done:
+            while jobs.unfinished_tasks:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                jobs.all_tasks_done.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Apply what is queued, then stop the thread."""
+        if self._thread is not None and self._jobs is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _put(self, op: _Op, key: EntryKey, payload: Sequence[Step] | StoredEpisode | None) -> None:
+        if self._jobs is not None:
+            self._jobs.put((op, key, payload))
+        else:
+            self._apply(op, key, payload)
+
+    def _apply(self, op: _Op, key: EntryKey, payload: Sequence[Step] | StoredEpisode | None) -> None:
+        if op == "append":
+            assert isinstance(payload, Sequence)
+            self.index.append(key, steps_to_columns(payload, self.index.cameras), payload[0].instruction)
+        elif op == "stored":
+            assert isinstance(payload, StoredEpisode)
+            self.index.mark_stored(key, payload)
+        else:
+            self.index.mark_finished(key)
+
+    def _loop(self) -> None:
+        assert self._jobs is not None
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                self._apply(*job)
+            except Exception:  # the data is staged and will be in the dataset; only sampling misses it
+                log.exception("could not add %s to the sampling index", job[1] if job else None)
+            finally:
+                self._jobs.task_done()
