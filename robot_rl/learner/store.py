@@ -70,7 +70,7 @@ from robot_rl.learner.layout import RecordedLayout, differences, mismatch, pinne
 from robot_rl.learner.ledger import CommitRecord, Ledger
 from robot_rl.learner.metrics import OutcomeTracker, outcome_from_columns
 from robot_rl.learner.store_writer import RecorderSpec, make_writer
-from robot_rl.learner.stored_frames import FrameReader, StoredEpisode
+from robot_rl.learner.stored_frames import LEFT_OUT, FrameReader, StoredEpisode
 from robot_rl.policies.trainable import InputFrames
 
 log = logging.getLogger(__name__)
@@ -479,6 +479,8 @@ class ReplayStore:
                 "staging_write_failures": self.counters["staging_write_failures"],
                 "bytes_staged": sum(self._staged_bytes.values()),
                 "episodes_lost_to_damage": self.counters["episodes_lost_to_damage"],  # see _report_lost_commits
+                # Stored, but their frames do not decode: out of training (read in at start, or sampled later).
+                "episodes_quarantined": self.counters["episodes_quarantined"] + len(self.index.quarantined),
                 "steps_ingested": self.counters["steps"],
                 **{f"{stream}_steps": n for stream, n in counts.items()},
                 "held_steps": self.index.held_steps(),  # robot ticks no stream samples (see index)
@@ -827,7 +829,8 @@ class ReplayStore:
     def _load_dataset_into_index(self, by_index: dict[int, CommitRecord]) -> None:
         from robot_rl.data.reader import iter_episode_arrays
 
-        for episode in iter_episode_arrays(self.dataset_root, self.config.repo_id):
+        for episode in iter_episode_arrays(self.dataset_root, self.config.repo_id,
+                                           on_unreadable=self._quarantine_stored_episode):
             record = by_index.get(episode["episode_index"])
             if record is None:
                 log.warning("dataset episode %d has no ledger entry; indexing it as online data",
@@ -839,6 +842,13 @@ class ReplayStore:
             self.index.append(key, columns, episode["instruction"])
             self.index.mark_stored(key, self._stored_episode(episode["episode_index"]))  # memory stays bounded
             self._record_outcome(key[0], key[1], columns)
+
+    def _quarantine_stored_episode(self, index: int, path: Path, exc: Exception) -> None:
+        """A stored episode whose rows or frames do not decode stays out of the sampling index (the
+        others load, training goes on); said in one line, counted in ``episodes_quarantined``."""
+        self.counters["episodes_quarantined"] += 1
+        log.error("%s", CorruptFileError(path, f"dataset episode {index} does not decode ({type(exc).__name__}: "
+                                         f"{exc})", LEFT_OUT))
 
     def _load_demonstrations(self) -> None:
         if not self.config.demonstrations:
