@@ -116,4 +116,4 @@ def edge_kill_passed(row: dict[str, int | bool]) -> bool:
 
 
 if __name__ == "__main__":  # the robot's process: ROOT ROUTER PUB tick|restart
-    crash_edge_main(*sys.argv[1:4], tick=sys.argv[4] == "tick")
+    crash_edge_main(sys.argv[1], sys.argv[2], sys.argv[3], tick=sys.argv[4] == "tick")

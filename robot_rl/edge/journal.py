@@ -19,7 +19,9 @@ time. Until then the episode lived only in memory, and a kill -9 or a power cut 
   outcome claimed, its last frame not done) unless its verdict had been journaled too.
 
 The journal lives beside the dataset (``journal_dir``): LeRobot creates a dataset's directory
-itself and refuses one that exists already.
+itself and refuses one that exists already. The dataset and the journal are two files that cannot
+change together: a crash in the milliseconds between an episode's finalize and its ``forget`` leaves
+it in both, and the next start stores it a second time (never a loss; the other order could lose it).
 """
 
 from __future__ import annotations
