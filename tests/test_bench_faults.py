@@ -17,6 +17,8 @@ def test_a_short_fault_suite_loses_duplicates_poisons_and_admits_nothing():
     cfg = FaultsBenchConfig(robots=1, fuzz_messages=600, impersonation_tries=3, kills=1, seconds_between_kills=2.0,
                             edge_kills=1, network_cut_s=3.0, stale_hellos=200,
                             flood_subscriptions=0,  # the learner's memory under a flood is the benchmark's to report
+                            corrupt_variants=["learner: store info.json garbled",
+                                              "edge: LeRobot checkpoint weights truncated"],
                             max_restart_s=120.0)  # restart speed is the benchmark's to report, not this test's
     report = run_faults_bench(cfg, progress=lambda _msg: None)
     # Every step a robot made durable is stored, across a learner kill, a robot kill and a network cut;
@@ -43,6 +45,13 @@ def test_a_short_fault_suite_loses_duplicates_poisons_and_admits_nothing():
     assert report["refused_then_clean"] == {"refused": 8, "clean_steps": 60, "clean_stored": 60}
     assert report["stale_ids"] == {"said_hello": 200, "live_peers": 1, "listed_after_timeout": 1}
     assert report["segments_left_staged"] == 0  # the learner's own dataset writer wrote everything
+    # A robot killed mid-episode: the learner and its own dataset each miss at most one segment of it.
+    crash = report["edge_kill_mid_episode"]
+    assert crash["ticks_recorded"] >= 45 and crash["acked_after_restart"]
+    for kept in (crash["ticks_stored"], crash["local_ticks"]):
+        assert crash["ticks_recorded"] - crash["segment_ticks"] <= kept <= crash["ticks_recorded"] + 1
+    corrupt = report["corrupt_files"]
+    assert (corrupt["variants"], corrupt["one_line_exit_2"]) == (2, 2), corrupt["results"]
     assert len(report["restart_s"]) == 1 and report["learner_exit_code"] == 0 and report["passed"]
 
 

@@ -143,6 +143,59 @@ def test_an_edge_given_a_truncated_checkpoint_says_so_in_one_line_and_exits_2(tm
     assert "save or download it again" in output
 
 
+# ---------------------------------------------------------------- a LeRobot checkpoint (policy=lerobot)
+
+LEROBOT_DAMAGE: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "config.json garbled": ("config.json", garble),
+    "model.safetensors truncated": ("model.safetensors", truncate),
+}
+
+
+@pytest.fixture(scope="module")
+def act(tmp_path_factory) -> Path:
+    from tests.lerobot_policies import tiny_act_dir
+
+    return tiny_act_dir(tmp_path_factory.mktemp("act") / "act")
+
+
+def damaged_act(act: Path, tmp_path: Path, case: str) -> Path:
+    name, damage = LEROBOT_DAMAGE[case]
+    shutil.copytree(act, tmp_path / "act")
+    damage(tmp_path / "act" / name)
+    return tmp_path / "act" / name
+
+
+@pytest.mark.parametrize("case", list(LEROBOT_DAMAGE))
+def test_a_damaged_lerobot_checkpoint_is_one_error_naming_its_file(act, tmp_path, case):
+    from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
+
+    damaged = damaged_act(act, tmp_path, case)
+    with pytest.raises(CorruptFileError) as refused:
+        LeRobotChunkPolicy.from_pretrained(damaged.parent, device="cpu")
+    assert refused.value.path == damaged and "save or download it again" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_learner_given_a_lerobot_checkpoint_with_a_garbled_config_says_so_in_one_line_and_exits_2(act, tmp_path):
+    damaged = damaged_act(act, tmp_path, "config.json garbled")
+    code, output = run_learner(tmp_path, "policy=lerobot", f"policy.path={damaged.parent}", "policy.device=cpu")
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("robot-rl learner:")]
+    assert code == 2 and len(errors) == 1 and f"{damaged}:" in errors[0], f"exit {code}:\n{output[-3000:]}"
+
+
+def test_an_edge_given_a_lerobot_checkpoint_with_truncated_weights_says_so_in_one_line_and_exits_2(act, tmp_path):
+    damaged = damaged_act(act, tmp_path, "model.safetensors truncated")
+    done = subprocess.run([sys.executable, "-m", "robot_rl.cli", "edge", "policy=lerobot",
+                           f"policy.path={damaged.parent}", "policy.device=cpu",
+                           f"link.learner=tcp://127.0.0.1:{free_port()}", "session.episodes=1",
+                           "session.realtime=false", f"output_dir={tmp_path / 'outputs'}"],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=STARTED_TIMEOUT_S)
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and done.returncode == 2, output[-3000:]
+    assert output.strip().splitlines()[-1].startswith(f"robot-rl edge: {damaged}: ")
+
+
 # ---------------------------------------------------------------- what the check lets through, in process
 
 
@@ -176,7 +229,7 @@ def main(argv: list[str]) -> int:
     import robot_rl.app.policies as policies
     from robot_rl import cli
 
-    if not any(a.startswith("learner.init_checkpoint=") for a in argv):
+    if not any(a.startswith(("learner.init_checkpoint=", "policy.path=")) for a in argv):
         policies.learner_policy = lambda config: tiny_policy()  # offline text encoder, tiny net
     return cli.main(["learner", *argv])
 

@@ -1,5 +1,6 @@
 """The one edge runtime (robot_rl.edge.runtime.EdgeRuntime): every robot runs through it, and a
-robot killed mid-episode has streamed that episode to the learner, but for at most one segment."""
+robot killed mid-episode has streamed that episode to the learner and keeps it in its own dataset,
+but for at most one segment."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ import numpy as np
 import pytest
 
 from robot_rl.app import local_run, sim_edge
+from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import WallClock
+from robot_rl.core.layout import RecordedLayout
+from robot_rl.data.reader import load_episode_arrays
+from robot_rl.data.recorder import EpisodeRecorder
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.learner.service import LearnerService
@@ -26,6 +31,7 @@ from tests.test_stream_edge import CameraRobot
 
 REPO = Path(__file__).resolve().parent.parent
 SEGMENT = 10  # steps per streamed segment in the kill test
+FINISHED_TICKS = 5  # the recording edge's first episode, ended and written before the one it is killed in
 
 
 class RecordedCameraRobot(CameraRobot):
@@ -106,8 +112,6 @@ def test_an_edge_killed_mid_episode_has_streamed_all_but_at_most_one_segment_of_
         if child.poll() is None:
             child.kill()
         learner.stop(checkpoint=False)
-    from robot_rl.data.reader import load_episode_arrays
-
     (stored,) = load_episode_arrays(tmp_path / "learner" / "store" / "dataset", "local/robot_rl_replay")
     ticks = len(stored["action"])
     assert recorded - SEGMENT <= ticks <= recorded + 1  # at most one segment lost (a tick may follow the count)
@@ -125,3 +129,57 @@ def test_a_learner_that_refuses_the_robot_stops_the_runtime_with_one_line(tmp_pa
     finally:
         runtime.close(ack_timeout_s=0.0)
         learner.stop(checkpoint=False)
+
+
+def recording_runtime(dataset: Path) -> EdgeRuntime:
+    """A robot recording into its own dataset at ``dataset``, with no learner."""
+    robot = RecordedCameraRobot()
+    layout = RecordedLayout.of_robot(robot)
+    recorder = EpisodeRecorder(dataset, layout.fps, layout.joint_names, layout.camera_shapes)
+    return EdgeRuntime(robot, tiny_policy(), WallClock(), EdgeConfig(fps=30), robot_id="edge-j", recorder=recorder,
+                       segment_steps=SEGMENT, image_encoding=ImageEncoding("png"))
+
+
+def recording_edge_child(dataset: str, progress: str) -> None:
+    """An edge that records one short episode to its end, then ticks an endless one, writing each
+    finished tick's count to ``progress`` (the test kills it with SIGKILL)."""
+    runtime = recording_runtime(Path(dataset))
+    runtime.robot.connect()
+    runtime.run_episode(FINISHED_TICKS, "pick the cube")
+    runtime.begin_episode("place the cube")
+    with open(progress, "w") as out:
+        while True:
+            step = runtime.tick()
+            out.write(f"{step.tick + 1}\n")
+            out.flush()
+
+
+def test_an_edge_killed_mid_episode_keeps_it_in_its_local_dataset_but_for_at_most_one_segment(tmp_path):
+    dataset, progress = tmp_path / "robots" / "edge-j", tmp_path / "ticks"
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    code = "import sys; from tests.test_edge_runtime import recording_edge_child; recording_edge_child(*sys.argv[1:])"
+    child = subprocess.Popen([sys.executable, "-c", code, str(dataset), str(progress)], cwd=REPO, env=env)
+    try:
+        wait_for(lambda: progress.exists() and len(progress.read_text().split()) >= 4 * SEGMENT + 5, timeout_s=120,
+                 what="the edge ticking mid-episode")
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    recorded = int(progress.read_text().split()[-1])  # the edge ran at least this many ticks
+
+    restarted = recording_runtime(dataset)  # the restart: the runtime stores what the crash cut short
+    restarted.close()
+    finished, cut = load_episode_arrays(dataset, "local/robot_rl")
+    assert len(finished["action"]) == FINISHED_TICKS and np.asarray(finished["next.done"]).reshape(-1)[-1]
+    ticks = len(cut["action"])
+    assert recorded - SEGMENT <= ticks <= recorded + 1  # at most one segment lost (a tick may follow the count)
+    assert restarted.recovered_ticks == ticks
+    assert not np.asarray(cut["next.done"]).reshape(-1).any()  # truncated: no outcome claimed
+    assert np.asarray(cut["frame_index"]).tolist() == list(range(ticks))  # from its tick 0, no tick missing
+    assert cut["instruction"] == "place the cube"
+
+    again = recording_runtime(dataset)  # the journal was emptied: a second start stores nothing twice
+    again.close()
+    assert again.recovered_ticks == 0 and len(load_episode_arrays(dataset, "local/robot_rl")) == 2

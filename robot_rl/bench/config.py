@@ -103,6 +103,9 @@ class FaultsBenchConfig:
     flood_subscriptions: int = 40000  # subscriptions (of the longest topic taken) one peer sends on the weights socket
     max_flood_growth_mb: float = 50.0  # the learner's memory growth the flood may cause
     stale_hellos: int = 2000  # hellos under new ids from one connection, forgotten after the peer timeout
+    # Damaged files run through the real learner and edge commands (names in bench/fault_corrupt.py's
+    # VARIANTS, each a process start of ~15 s); empty: all of them.
+    corrupt_variants: list[str] = field(default_factory=list)
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -59,7 +59,7 @@ while time.monotonic() < deadline:
 """
 
 
-class _Ingest(ServerHandlers):
+class CountingIngest(ServerHandlers):
     """Stores each decoded segment once and keeps the robots it believes connected."""
 
     def __init__(self) -> None:
@@ -116,7 +116,7 @@ def _client(server: ZmqServer, spool: Path, robot_id: str) -> ZmqClient:
 
 
 def refused_then_clean(cfg: FaultsBenchConfig, root: Path) -> dict[str, int]:
-    ingest = _Ingest()
+    ingest = CountingIngest()
     with serving_thread(ServerConfig(), ingest) as server:
         client = _client(server, root / "refused-spool", "robot-nan")
         try:
@@ -141,7 +141,7 @@ def _rss_mb() -> float:
 
 
 def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float | int]:
-    with serving_thread(ServerConfig(announce_interval_s=0.05), _Ingest()) as server:
+    with serving_thread(ServerConfig(announce_interval_s=0.05), CountingIngest()) as server:
         # A learner with weights announces them: its socket then takes in what subscribers sent.
         server.publish_weights(WeightsBlob(version=1, data=b"w" * 1024, config_hash=""))
         time.sleep(0.5)
@@ -158,7 +158,7 @@ def subscription_flood(cfg: FaultsBenchConfig) -> dict[str, float | int]:
 
 
 def stale_ids(cfg: FaultsBenchConfig, root: Path) -> dict[str, int]:
-    ingest = _Ingest()
+    ingest = CountingIngest()
     with serving_thread(ServerConfig(peer_timeout_s=PEER_TIMEOUT_S), ingest) as server:
         live = _client(server, root / "live-spool", "robot-live")
         ctx = zmq.Context()

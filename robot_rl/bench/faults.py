@@ -26,6 +26,13 @@ store on disk) with ``bench.robots`` edges streaming synthetic episodes whose st
    by a bounded amount (``subscription_flood``); ids a connection said hello under and left are
    forgotten after the peer timeout (``stale_ids``).
 
+7. **a robot killed mid-episode** (``fault_crash.py``): the one edge runtime, in a process of its own,
+   killed a few segments into an episode and started again: the learner and the robot's own dataset
+   each hold all of that episode but at most one segment (``edge_kill_mid_episode``).
+8. **corrupt files** (``fault_corrupt.py``): each damaged file a learner or an edge reads at start
+   (dataset metadata, data and video files, FlowVLA and LeRobot checkpoints, a robot's own dataset)
+   run through the real command: one line naming it and exit code 2 (``corrupt_files``).
+
 3. **robot kills**: ``bench.edge_kills`` times a robot's process is killed with SIGKILL in the
    middle of an episode and started again on its spool (the learner stores the cut episode as
    truncated when the robot starts its next one).
@@ -54,6 +61,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from robot_rl.bench.config import FaultsBenchConfig
+from robot_rl.bench.fault_corrupt import corrupt_files, corrupt_files_passed
+from robot_rl.bench.fault_crash import edge_kill_mid_episode, edge_kill_passed
 from robot_rl.bench.fault_edge import FPS
 from robot_rl.bench.fault_peers import peer_faults, peer_faults_passed
 from robot_rl.bench.fault_stored import stored_rows
@@ -342,6 +351,10 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
     files = file_faults(root / "files")
     progress("peers: refused segments, a subscription flood, stale ids")
     peers = peer_faults(cfg)
+    progress("a robot killed mid-episode, then started again")
+    (root / "crash").mkdir()
+    crash = edge_kill_mid_episode(root / "crash")
+    corrupt = corrupt_files(root / "corrupt", list(cfg.corrupt_variants), progress)
     rows, non_finite, left_staged = stored_rows(root / "store")
     submitted, durable, stored = run["submitted"], run["durable"], set(rows)
     marked = {r for r in stored if r[0] in (int(POISON_ROBOT), int(INTRUDER_ROBOT))}
@@ -360,6 +373,7 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
         "restart_s_max": round(max(learner.restart_s[1:], default=0.0), 2), "peak_rss_mb": round(learner.peak_rss_mb),
         "fuzz": fuzz, "files": files, "network_cut": cut, "edges_flushed": run["flushed"],
         "learner_exit_code": run["exit_code"], "segments_left_staged": left_staged, **peers,
+        "edge_kill_mid_episode": crash, "corrupt_files": corrupt,
     }
     # Through a cut the robots keep recording at (at least half) their rate: the link never holds them up.
     kept_recording = cut["steps_recorded_during_cut"] >= 0.5 * FPS * cut["seconds"] * cfg.robots
@@ -370,7 +384,8 @@ def run_suite(cfg: FaultsBenchConfig, root: Path, progress: Callable[[str], None
         and report["restart_s_max"] <= cfg.max_restart_s and fuzz["crashes"] == 0 and fuzz["hangs"] == 0
         and fuzz["router"]["messages"] >= cfg.fuzz_messages and fuzz["pub"]["messages"] >= cfg.fuzz_messages
         and fuzz["router"]["garbage_sender_ignored"] and run["flushed"] and run["exit_code"] == 0
-        and left_staged == 0 and all(files.values()) and kept_recording and peer_faults_passed(cfg, peers))
+        and left_staged == 0 and all(files.values()) and kept_recording and peer_faults_passed(cfg, peers)
+        and edge_kill_passed(crash) and corrupt_files_passed(corrupt))
     return report
 
 
@@ -391,6 +406,7 @@ def print_table(report: dict[str, Any]) -> None:
     table.add_column("must be", justify="right")
     fuzz = report["fuzz"]
     refused, flood, stale = report["refused_then_clean"], report["subscription_flood"], report["stale_ids"]
+    crash, corrupt = report["edge_kill_mid_episode"], report["corrupt_files"]
     rows = [("learner kills (SIGKILL)", report["kills"], f">= {report['config']['kills']}"),
             ("robot kills (SIGKILL mid-episode)", report["edge_kills"], f">= {report['config']['edge_kills']}"),
             ("steps submitted / durable / stored",
@@ -421,7 +437,11 @@ def print_table(report: dict[str, Any]) -> None:
             (f"learner MB grown by {flood['subscriptions']} subscriptions", flood["rss_growth_mb"],
              f"<= {report['config']['max_flood_growth_mb']:g}"),
             (f"ids listed after the peer timeout ({stale['said_hello']} said hello)", stale["listed_after_timeout"],
-             f"{stale['live_peers']} (the live robot)")]
+             f"{stale['live_peers']} (the live robot)"),
+            ("robot killed mid-episode: ticks recorded / at the learner / in its dataset",
+             f"{crash['ticks_recorded']} / {crash['ticks_stored']} / {crash['local_ticks']}",
+             f"each >= recorded - {crash['segment_ticks']}"),
+            ("corrupt files: one line and exit 2", f"{corrupt['one_line_exit_2']} of {corrupt['variants']}", "all")]
     for what, value, must in rows:
         table.add_row(what, str(value), must)
     Console().print(table)

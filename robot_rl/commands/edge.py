@@ -6,7 +6,8 @@ HELP = """\
 one unattended edge node: the robot of robot= (the sim, a LeRobot robot, a ROS 2 arm) runs
 session.episodes episodes of session.max_episode_steps ticks with no operator, streams each
 episode to link.learner while it runs (spooled on disk, acked: a crash loses at most one segment),
-records it locally when it ends, and swaps in the weights published on link.weights (default: the
+records it locally when it ends (journaled on disk while it runs: after a crash, the next start
+stores the cut episode as truncated), and swaps in the weights published on link.weights (default: the
 learner's port + 1). The same edge runtime as `robot-rl session` and `robot-rl run`'s robots,
 without teleop or keys: the task (sim) or time (real robots) ends each episode.
 Any policy a session runs: policy.path=DIR (a FlowVLA checkpoint, or a LeRobot one, recognised by

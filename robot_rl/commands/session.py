@@ -14,7 +14,8 @@ an operator session on one robot, real or simulated.
 The policy drives; the operator takes over and hands back with the teleop device (keyboard jog
 keys are shown on screen), gives each episode a verdict and can e-stop (exit code 3); r rerecords
 the episode in the same scene. Every episode is recorded locally (LeRobotDataset v3 in
-session.dataset_root, a line per episode in session.log_path); with link.learner set it is also
+session.dataset_root, a line per episode in session.log_path; an episode cut by a crash is stored
+there as truncated at the next start); with link.learner set it is also
 streamed to that learner while it runs (a rerecorded attempt reaches it as a truncated episode,
 with no outcome), the learner acks it, and the weights it publishes are swapped in between
 chunks (the status line shows the version). With the learner away, episodes wait in the spool

@@ -8,7 +8,7 @@ dataset's Arrow table rather than frame by frame.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +26,20 @@ def load_episode_arrays(
     return list(iter_episode_arrays(root, repo_id, episodes))
 
 
+UnreadableEpisode = Callable[[int, Path, Exception], None]  # (episode index, the file, what went wrong)
+
+
 def iter_episode_arrays(
     root: str | Path | None,
     repo_id: str = "local/robot_rl",
     episodes: list[int] | None = None,
+    on_unreadable: UnreadableEpisode | None = None,
 ) -> Iterator[dict]:
     """``load_episode_arrays`` one episode at a time: a reader that keeps less (the learner's index,
-    at the policy's input size) never holds every camera-size frame at once."""
+    at the policy's input size) never holds every camera-size frame at once.
+
+    ``on_unreadable``: an episode whose rows or frames cannot be decoded (damaged image bytes, a
+    garbled video) is reported to it and skipped, and the others are read on; without it, it raises."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     dataset = LeRobotDataset(repo_id, root=root, episodes=episodes, video_backend="pyav")
@@ -42,9 +49,16 @@ def iter_episode_arrays(
     episode_index = np.asarray(table["episode_index"])
     for ep in dict.fromkeys(episode_index.tolist()):
         rows = np.flatnonzero(episode_index == ep)
-        chunk = table[int(rows[0]) : int(rows[-1]) + 1]
-        if dataset.meta.video_keys:
-            chunk.update(_decode_episode_videos(dataset, int(ep), np.asarray(chunk["timestamp"])))
+        file = Path(dataset.root) / dataset.meta.get_data_file_path(int(ep))
+        try:
+            chunk = table[int(rows[0]) : int(rows[-1]) + 1]  # decodes a PNG-stored camera's images
+            if dataset.meta.video_keys:
+                chunk.update(_decode_episode_videos(dataset, int(ep), np.asarray(chunk["timestamp"])))
+        except Exception as exc:  # PIL, Arrow, PyAV and torchcodec each report damage in classes of their own
+            if on_unreadable is None:
+                raise
+            on_unreadable(int(ep), exc.path if isinstance(exc, UnreadableVideoError) else file, exc)
+            continue
         yield _episode_dict(chunk, tasks)
 
 
@@ -99,7 +113,18 @@ def _decode_episode_videos(dataset, episode_index: int, timestamps: np.ndarray) 
     for key in dataset.meta.video_keys:
         start = float(episode[f"videos/{key}/from_timestamp"])
         path = dataset.root / dataset.meta.get_video_file_path(episode_index, key)
-        frames = decode_video_frames(path, [start + float(t) for t in timestamps], dataset.tolerance_s,
-                                     backend="pyav", return_uint8=True)
+        try:
+            frames = decode_video_frames(path, [start + float(t) for t in timestamps], dataset.tolerance_s,
+                                         backend="pyav", return_uint8=True)
+        except Exception as exc:  # PyAV reports damage in classes of its own; which file failed goes with it
+            raise UnreadableVideoError(path, exc) from exc
         out[key] = frames.numpy()
     return out
+
+
+class UnreadableVideoError(RuntimeError):
+    """A video file whose frames of an episode do not decode."""
+
+    def __init__(self, path: Path, cause: Exception) -> None:
+        self.path = Path(path)
+        super().__init__(f"{type(cause).__name__}: {cause}")

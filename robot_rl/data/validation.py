@@ -14,13 +14,16 @@ files), so an unreadable file is damage only when a readable one of its kind com
 
 What it reads: every metadata file whole; every data file's footer and its columns except the
 images (numbers only, a small fraction of the bytes: the check costs little however large the
-store). The images are not read here (they are most of the bytes): a damaged one surfaces when its
-episode loads.
+store); every video file's container (its header and index, not its frames). The frames are not
+decoded here (they are most of the bytes): a damaged PNG or a garbled stretch of video surfaces when
+its episode loads, and that episode is left out of training (``robot_rl.data.reader``'s
+``on_unreadable``, the sampling index's quarantine), never the whole store.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ STATS = Path("meta/stats.json")
 TASKS = Path("meta/tasks.parquet")
 EPISODES_GLOB = "meta/episodes/chunk-*/file-*.parquet"
 DATA_GLOB = "data/chunk-*/file-*.parquet"
+VIDEO_GLOB = "videos/{key}/chunk-*/file-*.mp4"
 FINITE_COLUMNS = ("observation.state", "action")  # what a policy trains on: NaN/inf there is damage
 # The dataset's files are what the configuration points at; nothing else holds its episodes.
 RESTORE = "restore it from a backup (nothing in the dataset was changed)"
@@ -53,6 +57,36 @@ def check_dataset(root: str | Path) -> None:
     image_columns = {key for key, feature in info["features"].items() if feature.get("dtype") == "image"}
     _check_parquet_files(sorted(root.glob(EPISODES_GLOB)), skip_columns=set())
     _check_parquet_files(sorted(root.glob(DATA_GLOB)), skip_columns=image_columns)
+    for key in (key for key, feature in info["features"].items() if feature.get("dtype") == "video"):
+        _check_newest_last(sorted(root.glob(VIDEO_GLOB.format(key=key))), _video_problem, "video")
+
+
+def _check_newest_last(paths: list[Path], problem_of: Callable[[Path], str | None], kind: str) -> None:
+    """An unreadable file passes only behind every readable one of its kind: the newest file of a
+    writer killed mid-episode (opening the dataset rolls it back); before a readable one, it is damage."""
+    unreadable: tuple[Path, str] | None = None
+    for path in paths:
+        problem = problem_of(path)
+        if problem is None and unreadable is not None:
+            torn, what = unreadable
+            raise CorruptFileError(torn, f"not a readable {kind} file ({what}), but {path.name} after it is: a "
+                                   "damaged file, not a write cut short",
+                                   f"the episodes it holds cannot be read without it: {RESTORE}")
+        if problem is not None:
+            unreadable = unreadable or (path, problem)
+
+
+def _video_problem(path: Path) -> str | None:
+    """None: the container opens and holds a video stream; else what is wrong."""
+    import av  # PyAV: LeRobot's video dependency, present wherever a dataset stores video
+
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                return "it holds no video stream"
+    except Exception as exc:  # noqa: BLE001 - FFmpeg reports damage in many classes; all mean unreadable
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _read_json(path: Path, remedy: str) -> Any:

@@ -16,6 +16,10 @@ operator's verdict), not how its data travels:
   straight on to its next episode (the main job's) writes it on a thread of its own at a raised
   nice value (``record_behind``): a LeRobot episode write takes seconds, which the robot spends
   acting instead.
+* **Journaled while it runs.** Until the dataset has the episode, its segments are on disk in the
+  recorder's journal (``robot_rl.edge.journal``, fsynced a segment at a time). A runtime that
+  starts on a journal a crash left stores what it holds in the dataset first, as a truncated
+  episode: a kill -9 mid-episode costs the local dataset at most one segment too.
 * **A thrown-away attempt** (an operator's rerecord): ``discard_episode`` writes nothing locally;
   the learner, which has its segments already, stores it as truncated: real experience with no
   outcome claimed, never counted as a success or a failure.
@@ -47,6 +51,7 @@ from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder, RecordingError
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.inference import SelfServingPolicy
+from robot_rl.edge.journal import EpisodeJournal, journal_dir
 from robot_rl.edge.learner_link import EdgeStreamer
 from robot_rl.edge.node import EdgeNode, EpisodeTask, Intervention
 
@@ -99,12 +104,19 @@ class EdgeRuntime:
             self.link = EdgeStreamer(client, policy if receives_weights(policy) else None,
                                      segment_steps=segment_steps, image_encoding=image_encoding)
             self.link.attach(self.node)
+        self.record_errors = 0  # episodes the local dataset refused (logged; the learner still has them)
+        self.journal: EpisodeJournal | None = None
+        self.recovered_ticks = 0  # ticks of episodes a crash had cut, stored from the journal at this start
+        if recorder is not None:
+            self.journal = EpisodeJournal(journal_dir(recorder.root), robot_id, segment_steps=segment_steps,
+                                          image_encoding=image_encoding)
+            self._recover_unfinished()
+            self._attach_journal(self.journal.start())
         self.view = view  # a live view of the node (robot_rl.edge.rerun_view), or None
         if view is not None:
             view.attach(self.node)
-        self.record_errors = 0  # episodes the local dataset refused (logged; the learner still has them)
         self._writer: threading.Thread | None = None
-        self._to_write: queue.Queue[Episode | None] = queue.Queue(maxsize=RECORD_QUEUE_EPISODES)
+        self._to_write: queue.Queue[tuple[Episode, int | None] | None] = queue.Queue(maxsize=RECORD_QUEUE_EPISODES)
         if recorder is not None and record_behind:
             self._writer = threading.Thread(target=self._write_loop, name=f"record-{robot_id}", daemon=True)
             self._writer.start()
@@ -148,6 +160,8 @@ class EdgeRuntime:
             if self._writer is not None:
                 self._to_write.put(None)
                 self._writer.join()  # every episode handed over is written before the dataset is finalized
+            if self.journal is not None:
+                self.journal.close()  # an episode cut short by the close stays journaled for the next start
             if self.recorder is not None:
                 self.recorder.close()
         return acked
@@ -179,15 +193,18 @@ class EdgeRuntime:
             last.done, last.success = True, bool(episode.success)
         if self.link is not None:
             self.link.end_episode()
+        journaled = self.journal.end_episode() if self.journal is not None else None
         if self.recorder is None or not episode.steps:
             return None
         if self._writer is not None:
-            self._to_write.put(episode)
+            self._to_write.put((episode, journaled))
             return None
-        return self._record(episode)
+        return self._record(episode, journaled)
 
-    def _record(self, episode: Episode) -> int | None:
-        assert self.recorder is not None
+    def _record(self, episode: Episode, journaled: int | None) -> int | None:
+        """Write ``episode`` to the local dataset, then drop its journal (written or refused: a restart
+        would only be refused again)."""
+        assert self.recorder is not None and self.journal is not None
         try:
             return self.recorder.write_episode(episode)
         except (RecordingError, OSError) as exc:
@@ -195,21 +212,63 @@ class EdgeRuntime:
             log.error("%s: episode %d not written to %s: %s", self.robot_id, episode.episode_id, self.recorder.root,
                       exc)
             return None
+        finally:
+            self.journal.forget(journaled)
 
     def _write_loop(self) -> None:
-        while (episode := self._to_write.get()) is not None:
+        while (job := self._to_write.get()) is not None:
+            episode, journaled = job
             try:
-                self._record(episode)
+                self._record(episode, journaled)
             except Exception:  # the writer must keep taking episodes, or the robot would wait on it
                 self.record_errors += 1
                 log.exception("%s: episode %d not written locally (the learner has it)", self.robot_id,
                               episode.episode_id)
 
     def discard_episode(self) -> None:
-        """Throw the episode away: nothing is written locally; the learner stores what it received as
-        truncated (no outcome) once the next episode starts."""
+        """Throw the episode away: nothing is written locally (its journal is dropped); the learner
+        stores what it received as truncated (no outcome) once the next episode starts."""
         if self.link is not None:
             self.link.abandon_episode()
+        if self.journal is not None:
+            self.journal.forget(self.journal.end_episode())
+
+    # ------------------------------------------------------------ the journal
+
+    def _attach_journal(self, journal: EpisodeJournal) -> None:
+        """Every step the node records goes to the journal, then to the sink it had (the link's); both only enqueue."""
+        previous = self.node.step_sink
+
+        def sink(step: Step) -> None:
+            journal.add(step)
+            if previous is not None:
+                previous(step)
+
+        self.node.step_sink = sink
+
+    def _recover_unfinished(self) -> None:
+        """Store the episodes a crash cut short (still in the journal) in the local dataset before
+        anything else is recorded: truncated, unless the verdict was journaled too. One the dataset
+        refuses is moved aside in the journal's folder; a disk error leaves it for the next start."""
+        assert self.recorder is not None and self.journal is not None
+        for unfinished in self.journal.unfinished():
+            episode = unfinished.episode
+            try:
+                self.recorder.write_episode(episode, finalize=True)  # finalized before its journal goes
+            except RecordingError as exc:
+                self.journal.set_aside(unfinished, f"the local dataset refused it: {exc}")
+                log.error("%s: an episode cut short by a crash could not be stored in %s (%s); kept in %s",
+                          self.robot_id, self.recorder.root, exc, self.journal.directory)
+                continue
+            except OSError as exc:
+                log.error("%s: an episode cut short by a crash could not be stored in %s (%s); it stays in %s "
+                          "for the next start", self.robot_id, self.recorder.root, exc, self.journal.directory)
+                continue
+            self.journal.drop(unfinished)
+            self.recovered_ticks += episode.num_steps
+            log.warning("%s: an episode cut short by a crash stored from the journal into %s: %d ticks, %s",
+                        self.robot_id, self.recorder.root, episode.num_steps,
+                        "truncated" if unfinished.truncated else f"success={episode.success}")
 
     # ------------------------------------------------------------ what the caller shows
 

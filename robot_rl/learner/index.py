@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -46,10 +47,12 @@ import torch
 from robot_rl.core.types import Step
 from robot_rl.learner.config import RewardConfig
 from robot_rl.learner.rewards import EpisodeRewards, episode_rewards, transition_fields
-from robot_rl.learner.stored_frames import FrameReader, StoredEpisode
+from robot_rl.learner.stored_frames import FrameReader, StoredEpisode, UnreadableFramesError
 from robot_rl.learner.streams import STREAMS
 from robot_rl.policies.augment import build_sample, sample_offsets
 from robot_rl.policies.trainable import InputFrames
+
+log = logging.getLogger(__name__)
 
 EntryKey = tuple[str, int, int]  # (robot_id, episode_id, fragment); demonstrations use robot_id "~demo"
 DEMO_ROBOT = "~demo"
@@ -274,6 +277,7 @@ class SamplingIndex:
         self._stream_keys: dict[str, list[EntryKey]] = {}
         # Per entry: (length, reward config, rewards) of the last computation; recomputed when either changes.
         self._rewards: dict[EntryKey, tuple[int, RewardConfig, EpisodeRewards]] = {}
+        self.quarantined: list[EntryKey] = []  # entries left out because their stored frames do not decode
 
     # ------------------------------------------------------------ loading
 
@@ -380,8 +384,36 @@ class SamplingIndex:
         ``weight`` (1.0), ``stream`` (index into STREAMS), ``reward`` and ``is_intervention``
         at the sampled step, and the reward fields of ``transition_fields`` (under
         ``spec.rewards``), for algorithms that need them.
+
+        A stored episode whose frames do not decode is quarantined (left out of sampling from then
+        on, said in one line) and the batch drawn again without it.
         """
-        return self.fill(self.plan(batch_size, ratios, spec, rng))
+        while True:
+            plan = self.plan(batch_size, ratios, spec, rng)
+            try:
+                return self.fill(plan)
+            except UnreadableFramesError as exc:
+                if not self._quarantine(exc):
+                    raise
+
+    def _quarantine(self, exc: UnreadableFramesError) -> bool:
+        """Leave the entries stored as ``exc.episode`` out of sampling; False if there were none."""
+        with self._lock:
+            keys = [key for key, stored in self._on_disk.items() if stored == exc.episode]
+            for key in keys:
+                del self._on_disk[key]
+                entry = self._entries.pop(key)
+                self._frame_bytes -= entry.frame_bytes()
+                self._keys.remove(key)
+                self._rewards.pop(key, None)
+                for stream in STREAMS:
+                    self._positions.pop((key, stream), None)
+            self._cumulative = None
+            self.quarantined.extend(keys)
+        for key in keys:
+            log.error("training: %s; robot %s episode %d is quarantined: no batch samples it again", exc.cause,
+                      key[0], key[1])
+        return bool(keys)
 
     def plan(self, batch_size: int, ratios: Mapping[str, float], spec: SampleSpec,
              rng: np.random.Generator) -> BatchPlan:

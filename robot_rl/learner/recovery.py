@@ -43,7 +43,7 @@ from robot_rl.learner.ledger import CommitRecord, Ledger
 from robot_rl.learner.metrics import OutcomeTracker
 from robot_rl.learner.open_episodes import EpisodeBook, EpisodeKey, parse_staging_key, staging_key
 from robot_rl.learner.store_writer import EpisodeWriter
-from robot_rl.learner.stored_frames import StoredEpisode
+from robot_rl.learner.stored_frames import LEFT_OUT, StoredEpisode
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,8 @@ class Recovery:
                  count, time.monotonic() - started, self._index.counts())
 
     def _load_dataset_into_index(self, by_index: dict[int, CommitRecord]) -> None:
-        for episode in iter_episode_arrays(self._dataset_root, self._config.repo_id):
+        for episode in iter_episode_arrays(self._dataset_root, self._config.repo_id,
+                                           on_unreadable=self._quarantine_stored_episode):
             record = by_index.get(episode["episode_index"])
             if record is None:
                 log.warning("dataset episode %d has no ledger entry; indexing it as online data",
@@ -172,6 +173,13 @@ class Recovery:
             self._index.mark_stored(key, StoredEpisode(str(self._dataset_root), self._config.repo_id,
                                                        episode["episode_index"]))  # memory stays bounded
             self._outcomes.add_columns(key[0], key[1], columns)
+
+    def _quarantine_stored_episode(self, index: int, path: Path, exc: Exception) -> None:
+        """A stored episode whose rows or frames do not decode stays out of the sampling index (the
+        others load, training goes on); said in one line, counted in ``episodes_quarantined``."""
+        self._counters["episodes_quarantined"] += 1
+        log.error("%s", CorruptFileError(path, f"dataset episode {index} does not decode ({type(exc).__name__}: "
+                                         f"{exc})", LEFT_OUT))
 
     def _load_staging(self) -> list[EpisodeKey]:
         """Re-open the episodes whose segments were staged but not committed before the restart; returns

@@ -375,6 +375,8 @@ class ReplayStore:
                 "staging_write_failures": self.counters["staging_write_failures"],
                 "bytes_staged": self._episodes.staged_bytes(),
                 "episodes_lost_to_damage": self.counters["episodes_lost_to_damage"],  # see recovery
+                # Stored, but their frames do not decode: out of training (read in at start, or sampled later).
+                "episodes_quarantined": self.counters["episodes_quarantined"] + len(self.index.quarantined),
                 "steps_ingested": self.counters["steps"],
                 **{f"{stream}_steps": n for stream, n in counts.items()},
                 "held_steps": self.index.held_steps(),  # robot ticks no stream samples (see index)

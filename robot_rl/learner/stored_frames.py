@@ -9,15 +9,18 @@ size the index kept them at before it let them go: a lossless (PNG) frame read b
 one that was kept, bit for bit.
 
 ``FrameReader`` runs the reads on worker processes: decoding holds the interpreter, which the
-trainer and the store's serving thread need.
+trainer and the store's serving thread need. Frames that do not decode (a damaged PNG, a garbled
+video) are ``UnreadableFramesError`` naming the episode and the file: the sampling index leaves that
+episode out of training, where a bare decoder error would stop the trainer for good.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import multiprocessing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from robot_rl.core.errors import CorruptFileError
 from robot_rl.data.reader import IMAGE_PREFIX
 from robot_rl.policies.trainable import InputFrames
 
@@ -40,6 +44,16 @@ class StoredEpisode:
 
 
 FrameRequest = Mapping[str, Sequence[int]]  # camera -> frame numbers within the episode
+LEFT_OUT = "the episode is left out of training (the rest trains on); restore the file from a backup"
+
+
+class UnreadableFramesError(RuntimeError):
+    """Frames of ``episode`` that do not decode; ``cause`` names the file and what is wrong."""
+
+    def __init__(self, episode: StoredEpisode, cause: CorruptFileError) -> None:
+        self.episode = episode
+        self.cause = cause
+        super().__init__(f"episode {episode.episode_index} of {episode.root}: {cause}")
 
 _METADATA: dict[tuple[str, str], Any] = {}  # per process: each dataset's metadata, reloaded when it grew
 OPEN_VIDEO_FILES = 16  # per process: video files whose decoders stay open (LeRobot's files hold ~100s of MB)
@@ -69,16 +83,23 @@ def read_stored_frames(episode: StoredEpisode, wanted: FrameRequest,
     for cam, frames in wanted.items():
         key = f"{IMAGE_PREFIX}{cam}"
         numbers = [int(i) for i in frames]
-        if key in meta.video_keys:
-            images = _decode_video(meta, episode, key, float(row[f"videos/{key}/from_timestamp"]), numbers)
-        else:
-            images = _decode_png_rows(meta, episode, key, int(row["dataset_from_index"]), numbers)
+        video = key in meta.video_keys
+        path = Path(episode.root) / (meta.get_video_file_path(episode.episode_index, key) if video
+                                     else meta.get_data_file_path(episode.episode_index))
+        try:
+            if video:
+                images = _decode_video(path, meta, key, float(row[f"videos/{key}/from_timestamp"]), numbers)
+            else:
+                images = _decode_png_rows(path, key, int(row["dataset_from_index"]), numbers)
+        except Exception as exc:  # PIL, Arrow, PyAV and torchcodec each report damage in classes of their own
+            raise CorruptFileError(path, f"frames of episode {episode.episode_index} ({cam}) do not decode "
+                                   f"({type(exc).__name__}: {exc})", LEFT_OUT) from exc
         fit = fits.get(cam)
         out[cam] = fit.apply(images) if fit is not None else images
     return out
 
 
-def _decode_video(meta: Any, episode: StoredEpisode, key: str, start_s: float, numbers: list[int]) -> np.ndarray:
+def _decode_video(path: Path, meta: Any, key: str, start_s: float, numbers: list[int]) -> np.ndarray:
     """The frames by number, through LeRobot's torchcodec decoder: it seeks to each frame (pyav's decodes
     everything from the first frame asked to the last, hundreds of 640x480 frames for two). The decoder
     of a file stays open between reads until the file changes (the store rewrites the file it appends
@@ -86,7 +107,6 @@ def _decode_video(meta: Any, episode: StoredEpisode, key: str, start_s: float, n
     # lerobot (optional extra): the dataset's own video decoders
     from lerobot.datasets.video_utils import decode_video_frames, decode_video_frames_torchcodec
 
-    path = Path(episode.root) / meta.get_video_file_path(episode.episode_index, key)
     unique = sorted(set(numbers))  # once each, in order
     tolerance_s = 0.5 / meta.fps
     stamps = [start_s + i / meta.fps for i in unique]
@@ -119,12 +139,11 @@ def _decoder_for(path: Path) -> Any:
     return known[1]
 
 
-def _decode_png_rows(meta: Any, episode: StoredEpisode, key: str, first_row: int, numbers: list[int]) -> np.ndarray:
+def _decode_png_rows(path: Path, key: str, first_row: int, numbers: list[int]) -> np.ndarray:
     import pyarrow.compute as pc  # pyarrow: LeRobot's parquet dependency
     import pyarrow.parquet as pq
     from PIL import Image  # pillow: LeRobot's image dependency
 
-    path = Path(episode.root) / meta.get_data_file_path(episode.episode_index)
     rows = [first_row + i for i in numbers]
     table = pq.read_table(path, columns=["index", key], filters=[("index", "in", sorted(set(rows)))])
     by_row = dict(zip(pc.cast(table["index"], "int64").to_pylist(), table[key].to_pylist(), strict=True))
@@ -144,11 +163,13 @@ class FrameReader:
                       if workers > 0 else None)
 
     def read(self, requests: Mapping[StoredEpisode, FrameRequest]) -> dict[StoredEpisode, dict[str, np.ndarray]]:
+        """Each episode's frames; ``UnreadableFramesError`` for the first whose frames do not decode."""
         if self._pool is None:
-            return {episode: read_stored_frames(episode, wanted, self.fits) for episode, wanted in requests.items()}
+            return {episode: _result(episode, functools.partial(read_stored_frames, episode, wanted, self.fits))
+                    for episode, wanted in requests.items()}
         futures = {episode: self._pool.submit(read_stored_frames, episode, wanted, self.fits)
                    for episode, wanted in requests.items()}
-        return {episode: future.result() for episode, future in futures.items()}
+        return {episode: _result(episode, future.result) for episode, future in futures.items()}
 
     def worker_pids(self) -> list[int]:
         """The worker processes' ids (their memory is the learner's too: ``robot-rl bench soak``)."""
@@ -158,3 +179,10 @@ class FrameReader:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(episode: StoredEpisode, read: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    try:
+        return read()
+    except CorruptFileError as exc:
+        raise UnreadableFramesError(episode, exc) from exc

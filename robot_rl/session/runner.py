@@ -26,6 +26,7 @@ from robot_rl.core.errors import ConfigError
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import ROBOTS, TELEOPS, VIEWERS
 from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.data.validation import check_dataset
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.process_runner import spawn_policy
 from robot_rl.edge.remote_runner import RemoteInferenceConfig, RemotePolicy
@@ -194,6 +195,7 @@ def with_latency_calibration(edge: EdgeConfig, output_dir: str, robot_name: str)
 
 
 def _recorder(config: SessionConfig, robot: Any) -> EpisodeRecorder:
+    check_dataset(config.dataset_root)  # a damaged file of the robot's dataset is one line naming it
     layout = RecordedLayout.of_robot(robot)
     return EpisodeRecorder(
         Path(config.dataset_root), layout.fps, layout.joint_names, layout.camera_shapes,
