@@ -324,11 +324,14 @@ class ReplayStore:
         return len(stale)
 
     def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait until every ingested segment is in the sampling index and every closed episode in the dataset."""
+        """Wait until every ingested segment is in the sampling index and every closed episode in the dataset,
+        and the index knows each is stored: that is what lets an episode's frames leave its memory budget."""
         deadline = time.monotonic() + timeout_s
         if not self.flush_index(timeout_s):
             return False
-        return self._committer.flush(max(0.0, deadline - time.monotonic()))
+        if not self._committer.flush(max(0.0, deadline - time.monotonic())):
+            return False
+        return self.flush_index(max(0.0, deadline - time.monotonic()))  # the commits' "stored" marks queue there
 
     def flush_index(self, timeout_s: float = 60.0) -> bool:
         """Wait until the sampling index holds every segment ingested so far (it trails by a few ms)."""
