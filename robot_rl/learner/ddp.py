@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from robot_rl.core.errors import ConfigError
-from robot_rl.learner import fsdp
 from robot_rl.learner.algorithms.config import ALGORITHMS
 from robot_rl.learner.config import LearnerConfig, Parallelism, TrainerConfig
 from robot_rl.learner.index import SamplingIndex
@@ -217,10 +217,19 @@ def route_loss_through_ddp(policy: TrainablePolicy, ctx: DistContext, batch_size
     return route_loss(policy, ctx, batch_size, lambda module: DistributedDataParallel(module, device_ids=device_ids))
 
 
+def _sharding() -> ModuleType:
+    """``robot_rl.learner.fsdp``, imported by a sharded run only: torch's FSDP2 and DTensor take ~0.5 s
+    to import, which every learner start, and every restart after a crash, would pay otherwise."""
+    from robot_rl.learner import fsdp
+
+    return fsdp
+
+
 def route_loss_through_fsdp(policy: TrainablePolicy, ctx: DistContext, batch_size: int) -> nn.Module:
     """``route_loss`` through the policy sharded by FSDP2 (``fsdp.shard_module``), which averages each
     rank's slice of the gradients in ``backward``. The ranks must hold rank 0's weights first."""
-    return route_loss(policy, ctx, batch_size, lambda module: fsdp.shard_module(module, ctx.device, ctx.world_size))
+    sharding = _sharding()
+    return route_loss(policy, ctx, batch_size, lambda module: sharding.shard_module(module, ctx.device, ctx.world_size))
 
 
 def route_loss(policy: TrainablePolicy, ctx: DistContext, batch_size: int,
@@ -330,9 +339,9 @@ class DistributedTrainer(Trainer):
             if self._gathered in ((self.step, op), (self.step, OP_GATHER_CHECKPOINT)):
                 return
             self.channel.send(op)
-        fsdp.gather_trained(self.policy, self._whole)
+        _sharding().gather_trained(self.policy, self._whole)
         if op == OP_GATHER_CHECKPOINT:
-            self._whole_optimizer_states = {name: fsdp.gather_optimizer_state(optimizer, keep=self.ctx.is_leader)
+            self._whole_optimizer_states = {name: _sharding().gather_optimizer_state(optimizer, keep=self.ctx.is_leader)
                                             for name, optimizer in self.algorithm.optimizers().items()}
         self._gathered = (self.step, op)
 
