@@ -209,6 +209,25 @@ def test_a_newest_file_a_killed_writer_left_without_its_footer_passes(stored, tm
     check_dataset(tmp_path / "no dataset yet")
 
 
+@pytest.mark.parametrize("edit", [{"fps": 0}, {"fps": "30"}, {"features": ["observation.state"]},
+                                  {"chunks_size": -1}, {"features": {"observation.state": 3}}])
+def test_an_info_json_lerobot_would_refuse_is_refused_at_start_naming_the_key(stored, tmp_path, edit):
+    """The start check mirrors LeRobot's ``DatasetInfo`` without importing ``lerobot.datasets``: what
+    LeRobot refuses when the store's writer opens the dataset is refused before the learner serves."""
+    import json
+
+    from lerobot.datasets.utils import DatasetInfo
+
+    shutil.copytree(stored / "store", tmp_path / "store")
+    path = tmp_path / "store" / "dataset" / "meta" / "info.json"
+    info = {**json.loads(path.read_text()), **edit}
+    with pytest.raises((TypeError, ValueError, AttributeError)):
+        DatasetInfo.from_dict(json.loads(json.dumps(info)))
+    path.write_text(json.dumps(info))
+    with pytest.raises(CorruptFileError, match=f"info.json: .*{next(iter(edit))}"):
+        check_dataset(tmp_path / "store" / "dataset")
+
+
 def test_a_state_that_is_not_finite_is_damage_naming_the_file_and_row(stored, tmp_path):
     shutil.copytree(stored / "store", tmp_path / "store")
     path = tmp_path / "store" / FIRST_DATA

@@ -307,6 +307,52 @@ def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_pa
     assert sorted({e for _, e, _ in stored_triples(tmp_path)}) == [0, 1, 2]
 
 
+def test_a_restarted_store_serves_before_its_staged_pixels_decode_and_indexes_them_ahead_of_new_segments(
+        tmp_path, monkeypatch):
+    """A writer far behind leaves a staged backlog as long as max_staged_bytes_per_robot allows: its
+    images decode behind a serving store (held here until the robot's next segment is stored), and
+    the sampling index still holds the episode's steps in tick order."""
+    import threading
+
+    import robot_rl.bridges.zmq.segments as segments_module
+    from robot_rl.bridges.zmq.protocol import encode_message
+    from robot_rl.bridges.zmq.spool import Spool
+    from robot_rl.learner.open_episodes import staging_key
+
+    with ReplayStore(store_config(tmp_path)) as store:  # writes layout.json, nothing else
+        assert store.stats()["episodes_stored"] == 0
+    episode = segments("r0", 0, make_steps(12))
+    with Spool(tmp_path / "staging") as staging:  # the first two of three segments, acked before a crash
+        for seq, segment in enumerate(episode[:2]):
+            staging.append(staging_key("r0", 0, seq), encode_message(segment))
+    release = threading.Event()
+    decode = segments_module.decode_image
+
+    def held_but_for_the_robots_segments(buf, fmt, shape):  # the test's thread ingests what the robot sends
+        if threading.current_thread() is not threading.main_thread():
+            assert release.wait(60)
+        return decode(buf, fmt, shape)
+
+    monkeypatch.setattr(segments_module, "decode_image", held_but_for_the_robots_segments)
+    opened: list[ReplayStore] = []
+    opener = threading.Thread(target=lambda: opened.append(ReplayStore(store_config(tmp_path, background_commit=True))))
+    opener.start()
+    opener.join(20)
+    assert opened, "the store decoded its staged backlog before it took a segment"
+    store = opened[0]
+    try:
+        assert not store.ingest(episode[2]).duplicate  # the episode's last segment, sent after the restart
+        assert store.ingest(episode[0]).duplicate  # the backlog is known before its pixels are decoded
+        release.set()
+        assert store.flush(60) and store.stats()["episodes_stored"] == 1
+        states, _ = store.index.states_and_actions()
+        assert states[:, 2].tolist() == list(range(12))  # staged steps first, then the new segment's
+    finally:
+        release.set()
+        store.close()
+    assert sorted(stored_triples(tmp_path)) == [(0, 0, t) for t in range(12)]
+
+
 def test_a_committed_episode_a_damaged_dataset_file_rolls_back_is_reported_as_lost(tmp_path, caplog):
     """After a finalize the episode is acked and released from staging: if its parquet is truncated
     later (a bad disk), opening the dataset rolls it back, and the store must say so loudly."""

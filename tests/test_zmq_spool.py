@@ -129,6 +129,26 @@ def test_compaction_rewrites_a_mostly_acked_log(tmp_path):
         assert spool.keys() == ["1:8", "1:9"]
 
 
+def test_a_reader_reads_the_records_it_was_given_through_compaction_and_never_another_records_bytes(tmp_path):
+    """What a restarted learner's index thread reads its staged backlog through, while ingest appends
+    and the commit thread acks (compacting the log, or cutting an all-acked one to zero)."""
+    with Spool(tmp_path, compact_min_bytes=500) as spool:
+        _fill(spool, 10)
+        reader = spool.reader([f"1:{i}" for i in range(10)] + ["not staged"])
+        for i in range(8):
+            spool.ack(f"1:{i}")
+        assert spool.size_bytes < 400  # compacted: the path holds a new file
+        assert reader.read("1:3") == _frames(3) and reader.read("1:9") == _frames(9)
+        assert reader.read("not staged") is None
+        reader.close()
+        reader = spool.reader(["1:8", "1:9"])
+        spool.ack("1:8")
+        spool.ack("1:9")  # all acked: the log is cut to zero in place ...
+        _fill(spool, 10)  # ... and filled again from its start with other records
+        assert reader.read("1:8") is None and reader.read("1:9") is None
+        reader.close()
+
+
 def test_one_process_per_spool_and_unique_keys(tmp_path):
     with Spool(tmp_path) as spool:
         with pytest.raises(SpoolError, match="in use by another process"):

@@ -93,6 +93,56 @@ def _record(kind: int, key: bytes, body: bytes) -> bytes:
     return unsigned + struct.pack("<I", crc) + key + body
 
 
+def _parse_record(fd: int, pos: int, size: int) -> tuple[int, str, int, int, int] | None:
+    """(kind, key, body offset, body length, end offset) of the record at ``pos``, or None if torn/corrupt."""
+    header = os.pread(fd, _HEADER.size, pos)
+    if len(header) < _HEADER.size:
+        return None
+    magic, kind, key_len, body_len, crc = _HEADER.unpack(header)
+    end = pos + _HEADER.size + key_len + body_len
+    if magic != _MAGIC or kind not in (_APPEND, _ACK) or end > size:
+        return None
+    rest = os.pread(fd, key_len + body_len, pos + _HEADER.size)
+    if len(rest) != key_len + body_len or zlib.crc32(rest, zlib.crc32(header[:-4])) != crc:
+        return None
+    try:
+        key = rest[:key_len].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return kind, key, pos + _HEADER.size + key_len, body_len, end
+
+
+class SpoolReader:
+    """Records a spool held when this was made, readable from another thread while the spool goes on
+    appending, acking and compacting (``Spool.reader``).
+
+    It reads through a duplicate of the log's descriptor: a compaction renames a new log over the
+    path and closes the old one, and this keeps reading the old file. A record the spool has since
+    released and overwritten (an all-acked log is cut to zero and filled again) no longer parses
+    with its key at its place: ``read`` gives None for it, never another record's bytes."""
+
+    def __init__(self, fd: int, places: dict[str, int]) -> None:
+        self._fd = os.dup(fd)
+        self._places = places  # key -> offset of its append record
+
+    def keys(self) -> list[str]:
+        return list(self._places)
+
+    def read(self, key: str) -> list[bytes] | None:
+        place = self._places.get(key)
+        if place is None or self._fd < 0:
+            return None
+        parsed = _parse_record(self._fd, place, os.fstat(self._fd).st_size)
+        if parsed is None or parsed[0] != _APPEND or parsed[1] != key:
+            return None
+        return _unpack_frames(os.pread(self._fd, parsed[3], parsed[2]))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class Spool:
     """Crash-safe FIFO of (key, frames) records awaiting acknowledgement.
 
@@ -211,6 +261,11 @@ class Spool:
     def keys(self) -> list[str]:
         return list(self._pending)
 
+    def reader(self, keys: Sequence[str]) -> SpoolReader:
+        """A view of these pending records that another thread may read without this spool's lock."""
+        return SpoolReader(self._fd, {key: self._pending[key][0] - len(self._key_bytes(key)) - _HEADER.size
+                                      for key in keys if key in self._pending})
+
     def iter_keys(self) -> Iterator[str]:
         """Pending keys, oldest first, without copying them all: for a caller that stops after the
         first few. Nothing may be appended or acked while it iterates."""
@@ -316,7 +371,7 @@ class Spool:
         pos, live = 0, {}
         self.corrupt_regions = []
         while pos < size:
-            parsed = self._parse_record(pos, size)
+            parsed = _parse_record(self._fd, pos, size)
             if parsed is None:
                 start, pos = pos, self._next_record(pos + 1, size)
                 self.corrupt_regions.append((start, pos - start))
@@ -344,29 +399,11 @@ class Spool:
             chunk = os.pread(self._fd, window + len(_MAGIC) - 1, pos)
             hit = chunk.find(_MAGIC)
             while hit != -1:
-                if self._parse_record(pos + hit, size) is not None:
+                if _parse_record(self._fd, pos + hit, size) is not None:
                     return pos + hit
                 hit = chunk.find(_MAGIC, hit + 1)
             pos += window
         return size
-
-    def _parse_record(self, pos: int, size: int) -> tuple[int, str, int, int, int] | None:
-        """(kind, key, body offset, body length, end offset), or None if torn/corrupt."""
-        header = os.pread(self._fd, _HEADER.size, pos)
-        if len(header) < _HEADER.size:
-            return None
-        magic, kind, key_len, body_len, crc = _HEADER.unpack(header)
-        end = pos + _HEADER.size + key_len + body_len
-        if magic != _MAGIC or kind not in (_APPEND, _ACK) or end > size:
-            return None
-        rest = os.pread(self._fd, key_len + body_len, pos + _HEADER.size)
-        if len(rest) != key_len + body_len or zlib.crc32(rest, zlib.crc32(header[:-4])) != crc:
-            return None
-        try:
-            key = rest[:key_len].decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        return kind, key, pos + _HEADER.size + key_len, body_len, end
 
     def _set_corrupt_regions_aside(self) -> None:
         """Save every bad region's bytes beside the log, then drop them from it: a bad tail (a write

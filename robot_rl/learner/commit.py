@@ -168,6 +168,7 @@ class Committer:
         while True:
             batch, stop = self._next_batch()
             self._feed.index.wait_loaded()  # a restarted store's dataset is read into the index before it grows
+            self._feed.wait_backlog()  # and its staged segments, before any of them is released
             if batch:
                 self._commit(batch)
             if stop:

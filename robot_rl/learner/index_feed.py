@@ -6,10 +6,13 @@ the growing episode arrays) would otherwise hold up the thread that acks robots,
 ``StoreConfig.background_commit`` the index is fed by a thread of its own (``store-index``).
 
 One queue carries every change: a segment's steps (``append``), the end of an episode piece
-(``finish``: nothing more arrives, its returns are final) and its place in the dataset
-(``stored``: its frames may leave memory and be read back from there). In one queue they stay in
-order, so an episode's frames never leave memory before its last segment is in. The queue is
-bounded (``INDEX_QUEUE``): when it is full, ingest waits, and memory stays bounded.
+(``finish``: nothing more arrives, its returns are final), its place in the dataset (``stored``:
+its frames may leave memory and be read back from there) and, after a restart, the segments
+staged before it (``backlog``: read from staging and decoded on this thread, so a restarted
+learner serves before it has decoded a backlog of any size). In one queue they stay in order, so
+an episode's frames never leave memory before its last segment is in, and a backlog is in before
+the segments that robots send after the restart. The queue is bounded (``INDEX_QUEUE``): when it
+is full, ingest waits, and memory stays bounded.
 
 A failed change is logged and skipped: the data is staged and will be in the dataset; only
 sampling misses it. ``flush`` waits until the index holds everything fed so far (it trails by a
@@ -23,8 +26,12 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
+from robot_rl.bridges.zmq.protocol import Segment, decode_message
+from robot_rl.bridges.zmq.segments import decode_segment
+from robot_rl.bridges.zmq.spool import SpoolReader
 from robot_rl.core.types import Step
 from robot_rl.learner.index import EntryKey, SamplingIndex, fit_step_frames, steps_to_columns
 from robot_rl.learner.stored_frames import StoredEpisode
@@ -33,8 +40,19 @@ log = logging.getLogger(__name__)
 
 INDEX_QUEUE = 64  # decoded segments waiting for the index thread
 
-_Op = Literal["append", "finish", "stored"]
-_Job = tuple[_Op, EntryKey, Sequence[Step] | StoredEpisode | None]
+
+@dataclass(frozen=True)
+class Backlog:
+    """Segments staged before a restart, in staging order: read through ``staged`` (the staging log
+    as it was at the restart) by the index thread; ``order`` pairs each index entry with its
+    staging key."""
+
+    staged: SpoolReader
+    order: Sequence[tuple[EntryKey, str]]
+
+
+_Op = Literal["append", "finish", "stored", "backlog"]
+_Job = tuple[_Op, EntryKey | None, Sequence[Step] | StoredEpisode | Backlog | None]
 
 
 class IndexFeed:
@@ -44,6 +62,8 @@ class IndexFeed:
         self.index = index
         self._jobs: queue.Queue[_Job | None] | None = None
         self._thread: threading.Thread | None = None
+        self._backlog_applied = threading.Event()
+        self._backlog_applied.set()
         if background:
             self._jobs = queue.Queue(maxsize=INDEX_QUEUE)  # full: ingest waits (bounded memory)
             self._thread = threading.Thread(target=self._loop, name="store-index", daemon=True)
@@ -63,6 +83,16 @@ class IndexFeed:
 
     def stored(self, key: EntryKey, episode: StoredEpisode) -> None:
         self._put("stored", key, episode)
+
+    def backlog(self, backlog: Backlog) -> None:
+        """A restarted store's staged segments, ahead of everything fed after this (closes ``staged``)."""
+        self._backlog_applied.clear()
+        self._put("backlog", None, backlog)
+
+    def wait_backlog(self) -> None:
+        """Until a restarted store's staged segments are in the index: the commit thread waits, so no
+        staged segment is released before the index has read it."""
+        self._backlog_applied.wait()
 
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until the sampling index holds every segment fed so far (and a restarted store's
@@ -88,13 +118,18 @@ class IndexFeed:
             self._thread.join()
             self._thread = None
 
-    def _put(self, op: _Op, key: EntryKey, payload: Sequence[Step] | StoredEpisode | None) -> None:
+    def _put(self, op: _Op, key: EntryKey | None, payload: Sequence[Step] | StoredEpisode | Backlog | None) -> None:
         if self._jobs is not None:
             self._jobs.put((op, key, payload))
         else:
             self._apply(op, key, payload)
 
-    def _apply(self, op: _Op, key: EntryKey, payload: Sequence[Step] | StoredEpisode | None) -> None:
+    def _apply(self, op: _Op, key: EntryKey | None, payload: Sequence[Step] | StoredEpisode | Backlog | None) -> None:
+        if op == "backlog":
+            assert isinstance(payload, Backlog)
+            self._apply_backlog(payload)
+            return
+        assert key is not None
         if op == "append":
             assert isinstance(payload, Sequence)
             self.index.append(key, steps_to_columns(payload, self.index.cameras), payload[0].instruction)
@@ -103,6 +138,26 @@ class IndexFeed:
             self.index.mark_stored(key, payload)
         else:
             self.index.mark_finished(key)
+
+    def _apply_backlog(self, backlog: Backlog) -> None:
+        """Each staged segment decoded into its entry. Recovery checked everything but the pixels, which
+        decoded when the segment arrived (and staging's crc keeps its bytes); one that fails now is
+        left out of sampling only: it is staged, and the writer stores it."""
+        try:
+            for entry, staging_key in backlog.order:
+                frames = backlog.staged.read(staging_key)
+                if frames is None:  # not expected: the commit thread releases nothing before this is done
+                    log.error("staged segment %s was gone before the sampling index read it", staging_key)
+                    continue
+                try:
+                    segment = decode_message(frames)
+                    assert isinstance(segment, Segment)  # recovery decoded it as one
+                    self._apply("append", entry, self.fitted(decode_segment(segment)))
+                except Exception:
+                    log.exception("could not add staged segment %s to the sampling index", staging_key)
+        finally:
+            backlog.staged.close()
+            self._backlog_applied.set()
 
     def _loop(self) -> None:
         assert self._jobs is not None

@@ -17,7 +17,9 @@ Nothing the store knows lives only in memory; at start it reads back, in this or
 5. the staging log: the episodes acked but not yet committed, reopened as they were; those
    complete, or with a pending intent, go straight back to the writer. A staged segment that no
    longer passes the checks moves to the ``quarantine`` spool beside staging, so start-up goes on
-   instead of failing on it at every restart.
+   instead of failing on it at every restart. Their images are decoded into the sampling index
+   on the index thread, behind the serving learner, so a restart does not grow with the backlog
+   a slow writer left either.
 
 Demonstrations (``StoreConfig.demonstrations``) are read into the index before any of this,
 whether or not the store's layout is known yet.
@@ -32,13 +34,13 @@ from collections import Counter
 from pathlib import Path
 
 from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, decode_message
-from robot_rl.bridges.zmq.segments import decode_segment
+from robot_rl.bridges.zmq.segments import check_segment
 from robot_rl.bridges.zmq.spool import Spool
 from robot_rl.core.errors import CorruptFileError
 from robot_rl.data.reader import iter_episode_arrays
 from robot_rl.learner.config import StoreConfig
-from robot_rl.learner.index import DEMO_ROBOT, SamplingIndex, dataset_episode_to_columns
-from robot_rl.learner.index_feed import IndexFeed
+from robot_rl.learner.index import DEMO_ROBOT, EntryKey, SamplingIndex, dataset_episode_to_columns
+from robot_rl.learner.index_feed import Backlog, IndexFeed
 from robot_rl.learner.ledger import CommitRecord, Ledger
 from robot_rl.learner.metrics import OutcomeTracker
 from robot_rl.learner.open_episodes import EpisodeBook, EpisodeKey, parse_staging_key, staging_key
@@ -183,8 +185,15 @@ class Recovery:
 
     def _load_staging(self) -> list[EpisodeKey]:
         """Re-open the episodes whose segments were staged but not committed before the restart; returns
-        those to close now: complete, or cut short by a crash during their commit (a pending intent)."""
+        those to close now: complete, or cut short by a crash during their commit (a pending intent).
+
+        Each staged segment is checked here in everything but its pixels (``check_segment``) and its
+        images are decoded into the sampling index on the index thread (``IndexFeed.backlog``): a
+        writer far behind leaves up to ``max_staged_bytes_per_robot`` staged per robot, and decoding
+        all of it before serving made a restart as slow as the backlog is long. The pixels decoded
+        once already, when the segment arrived, and staging's crc keeps its bytes."""
         pending_intents = {(r.robot_id, r.episode_id, r.fragment) for r in self._ledger.pending_intents}
+        order: list[tuple[EntryKey, str]] = []
         for key, frames in list(self._staging.pending()):
             robot_id, episode_id, seq = parse_staging_key(key)
             if self._episodes.is_committed((robot_id, episode_id), seq):
@@ -194,13 +203,15 @@ class Recovery:
                 segment = decode_message(frames)
                 if not isinstance(segment, Segment):
                     raise ProtocolError(f"a staged {segment.TYPE!r} message is no segment")
-                steps = self._feed.fitted(decode_segment(segment))
+                check_segment(segment)
             except ProtocolError as exc:
                 self._quarantine(key, frames, exc)
                 continue
-            episode = self._episodes.track(robot_id, episode_id, seq, len(steps), segment.episode_done)
+            episode = self._episodes.track(robot_id, episode_id, seq, segment.num_steps, segment.episode_done)
             self._episodes.add_staged_bytes(episode, sum(len(f) for f in frames))
-            self._feed.append(episode.index_key, steps)
+            order.append((episode.index_key, key))
+        if order:
+            self._feed.backlog(Backlog(self._staging.reader([key for _, key in order]), order))
         return [key for key, episode in self._episodes.open.items()
                 if episode.complete or episode.index_key in pending_intents]
 
