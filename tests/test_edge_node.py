@@ -307,6 +307,17 @@ def test_weight_swap_applies_between_chunks_and_every_step_carries_its_version()
     assert changes and all(s.chunk_index >= 0 and s.chunk_id == swapped.chunk_id for s in changes)
 
 
+def test_a_swap_carried_by_the_last_request_of_an_episode_is_counted_though_its_chunk_is_dropped():
+    """The request that takes the swap may be in flight when the episode ends: its chunk belongs to
+    the old episode and is dropped, but the weights are in, and the node says so (swaps, version)."""
+    node, _, _ = make_node("async_rollforward", latency_ms=100.0)
+    node.on_tick = at_tick(38, lambda n: n.request_policy_swap({"base": 50000.0}, version=7))
+    node.run_episode(40, "go")
+    node.on_tick = None
+    later = node.run_episode(40, "go")
+    assert node.stats.swaps == 1 and later.steps[-1].policy_version == 7
+
+
 def test_swap_in_a_whole_policy_object():
     node, _, _ = make_node(latency_ms=0.0)
     node.request_policy_swap(EncodingPolicy(chunk_size=20, base=90000.0), version=2)

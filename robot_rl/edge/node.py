@@ -525,6 +525,9 @@ class EdgeNode:
         request = result.request
         if request.swap is not None:  # applied or refused whatever the episode: the shadow is free again
             self.swaps.settle(request.swap, result.swap_error)
+        # Counted whatever the episode too: a policy process swaps with the next request it takes,
+        # which may be the last one of the episode before (its chunk is then dropped below).
+        self._note_swap(result)
         if request.generation != self._generation:
             log.debug("dropping chunk %d: it was requested in a previous episode", request.chunk_id)
             return
@@ -537,7 +540,6 @@ class EdgeNode:
             device = result.device_s if result.device_s is not None else result.compute_s
             self._costs.append((device, result.latency_s))
             self.stats.replan_slots = self._replan_slots()
-        self._note_swap(result)
         record = self._record_for(request.chunk_id)
         if record is not None:
             record.arrival_tick, record.measured_delay = n, measured
