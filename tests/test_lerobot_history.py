@@ -31,8 +31,13 @@ from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.trainable import StateOffsets
 from tests.edge_fakes import FrameCountingRobot, PastEchoPolicy
 from tests.learner_helpers import BC, CAMERAS, IMG, trainer_config
-from tests.lerobot_policies import one_torch_thread, tiny_diffusion_dir  # noqa: F401 - an autouse fixture
+from tests.lerobot_policies import (  # noqa: F401 - one_torch_thread: an autouse fixture
+    one_torch_thread,
+    swap_in_mid_episode,
+    tiny_diffusion_dir,
+)
 from tests.test_learner_trainer import filled_index
+from tests.test_stream_swap import same_weights
 
 CHUNK = 4
 OBS_STATE, FRONT = "observation.state", "observation.images.front"
@@ -159,3 +164,9 @@ def test_the_learner_trains_it_from_stacked_samples_with_lerobots_loss(diffusion
     assert all(m is not None and np.isfinite(m["loss"]) for m in metrics)
     assert conditioned == [(4, 2, 6)] * 2  # batch_size 4, two observations each
     assert any(not torch.equal(v, policy.state_dict()[k]) for k, v in before.items())
+
+    # What it published swaps into a running edge node that stacks its observations.
+    running = load(diffusion_dir).eval()
+    node, _ = swap_in_mid_episode(running, trainer.deployed, tmp_path / "spool", "edge-diffusion")
+    assert same_weights(node.running_policy, trainer.deployed) and node.stats.swap_failures == 0
+    assert node.stats.chunks_spliced >= 2 and node.stats.chunks_rejected == 0
