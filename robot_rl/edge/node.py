@@ -596,8 +596,8 @@ class EdgeNode:
         if self.plan_sink is not None:
             self._emit_plan(n, chunk, offset, request.rolled_state)
         queued = self.queue.splice(
-            chunk, stale=stale, keep=keep, limit=limit, blend_ticks=self.config.blend_ticks, hold=self._hold
-        )
+            chunk, stale=stale, keep=keep, limit=limit, blend_ticks=self.config.blend_ticks, hold=self._hold,
+            ensemble_coeff=self.config.temporal_ensemble_coeff)
         self._policy_version = chunk.policy_version
         self._newest_spliced_id = chunk.chunk_id
         self._had_chunk = True
