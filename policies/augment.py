@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from robot_rl.policies.base import ObservationHistory
+
 
 @dataclass(frozen=True)
 class OffsetIndices:
@@ -63,9 +65,15 @@ def offset_indices(episode_length: int, t: int, offset: int, chunk_size: int) ->
     )
 
 
-def build_sample(episode: dict, t: int, offset: int, chunk_size: int, cameras: tuple[str, ...]) -> dict:
-    """One training sample (numpy) from an episode dict with 'state', 'action', 'images.<cam>'."""
-    idx = offset_indices(len(episode["action"]), t, offset, chunk_size)
+def build_sample(episode: dict, t: int, offset: int, chunk_size: int, cameras: tuple[str, ...],
+                 history: ObservationHistory | None = None) -> dict:
+    """One training sample (numpy) from an episode dict with 'state', 'action', 'images.<cam>'; ``chunk_size``
+    target actions, ``history.past_actions`` of them before the chunk start (None: the current observation only)."""
+    history = history or ObservationHistory()
+    future = chunk_size - history.past_actions
+    if future < 1:
+        raise ValueError(f"a target of {chunk_size} actions leaves none after {history.past_actions} past ones")
+    idx = offset_indices(len(episode["action"]), t, offset, future)
     source = episode["action"] if idx.state_from_action else episode["state"]
     is_pad = idx.action_is_pad
     held = episode.get("held")
@@ -79,6 +87,20 @@ def build_sample(episode: dict, t: int, offset: int, chunk_size: int, cameras: t
     }
     for cam in cameras:
         sample[f"images.{cam}"] = episode[f"images.{cam}"][idx.image_index]
+    if history.past_actions:
+        before = int(idx.action_indices[0]) - np.arange(history.past_actions, 0, -1)
+        past_pad = before < 0
+        before = np.maximum(before, 0)
+        if held is not None:
+            past_pad = past_pad | np.asarray(held, dtype=bool)[before]
+        sample["actions"] = np.concatenate([np.asarray(episode["action"][before], dtype=np.float32),
+                                            sample["actions"]])
+        sample["action_is_pad"] = np.concatenate([past_pad, sample["action_is_pad"]])
+    if history.steps > 1:
+        past = np.maximum(t - np.arange(history.steps - 1, 0, -1), 0)
+        sample["past.state"] = np.asarray(episode["state"][past], dtype=np.float32)
+        for cam in cameras:
+            sample[f"past.images.{cam}"] = episode[f"images.{cam}"][past]
     return sample
 
 

@@ -45,6 +45,7 @@ class EpisodeSampler:
             raise ValueError("no episodes to train on")
         self.episodes = list(episodes)
         self.chunk_size, self.cameras, self.offsets = policy.training_horizon, policy.cameras, policy.state_offsets
+        self.history = policy.observation_history
         lengths = [validate_episode(ep, policy, i) for i, ep in enumerate(self.episodes)]
         self.episode_of = np.repeat(np.arange(len(lengths)), lengths)
         self.time_of = np.concatenate([np.arange(n) for n in lengths])
@@ -59,7 +60,7 @@ class EpisodeSampler:
         offsets = sample_offsets(self.rng, batch_size, self.offsets.max_offset, self.offsets.weights)
         samples = [
             build_sample(self.episodes[self.episode_of[p]], int(self.time_of[p]), int(o),
-                         self.chunk_size, self.cameras)
+                         self.chunk_size, self.cameras, self.history)
             for p, o in zip(picks, offsets, strict=True)
         ]
         batch = collate(samples)

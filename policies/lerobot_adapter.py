@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from lerobot.configs.types import FeatureType, PolicyFeature
 from lerobot.policies.factory import get_policy_class, make_policy_config, make_pre_post_processors
 from lerobot.policies.pretrained import PreTrainedPolicy
 from lerobot.policies.rtc import RTCConfig
-from lerobot.policies.utils import prepare_observation_for_inference
+from lerobot.policies.utils import populate_queues, prepare_observation_for_inference
 from lerobot.processor import (
     DeviceProcessorStep,
     NormalizerProcessorStep,
@@ -57,7 +58,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from robot_rl.core.errors import ConfigError, CorruptFileError
-from robot_rl.policies.base import validate_chunk
+from robot_rl.policies.base import ObservationHistory, PastObservation, validate_chunk
 from robot_rl.policies.flow_vla.checkpoint import RESTORE
 from robot_rl.policies.joint_order import JointOrder
 from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
@@ -106,10 +107,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
         self._chunk_size = chunk_size or _native_chunk_size(config)
         # Diffusion regresses a horizon that reaches past the chunk it executes.
         self._training_horizon = int(config.horizon) if config.type == "diffusion" else self._chunk_size
-        if int(getattr(config, "n_obs_steps", 1)) > 1:
-            raise ConfigError(f"LeRobot policy {config.type!r} reads n_obs_steps={config.n_obs_steps} past "
-                              "observations; the edge gives a policy the current one only "
-                              "(policy.options.n_obs_steps=1)")
+        self._history = _observation_history(config)
         # Diffusion's own modules want a time axis on the state even for one observation.
         self._state_time_axis = config.type == "diffusion"
         if OBS_STATE not in config.input_features:
@@ -138,6 +136,10 @@ class LeRobotChunkPolicy(TrainablePolicy):
     @property
     def input_frames(self) -> dict[str, InputFrames]:
         return self._input_frames
+
+    @property
+    def observation_history(self) -> ObservationHistory:
+        return self._history
 
     def bind_joints(self, robot_joints: Sequence[str]) -> None:
         if self.joint_names is not None:
@@ -207,6 +209,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
         policy_config = make_policy_config(
             config.type, input_features=features, output_features=outputs,
             device=config.device or ("cuda" if torch.cuda.is_available() else "cpu"), **config.options)
+        _observation_history(policy_config)  # a history it cannot be given is refused before a model is built
         backbone = "pretrained_backbone_weights"
         if hasattr(policy_config, backbone) and backbone not in config.options:
             setattr(policy_config, backbone, None)
@@ -243,6 +246,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
                 )
             check_checkpoint_files(local)
         config = PreTrainedConfig.from_pretrained(source, revision=revision)
+        _observation_history(config)  # refused before the weights load
         if device is not None:
             config.device = str(device)
         policy_class = get_policy_class(config.type)
@@ -379,16 +383,28 @@ class LeRobotChunkPolicy(TrainablePolicy):
     def _observations_to_lerobot(self, batch: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         """The observations of a training batch (uint8 HWC images by camera, state, instruction) under
         LeRobot's keys, images CHW in 0..1; ``prefix``: those of the next chunk (``next.``)."""
+        stacked = self._history.steps > 1 and not prefix  # the next chunk's observation comes without its past
         out: dict[str, Any] = {}
         for ours, key in zip(self.cameras, self.image_keys, strict=True):
             if f"{prefix}images.{ours}" not in batch:
                 raise KeyError(f"the training batch has no {prefix}images.{ours}; the LeRobot policy reads "
                                f"{self.image_keys}")
             frames = torch.as_tensor(batch[f"{prefix}images.{ours}"])
-            out[key] = frames.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
-        out[OBS_STATE] = self._to_policy_order(torch.as_tensor(batch[f"{prefix}state"], dtype=torch.float32))
+            if stacked:  # [B, steps, H, W, 3], the oldest first
+                frames = torch.cat([torch.as_tensor(self._past(batch, f"images.{ours}")), frames[:, None]], dim=1)
+            out[key] = frames.movedim(-1, -3).to(torch.float32).div_(255.0)
+        state = torch.as_tensor(batch[f"{prefix}state"], dtype=torch.float32)
+        if stacked:
+            state = torch.cat([torch.as_tensor(self._past(batch, "state"), dtype=torch.float32), state[:, None]], dim=1)
+        out[OBS_STATE] = self._to_policy_order(state)
         out["task"] = list(batch["instruction"])
         return out
+
+    def _past(self, batch: dict[str, Any], name: str) -> Any:
+        if f"past.{name}" not in batch:
+            raise KeyError(f"the training batch has no past.{name}; LeRobot policy {self.policy.config.type!r} "
+                           f"reads {self._history.steps} observations (n_obs_steps)")
+        return batch[f"past.{name}"]
 
     def _to_lerobot_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Our training batch (observations and actions) under LeRobot's keys."""
@@ -444,8 +460,15 @@ class LeRobotChunkPolicy(TrainablePolicy):
 
     # ------------------------------------------------------------------ inference
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
-        """Images by camera (uint8 HxWx3), state, instruction -> float32[chunk_size, action_dim] in robot units."""
+        """Images by camera (uint8 HxWx3), state, instruction -> float32[chunk_size, action_dim] in robot units.
+        A policy that reads past observations gets this one repeated, as at an episode's start."""
         return self._predict(observation, state, instruction)
+
+    def predict_chunk_with_history(self, history: Sequence[PastObservation], observation: dict[str, np.ndarray],
+                                   state: np.ndarray, instruction: str) -> np.ndarray:
+        """``predict_chunk`` from the observations of the ticks before too (oldest first; those past
+        ``observation_history.steps - 1`` are not read; fewer: the oldest is repeated)."""
+        return self._predict(observation, state, instruction, history=history)
 
     def predict_chunk_guided(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
                              prefix: np.ndarray, delay: int) -> np.ndarray:
@@ -473,18 +496,33 @@ class LeRobotChunkPolicy(TrainablePolicy):
         raise LookupError(f"the preprocessor has no {step_type.__name__}")
 
     def _predict(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
-                 **chunk_kwargs: Any) -> np.ndarray:
-        frame = self._to_lerobot_frame(observation, state)
+                 history: Sequence[PastObservation] = (), **chunk_kwargs: Any) -> np.ndarray:
         device = self._follow_device()
+        read = list(history)[1 - self._history.steps:] if self._history.steps > 1 else []
+        frames = [*(self._to_lerobot_frame(past.images, past.state) for past in read),
+                  self._to_lerobot_frame(observation, state)]
         with torch.no_grad():
-            batch = self._with_time_axis(self.preprocessor(prepare_observation_for_inference(frame, device,
-                                                                                             task=instruction)))
+            observations = [self.preprocessor(prepare_observation_for_inference(frame, device, task=instruction))
+                            for frame in frames]
+            batch = (self._stack_observations(observations) if self._history.steps > 1
+                     else self._with_time_axis(observations[0]))
             actions = self.policy.predict_action_chunk(batch, **chunk_kwargs)
             if actions.ndim == 2:  # some policies drop the batch dimension
                 actions = actions[None]
             actions = self.postprocessor(actions)
         chunk = self._to_robot_order(actions[0, : self.chunk_size].float().cpu().numpy())
         return validate_chunk(chunk, self.chunk_size, self.action_dim)
+
+    def _stack_observations(self, observations: list[dict[str, Any]]) -> dict[str, Any]:
+        """Preprocessed observations, the oldest first -> one batch with a time axis [1, steps, ...]: LeRobot's
+        own observation queues, filled by ``populate_queues`` as ``select_action`` fills them (the first
+        observation repeated until the queue is full) and stacked as ``predict_action_chunk`` stacks them.
+        Queues of this call's own, not the policy's: requests in flight together share the policy."""
+        queues: dict[str, deque[torch.Tensor]] = {key: deque(maxlen=self._history.steps)
+                                                   for key in (OBS_STATE, *self.image_keys)}
+        for observation in observations:
+            populate_queues(queues, observation)
+        return {**observations[-1], **{key: torch.stack(list(queue), dim=1) for key, queue in queues.items()}}
 
     def _to_lerobot_frame(self, observation: dict[str, np.ndarray], state: np.ndarray) -> dict[str, np.ndarray]:
         """Rename our inputs to LeRobot's feature keys, checking that every expected image is there."""
@@ -504,6 +542,19 @@ class LeRobotChunkPolicy(TrainablePolicy):
                 raise ValueError(f"state has {state.size} values, the LeRobot policy expects {self.state_dim}")
             frame[OBS_STATE] = self._to_policy_order(state)
         return frame
+
+
+def _observation_history(config: PreTrainedConfig) -> ObservationHistory:
+    """The observations a LeRobot policy reads (``n_obs_steps``, one tick apart: its
+    ``observation_delta_indices``) and where its training target starts (``action_delta_indices``:
+    Diffusion's begins at its oldest observation). Diffusion's own modules take a stacked batch
+    without its queues; another type that reads more than the current observation is refused."""
+    steps = int(getattr(config, "n_obs_steps", 1))
+    if steps > 1 and config.type != "diffusion":
+        raise ConfigError(f"LeRobot policy {config.type!r} reads n_obs_steps={steps} observations; robot_rl stacks "
+                          "observation history for diffusion only (policy.options.n_obs_steps=1)")
+    deltas = config.action_delta_indices or [0]
+    return ObservationHistory(steps, past_actions=max(0, -int(deltas[0])))
 
 
 def _input_frames(config: PreTrainedConfig, image_key: str) -> InputFrames:

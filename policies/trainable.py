@@ -12,7 +12,10 @@ the same ``bc`` / ``hgdagger`` / ``rwr`` code as our own model.
 A training batch is the learner's (``robot_rl.learner.index``): ``images.<camera>`` uint8
 [B, H, W, 3], ``state`` [B, state_dim] (the rolled-forward state of the offset augmentation),
 ``actions`` [B, training_horizon, action_dim] and ``action_is_pad`` [B, training_horizon] in robot units,
-``instruction`` (list of str); a policy translates it to its own inputs.
+``instruction`` (list of str); a policy translates it to its own inputs. A policy that reads past
+observations (``observation_history``) also gets ``past.state`` [B, steps - 1, state_dim] and
+``past.images.<camera>`` [B, steps - 1, H, W, 3], the recorded observations of the ticks before, oldest
+first, and ``actions`` that start ``past_actions`` ticks before the chunk.
 
 Randomness of a loss (flow noise and times, a VAE's latent draw) comes from the algorithm's
 own generator through ``draw_training_randomness``, so a resumed learner reproduces the next
@@ -31,6 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's convention
 from torch import nn
+
+from robot_rl.policies.base import ObservationHistory
 
 FRAME_FITS = ("stretch", "pad_center", "pad_top_left")
 
@@ -114,6 +119,11 @@ class TrainablePolicy(nn.Module, ABC):
         """By camera, the frame size the policy reads and its resize (``InputFrames``); a camera not named
         is read at the size it arrives."""
         return {}
+
+    @property
+    def observation_history(self) -> ObservationHistory:
+        """How many observations one prediction reads (the learner samples that many, the edge keeps them)."""
+        return ObservationHistory()
 
     @property
     @abstractmethod

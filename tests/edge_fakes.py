@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from robot_rl.hardware.robot import Observation, features_for, validate_action
+from robot_rl.policies.base import ObservationHistory, PastObservation
 
 CODE = 1000  # action value = base + CODE * call + index
 
@@ -64,6 +65,43 @@ class KinematicRobot:
         self.state = arr.copy()
         self.sent.append(arr.copy())
         return arr
+
+
+class FrameCountingRobot(KinematicRobot):
+    """A kinematic robot whose camera shows a different frame at every observation: all pixels equal
+    ``step`` times the number of observations taken before (``seen`` holds each one's measured state)."""
+
+    def __init__(self, image_size: int = 4, step: int = 1) -> None:
+        super().__init__(num_joints=6, fps=30)
+        self.image_size, self.step = image_size, step
+        self.seen: list[np.ndarray] = []
+
+    def get_observation(self) -> Observation:
+        value = self.step * len(self.seen)
+        self.seen.append(self.state.copy())
+        return {"images": {"front": np.full((self.image_size, self.image_size, 3), value, np.uint8)},
+                "state": self.state.copy()}
+
+
+class PastEchoPolicy:
+    """Reads two observations; every action of its chunk says which frames it was given (a frame's pixel
+    value): joint 0 the earlier observation's (-1 without one), joint 1 the request's own."""
+
+    chunk_size, action_dim = 8, 6
+    observation_history = ObservationHistory(steps=2)
+
+    def predict_chunk(self, observation: dict, state: np.ndarray, instruction: str) -> np.ndarray:
+        return self.predict_chunk_with_history((), observation, state, instruction)
+
+    def predict_chunk_with_history(self, history: Sequence[PastObservation], observation: dict, state: np.ndarray,
+                                   instruction: str) -> np.ndarray:
+        chunk = np.zeros((self.chunk_size, self.action_dim), np.float32)
+        chunk[:, 0] = float(history[-1].images["front"][0, 0, 0]) if history else -1.0
+        chunk[:, 1] = float(observation["front"][0, 0, 0])
+        return chunk
+
+    def save_pretrained(self, directory: str) -> None:  # protocol completeness
+        pass
 
 
 class EncodingPolicy:

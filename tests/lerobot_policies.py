@@ -51,10 +51,11 @@ def tiny_act_dir(directory: Path, *, cameras: tuple[str, ...] = ("front",), imag
 
 
 def tiny_diffusion_dir(directory: Path, *, cameras: tuple[str, ...] = ("front",), image_size: int = 16,
-                       joints: int = 6, chunk_size: int = 4, horizon: int = 8, seed: int = 0) -> Path:
+                       joints: int = 6, chunk_size: int = 4, horizon: int = 8, n_obs_steps: int = 1,
+                       seed: int = 0) -> Path:
     """A randomly initialised Diffusion Policy: a 2-level U-Net (32, 64 channels), a ResNet-18 image
     encoder without pretrained weights and no random crop (the frames are smaller than its default
-    84), 4 denoising steps at inference, one observation (the edge gives the current one only), and
+    84), 4 denoising steps at inference, ``n_obs_steps`` observations (LeRobot's default is 2), and
     a horizon twice the executed chunk; group norm instead of batch norm (the paper's choice without
     pretrained weights; batch norm cannot even size a 16x16 frame's 1x1 features from one sample)."""
     torch.manual_seed(seed)
@@ -64,9 +65,10 @@ def tiny_diffusion_dir(directory: Path, *, cameras: tuple[str, ...] = ("front",)
     config = make_policy_config(
         "diffusion", input_features=inputs,
         output_features={"action": PolicyFeature(FeatureType.ACTION, (joints,))},
-        n_obs_steps=1, horizon=horizon, n_action_steps=chunk_size, down_dims=(32, 64), kernel_size=3,
+        n_obs_steps=n_obs_steps, horizon=horizon, n_action_steps=chunk_size, down_dims=(32, 64), kernel_size=3,
         diffusion_step_embed_dim=32, spatial_softmax_num_keypoints=8, crop_shape=None, pretrained_backbone_weights=None,
-        num_train_timesteps=20, num_inference_steps=4, drop_n_last_frames=horizon - chunk_size, use_group_norm=True,
+        num_train_timesteps=20, num_inference_steps=4, drop_n_last_frames=horizon - chunk_size - n_obs_steps + 1,
+        use_group_norm=True,
         device="cpu",
     )
     policy = get_policy_class("diffusion")(config)

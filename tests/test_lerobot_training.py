@@ -256,13 +256,13 @@ def test_diffusion_trains_on_its_horizon_with_lerobots_loss_and_runs_its_chunk(d
     assert chunk.shape == (CHUNK, 6) and np.isfinite(chunk).all()
 
 
-def test_a_policy_that_reads_past_observations_is_refused_in_one_line(tmp_path):
+def test_a_policy_other_than_diffusion_that_reads_past_observations_is_refused_in_one_line(tmp_path):
+    """Diffusion's history is stacked (tests/test_lerobot_history.py); VQ-BeT keeps queues of its own."""
     from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 
-    config = LeRobotPolicyConfig(type="diffusion", options={"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4,
-                                                            "down_dims": [32, 64], "crop_shape": None,
-                                                            "use_group_norm": True})
-    with pytest.raises(ConfigError, match="n_obs_steps=1"):
+    config = LeRobotPolicyConfig(type="vqbet", options={"n_obs_steps": 2, "crop_shape": None})
+    with pytest.raises(ConfigError, match="n_obs_steps=2 observations; robot_rl stacks observation history for "
+                                          "diffusion only"):
         LeRobotChunkPolicy.from_scratch(config, synthetic_episodes())
 
 

@@ -39,6 +39,7 @@ from robot_rl.bench.progress import timed_run
 from robot_rl.learner.algorithms.bc import WeightedBC
 from robot_rl.learner.publisher import snapshot
 from robot_rl.learner.trainer import training_device
+from robot_rl.policies.base import ObservationHistory
 from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
 from robot_rl.policies.flow_vla.model import FlowVLA
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
@@ -142,8 +143,8 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
         vlm.update(self_attn_every_n_layers=2, expert_width_multiplier=0.75, tokenizer_max_length=16)
     act_targets = ["linear1", "linear2"]  # ACT has no LeRobot default: its transformer's feed-forward layers
     chunked = {"chunk_size": CHUNK, "n_action_steps": CHUNK}
-    # One observation (the edge gives the current one); group norm, as without pretrained weights.
-    diffusion = {"n_obs_steps": 1, "horizon": 2 * CHUNK, "n_action_steps": CHUNK, "drop_n_last_frames": CHUNK,
+    # LeRobot's default two observations (the edge stacks them); group norm, as without pretrained weights.
+    diffusion = {"n_obs_steps": 2, "horizon": 2 * CHUNK, "n_action_steps": CHUNK, "drop_n_last_frames": CHUNK - 1,
                  "use_group_norm": True}
     builders = {
         "flow_vla": flow_vla,
@@ -159,7 +160,8 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
     return {name: builders[name] for name in bench.types}
 
 
-def synthetic_batch(size: int, horizon: int) -> dict[str, Any]:
+def synthetic_batch(size: int, horizon: int, history: ObservationHistory) -> dict[str, Any]:
+    """A training batch of random frames and states, with the past observations ``history`` asks for."""
     rng = np.random.default_rng(1)
     state = torch.as_tensor(rng.normal(0, 20, (size, JOINTS)), dtype=torch.float32)
     batch: dict[str, Any] = {"state": state, "actions": state[:, None].repeat(1, horizon, 1) + 1,
@@ -167,6 +169,10 @@ def synthetic_batch(size: int, horizon: int) -> dict[str, Any]:
                              "instruction": [INSTRUCTION] * size, "weight": torch.ones(size)}
     for cam in CAMERAS:
         batch[f"images.{cam}"] = torch.as_tensor(rng.integers(0, 256, (size, IMAGE, IMAGE, 3), dtype=np.uint8))
+    if history.steps > 1:
+        batch["past.state"] = state[:, None].repeat(1, history.steps - 1, 1)
+        for cam in CAMERAS:
+            batch[f"past.images.{cam}"] = batch[f"images.{cam}"][:, None].repeat(1, history.steps - 1, 1, 1, 1)
     return batch
 
 
@@ -179,7 +185,7 @@ def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
                               np.concatenate([e["action"] for e in episodes]), [INSTRUCTION])
     policy.to(device).train()
     algorithm = WeightedBC(None, policy, trainer, device)
-    batch = synthetic_batch(bench.batch_size, policy.training_horizon)
+    batch = synthetic_batch(bench.batch_size, policy.training_horizon, policy.observation_history)
     algorithm.update(batch)  # warm-up: allocations, kernels, the text encoder's cache
     started = time.perf_counter()
     for _ in range(bench.updates):

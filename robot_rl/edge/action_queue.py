@@ -3,11 +3,13 @@
 Only the control thread touches it, so it needs no lock: ``take`` is O(1) and never
 blocks. Chunks enter through ``splice``, which time-aligns a new chunk with the ticks
 that already passed while it was computed (stale actions dropped, or old actions kept
-until the new chunk is due) and optionally blends the seam.
+until the new chunk is due) and optionally blends the seam or ensembles the overlap (ACT's
+temporal ensembling).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,6 +28,7 @@ class QueuedAction:
     policy_version: int
     delay_ticks: int
     rolled_state: np.ndarray | None
+    predictions: int = 1  # chunks' predictions for this tick that ``action`` averages (temporal ensembling)
 
 
 class ActionQueue:
@@ -89,6 +92,7 @@ class ActionQueue:
         limit: int | None = None,
         blend_ticks: int = 0,
         hold: np.ndarray | None = None,
+        ensemble_coeff: float | None = None,
     ) -> int:
         """Replace the plan with ``chunk``; return how many of its actions were queued.
 
@@ -102,6 +106,8 @@ class ActionQueue:
             plan would have commanded at those ticks (or ``hold`` once it runs out), so
             the seam has no step.
         hold: the currently commanded position, the blend's fallback.
+        ensemble_coeff: temporal ensembling instead of replacing: each queued chunk action
+            averages in what the old plan holds for its tick (``_ensemble``).
         """
         if stale < 0 or keep < 0:
             raise ValueError(f"stale and keep must be >= 0, got stale={stale} keep={keep}")
@@ -116,6 +122,8 @@ class ActionQueue:
             if anchor is None and self._last is not None:
                 anchor = self._last.action
             new = _blend(new, replaced, anchor, blend_ticks)
+        if ensemble_coeff is not None:
+            new = _ensemble(new, replaced, ensemble_coeff)
         self._items = kept + new
         self._head = 0
         return len(new)
@@ -132,6 +140,22 @@ class ActionQueue:
             delay_ticks=chunk.delay_ticks,
             rolled_state=chunk.rolled_state,
         )
+
+
+def _ensemble(new: list[QueuedAction], old: list[QueuedAction], coeff: float) -> list[QueuedAction]:
+    """ACT's temporal ensembling, tick by tick: the old plan's action for a tick averages ``c`` earlier
+    predictions, the new one is the (c+1)-th, weighted exp(-coeff * c) against their weights
+    exp(-coeff * i), i < c: LeRobot's online update (``ACTTemporalEnsembler.update``). Its class is
+    not used as it is: it takes one chunk every tick, each starting at that tick, while here a chunk
+    lands after a measured delay, possibly stale or early, and the queue has aligned it already."""
+    out = list(new)
+    for j, (fresh, planned) in enumerate(zip(new, old, strict=False)):
+        c = planned.predictions
+        earlier = sum(math.exp(-coeff * i) for i in range(c))
+        weight = math.exp(-coeff * c)
+        action = ((planned.action * earlier + fresh.action * weight) / (earlier + weight)).astype(np.float32)
+        out[j] = replace(fresh, action=action, predictions=c + 1)
+    return out
 
 
 def _blend(

@@ -96,6 +96,12 @@ class EdgeConfig:
     # Seam smoothing: linearly blend this many new actions with what the old plan
     # would have commanded at the same ticks. 0 = off.
     blend_ticks: int = 0
+    # ACT's temporal ensembling (Zhao et al. 2023, LeRobot's ACTTemporalEnsembler): each tick's action
+    # is the average of every prediction for that tick of the chunks spliced so far, the i-th oldest
+    # weighted exp(-coeff * i) (0: equal weights; LeRobot's suggested 0.01). Smooths where chunks
+    # overlap, so it pays off with continuous re-planning; for any chunking policy. None = off: a
+    # new chunk replaces the plan. (A checkpoint's own temporal_ensemble_coeff is not read: set it here.)
+    temporal_ensemble_coeff: float | None = None
     # Real-time chunking (LeRobot's RTC, for flow policies: FlowVLA, SmolVLA, pi0, pi0.5), with mode
     # async_naive: each request carries the actions the queue will execute from the request tick
     # on, and the policy's sampling is guided to agree with them over the estimated delay, so the
@@ -175,6 +181,9 @@ class EdgeConfig:
             problems.append(f"command_lag_ticks must be >= 0, got {self.command_lag_ticks}")
         if self.blend_ticks < 0:
             problems.append(f"blend_ticks must be >= 0, got {self.blend_ticks}")
+        if self.temporal_ensemble_coeff is not None and (self.temporal_ensemble_coeff < 0 or self.blend_ticks):
+            problems.append(f"temporal_ensemble_coeff must be >= 0 and replaces blend_ticks (one seam smoothing at a "
+                            f"time), got {self.temporal_ensemble_coeff} with blend_ticks={self.blend_ticks}")
         if self.real_time_chunking and self.mode != "async_naive":
             problems.append(f"real_time_chunking guides chunks that start at their request tick: it needs "
                             f"mode async_naive, got {self.mode!r}")

@@ -30,7 +30,14 @@ from robot_rl.core.clock import Clock
 from robot_rl.core.types import ActionChunk
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.latency import LatencyModel
-from robot_rl.policies.base import ChunkPolicy, GuidedChunkPolicy, InvalidChunkError, validate_chunk
+from robot_rl.policies.base import (
+    ChunkPolicy,
+    GuidedChunkPolicy,
+    HistoryChunkPolicy,
+    InvalidChunkError,
+    PastObservation,
+    validate_chunk,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,9 @@ class InferenceRequest:
     # Real-time chunking: the actions the queue executes from the request tick on [T, A] (robot
     # units), which the chunk is guided to agree with over its first delay_estimate steps.
     prefix: np.ndarray | None = None
+    # What the robot saw at the ticks before, oldest first, for a policy that reads past observations
+    # (``HistoryChunkPolicy``); fewer than it reads at an episode's start.
+    history: tuple[PastObservation, ...] = ()
 
 
 @dataclass
@@ -121,6 +131,9 @@ class PolicyRunner:
                                                 "(edge.real_time_chunking)")
                     raw = policy.predict_chunk_guided(request.images, request.state, request.instruction,
                                                       request.prefix, request.delay_estimate)
+                elif request.history and isinstance(policy, HistoryChunkPolicy):
+                    raw = policy.predict_chunk_with_history(request.history, request.images, request.state,
+                                                            request.instruction)
                 else:
                     raw = policy.predict_chunk(request.images, request.state, request.instruction)
                 actions = validate_chunk(raw, getattr(policy, "chunk_size", None), self.action_dim)

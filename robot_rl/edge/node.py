@@ -29,6 +29,11 @@ m = n + d' (d' = measured delay), actions meant for ticks before m are stale and
 (async_naive drops d'; async_rollforward drops d'-d, or keeps the old plan for d-d' more
 ticks if the chunk came early). Sync holds while the chunk is computed, so its chunk
 starts at index 0 on arrival and nothing is stale.
+
+Observation history: a policy that reads past observations (``HistoryChunkPolicy``, e.g. Diffusion
+with ``n_obs_steps=2``) gets, with each request, the images and measured states of the ticks before
+it (kept per episode); the request's own observation comes last, with the rolled-forward state, as
+the learner's samples pair recorded past observations with an offset state (``policies.augment``).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from robot_rl.edge.inference import InferenceRequest, InferenceResult, Inference
 from robot_rl.edge.stats import ChunkRecord, EdgeStats
 from robot_rl.edge.swap import WeightSwap
 from robot_rl.hardware.robot import InvalidActionError, Observation, Robot, validate_action
-from robot_rl.policies.base import ChunkPolicy, GuidedChunkPolicy
+from robot_rl.policies.base import ChunkPolicy, GuidedChunkPolicy, HistoryChunkPolicy, PastObservation
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +187,10 @@ class EdgeNode:
         self.swaps = WeightSwap(policy, policy_version)
         self._next_chunk_id = 0
         self._generation = 0
+        # What the robot saw at the last ticks, for a policy that reads past observations (Diffusion's
+        # n_obs_steps): each request carries them, the observation of its own tick comes last.
+        steps = policy.observation_history.steps if isinstance(policy, HistoryChunkPolicy) else 1
+        self._seen: deque[PastObservation] = deque(maxlen=steps - 1)
         self._last_late_warning = float("-inf")
         self._late_since_warning = 0
         self._last_tick_time: float | None = None
@@ -267,6 +276,7 @@ class EdgeNode:
         self._ease = None
         self._last_request_tick = -1
         self._newest_spliced_id = -1
+        self._seen.clear()  # a new episode's first request repeats its own observation, as LeRobot's queues do
 
     def hand_back(self, ease_step: np.ndarray | float | None = None, ease_ticks: int = 0) -> None:
         """A human hands control back to the policy: forget the plan, ask for a fresh chunk.
@@ -307,6 +317,7 @@ class EdgeNode:
         self._collect(n)
         self._maybe_request(n, obs, state, intervening=human is not None)
         self._collect(n)
+        self._seen.append(PastObservation(dict(obs["images"]), state))
 
         choice = self._choose(human)
         sent = self._send(choice)
@@ -450,6 +461,7 @@ class EdgeNode:
             generation=self._generation,
             swap=self.swaps.take(),
             prefix=prefix,
+            history=tuple(self._seen),
         )
         self._next_chunk_id += 1
         self._last_request_tick = n
@@ -584,8 +596,8 @@ class EdgeNode:
         if self.plan_sink is not None:
             self._emit_plan(n, chunk, offset, request.rolled_state)
         queued = self.queue.splice(
-            chunk, stale=stale, keep=keep, limit=limit, blend_ticks=self.config.blend_ticks, hold=self._hold
-        )
+            chunk, stale=stale, keep=keep, limit=limit, blend_ticks=self.config.blend_ticks, hold=self._hold,
+            ensemble_coeff=self.config.temporal_ensemble_coeff)
         self._policy_version = chunk.policy_version
         self._newest_spliced_id = chunk.chunk_id
         self._had_chunk = True

@@ -12,7 +12,8 @@ The child builds the policy itself from a picklable ``factory`` (the commands pa
 ``load_policy`` with the configuration), so the model's memory exists once, where it runs. It
 serves over one pipe, in messages of msgpack plus raw array bytes (never unpickled):
 
-* ``predict``: an ``InferenceRequest``; the answer is the chunk (or the error), the version that
+* ``predict``: an ``InferenceRequest`` (with the observations of the ticks before, for a policy that
+  reads them); the answer is the chunk (or the error), the version that
   computed it, and whether new weights were swapped in right before it;
 * ``weights``: a verified safetensors payload in a file under /dev/shm (the link's chunk
   assembler writes the download straight into it, see ``allocate_weights``), copied once into the
@@ -44,7 +45,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicyRun
 from robot_rl.edge.swap import WeightSwap
 from robot_rl.edge.weight_loading import load_weights_into
 from robot_rl.edge.weights_files import PREFIX, SHM_DIR, WeightsFilePool
-from robot_rl.policies.base import ChunkPolicy
+from robot_rl.policies.base import ChunkPolicy, ObservationHistory, PastObservation
 from robot_rl.policies.trainable import published_state
 
 log = logging.getLogger(__name__)
@@ -96,14 +97,33 @@ def _unpack(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
 
 
 def _request_message(request: InferenceRequest) -> bytes:
-    body = {"chunk_id": request.chunk_id, "instruction": request.instruction, "delay": request.delay_estimate,
-            "cameras": list(request.images)}
-    arrays = {f"image/{cam}": image for cam, image in request.images.items()}
-    return _pack("predict", body, {**arrays, "state": request.state, "prefix": request.prefix})
+    body = {"chunk_id": request.chunk_id, "instruction": request.instruction, "delay": request.delay_estimate}
+    return _pack("predict", body | _observation_body(request.images, request.history),
+                 {**_observation_arrays(request.images, request.state, request.history), "prefix": request.prefix})
+
+
+def _observation_body(images: Mapping[str, np.ndarray], history: tuple[PastObservation, ...]) -> dict[str, Any]:
+    return {"cameras": list(images), "past": [list(past.images) for past in history]}
+
+
+def _observation_arrays(images: Mapping[str, np.ndarray], state: np.ndarray,
+                        history: tuple[PastObservation, ...]) -> dict[str, np.ndarray]:
+    """The request's images and state, and those of the ticks before it under ``past/<i>/``."""
+    arrays = {f"image/{cam}": image for cam, image in images.items()}
+    arrays["state"] = np.asarray(state, dtype=np.float32)
+    for i, past in enumerate(history):
+        arrays.update({f"past/{i}/image/{cam}": image for cam, image in past.images.items()})
+        arrays[f"past/{i}/state"] = np.asarray(past.state, dtype=np.float32)
+    return arrays
 
 
 def _observation(body: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {cam: arrays[f"image/{cam}"] for cam in body["cameras"]}
+
+
+def _history(body: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> tuple[PastObservation, ...]:
+    return tuple(PastObservation({cam: arrays[f"past/{i}/image/{cam}"] for cam in cameras}, arrays[f"past/{i}/state"])
+                 for i, cameras in enumerate(body.get("past", [])))
 
 
 # ---------------------------------------------------------------- the child process
@@ -172,9 +192,12 @@ class _PolicyServer:
                 self.send("reply")
             elif kind == "predict_chunk":
                 observation, state = _observation(body, arrays), arrays["state"]
+                history = _history(body, arrays)
                 if "prefix" in arrays:
                     chunk = policy.predict_chunk_guided(observation, state, body["instruction"], arrays["prefix"],
                                                         int(body["delay"]))
+                elif history:
+                    chunk = policy.predict_chunk_with_history(history, observation, state, body["instruction"])
                 else:
                     chunk = policy.predict_chunk(observation, state, body["instruction"])
                 self.send("reply", arrays={"chunk": np.asarray(chunk, dtype=np.float32)})
@@ -195,7 +218,8 @@ class _PolicyServer:
                 chunk_id=int(body["chunk_id"]), request_tick=0, request_time_s=0.0,
                 images=_observation(body, arrays), state=arrays["state"], instruction=body["instruction"],
                 executed_index=-1, delay_ticks=0, delay_estimate=int(body["delay"]), start_tick=None,
-                rolled_state=None, generation=0, swap=swap, prefix=arrays.get("prefix"))
+                rolled_state=None, generation=0, swap=swap, prefix=arrays.get("prefix"),
+                history=_history(body, arrays))
             result = self.runner.run(request)
             if swap is not None:
                 self.swaps.settle(swap, result.swap_error)
@@ -253,11 +277,13 @@ def _child_main(factory: PolicyFactory, conn: Any, version: int) -> None:
         conn.send_bytes(_pack("failed", {"error": f"{type(exc).__name__}: {exc}", "message": str(exc), "kind": kind}))
         return
     action_dim = getattr(policy, "action_dim", None)  # a policy without joints of its own (hold) has none
+    history = getattr(policy, "observation_history", ObservationHistory())
     info = {"action_dim": None if action_dim is None else int(action_dim), "chunk_size": int(policy.chunk_size),
             "cameras": list(getattr(policy, "cameras", ())), "guided": hasattr(policy, "predict_chunk_guided"),
             "config_hash": policy.config_hash() if hasattr(policy, "config_hash") else "",
             "swappable": hasattr(policy, "parameters"), "name": type(policy).__name__,
-            "published_bytes": _published_bytes(policy)}
+            "published_bytes": _published_bytes(policy),
+            "history": [history.steps, history.past_actions]}
     server = _PolicyServer(policy, conn, version)
     server.send("ready", info)
     server.serve()
@@ -306,6 +332,10 @@ class ProcessPolicy:
         return tuple(self._info["cameras"])
 
     @property
+    def observation_history(self) -> ObservationHistory:
+        return ObservationHistory(*self._info["history"])
+
+    @property
     def swappable(self) -> bool:
         """True where the child's policy has weights that can be swapped (a torch module)."""
         return bool(self._info["swappable"])
@@ -324,14 +354,17 @@ class ProcessPolicy:
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
         return self._predict_now(observation, state, instruction, None, 0)
 
+    def predict_chunk_with_history(self, history: Sequence[PastObservation], observation: dict[str, np.ndarray],
+                                   state: np.ndarray, instruction: str) -> np.ndarray:
+        return self._predict_now(observation, state, instruction, None, 0, tuple(history))
+
     def save_pretrained(self, directory: str | Path) -> None:
         self._call("save_pretrained", {"directory": str(directory)})
 
     def _predict_now(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str,
-                     prefix: np.ndarray | None, delay: int) -> np.ndarray:
-        body = {"instruction": instruction, "delay": int(delay), "cameras": list(observation)}
-        arrays = {f"image/{cam}": image for cam, image in observation.items()}
-        _, reply = self._call("predict_chunk", body, {**arrays, "state": np.asarray(state, dtype=np.float32),
+                     prefix: np.ndarray | None, delay: int, history: tuple[PastObservation, ...] = ()) -> np.ndarray:
+        body = {"instruction": instruction, "delay": int(delay)} | _observation_body(observation, history)
+        _, reply = self._call("predict_chunk", body, {**_observation_arrays(observation, state, history),
                                                       "prefix": prefix})
         return reply["chunk"]
 

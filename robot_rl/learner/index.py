@@ -50,6 +50,7 @@ from robot_rl.learner.rewards import EpisodeRewards, episode_rewards, transition
 from robot_rl.learner.stored_frames import FrameReader, StoredEpisode, UnreadableFramesError
 from robot_rl.learner.streams import STREAMS
 from robot_rl.policies.augment import build_sample, sample_offsets
+from robot_rl.policies.base import ObservationHistory
 from robot_rl.policies.trainable import InputFrames
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 EntryKey = tuple[str, int, int]  # (robot_id, episode_id, fragment); demonstrations use robot_id "~demo"
 DEMO_ROBOT = "~demo"
 IMAGES = "images."
+# A sample's frames: its step's, the next chunk's, and those of the ticks before (observation history).
+FRAME_FIELDS = (IMAGES, f"next.{IMAGES}", f"past.{IMAGES}")
 
 
 class GrowingEpisode:
@@ -207,11 +210,13 @@ class SampleSpec:
     max_state_offset: int = 0
     offset_weights: tuple[float, ...] | None = None
     rewards: RewardConfig = field(default_factory=RewardConfig)
+    history: ObservationHistory = field(default_factory=ObservationHistory)  # the policy's past observations
 
 
 @dataclass
 class FrameSlot:
-    """One frame a planned sample needs: ``samples[sample][field]`` is frame ``number`` of ``camera``."""
+    """One frame a planned sample needs: ``samples[sample][field]`` (its item ``position`` for the frames of
+    the ticks before) is frame ``number`` of ``camera``."""
 
     sample: int
     field: str
@@ -219,6 +224,7 @@ class FrameSlot:
     number: int
     frames: np.ndarray | None  # the entry's frames in memory, or None: read from ``stored``
     stored: StoredEpisode | None
+    position: int | None = None
 
 
 class BatchPlan:
@@ -235,9 +241,15 @@ class BatchPlan:
     def add(self, sample: dict, stored: StoredEpisode | None, frames: Mapping[str, np.ndarray | None],
             instruction: str, reward: float, is_intervention: bool) -> None:
         i = len(self.samples)
-        for name in [k for k in sample if k.startswith(IMAGES) or k.startswith(f"next.{IMAGES}")]:
+        for name in [k for k in sample if k.startswith(FRAME_FIELDS)]:
             camera = name.split(IMAGES, 1)[1]
-            self.frame_slots.append(FrameSlot(i, name, camera, int(sample[name]), frames[camera], stored))
+            numbers = np.asarray(sample[name])
+            if numbers.ndim == 0:
+                self.frame_slots.append(FrameSlot(i, name, camera, int(numbers), frames[camera], stored))
+                continue
+            sample[name] = [None] * len(numbers)  # filled frame by frame; a batch stacks them [B, steps - 1, ...]
+            self.frame_slots.extend(FrameSlot(i, name, camera, int(number), frames[camera], stored, position)
+                                    for position, number in enumerate(numbers))
         self.samples.append(sample)
         self.instructions.append(instruction)
         self.rewards.append(reward)
@@ -442,7 +454,7 @@ class SamplingIndex:
                 numbers = np.arange(entry.length)
                 for cam in spec.cameras:  # the frame numbers stand in for the frames: fill() looks them up
                     episode[f"{IMAGES}{cam}"] = numbers
-                sample = build_sample(episode, t, int(offset), spec.chunk_size, spec.cameras)
+                sample = build_sample(episode, t, int(offset), spec.chunk_size, spec.cameras, spec.history)
                 sample.update(transition_fields(episode, t, int(offset), spec.chunk_size, spec.cameras, spec.rewards,
                                                 self._episode_rewards_locked(key, episode, spec.rewards)))
                 frames = {cam: entry.frames(f"{IMAGES}{cam}") for cam in spec.cameras}
@@ -467,7 +479,10 @@ class SamplingIndex:
                 assert slot.stored is not None
                 image = read[slot.stored][slot.camera][taken[slot.stored][slot.camera]]
                 taken[slot.stored][slot.camera] += 1
-            plan.samples[slot.sample][slot.field] = image
+            if slot.position is None:
+                plan.samples[slot.sample][slot.field] = image
+            else:
+                plan.samples[slot.sample][slot.field][slot.position] = image
         samples = plan.samples
         batch: dict[str, torch.Tensor | list[str]] = {
             key: torch.as_tensor(np.stack([s[key] for s in samples])) for key in samples[0]}

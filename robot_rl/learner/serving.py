@@ -57,6 +57,7 @@ from robot_rl.bridges.zmq.inference_wire import (
 )
 from robot_rl.bridges.zmq.keys import apply_server_curve, check_endpoint_security, start_authenticator
 from robot_rl.bridges.zmq.segments import decode_image
+from robot_rl.core.errors import ConfigError
 from robot_rl.learner.serving_config import ServeConfig
 from robot_rl.policies.trainable import published_state
 
@@ -124,6 +125,10 @@ class PolicyServer:
     """
 
     def __init__(self, policy: Any, config: ServeConfig, version: int = 0) -> None:
+        history = getattr(policy, "observation_history", None)
+        if history is not None and history.steps > 1:
+            raise ConfigError(f"the policy reads {history.steps} observations a request (n_obs_steps) and a policy "
+                              "server is sent the current one only; run it on the robot (robot-rl edge)")
         self.policy = policy
         self.config = config
         self.version = version

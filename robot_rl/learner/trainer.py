@@ -93,7 +93,7 @@ class Trainer:
         self._schedule = PublishSchedule(config.publish_every_updates, config.publish_every_s, clock)
         offsets = policy.state_offsets
         self._spec = SampleSpec(policy.training_horizon, policy.cameras, offsets.max_offset, offsets.weights,
-                                config.rewards)
+                                config.rewards, policy.observation_history)
         # The next batch is drawn (frames read back, pinned on CUDA) while an update runs.
         self._prefetch = BatchPrefetcher(
             lambda rng: self.index.sample(config.batch_size, config.stream_ratios, self._spec, rng), self.rng,
