@@ -237,13 +237,14 @@ def edge_swap(running: TrainablePolicy, blob: WeightsBlob, ticks: int) -> bool:
     with EdgeNode(BenchArm(), running, VirtualClock(), config, robot_id="bench-policies", policy_version=0) as node:
         node.reset_episode(INSTRUCTION)
         before = [node.tick() for _ in range(ticks)]
-        shadow = node.swaps.free_shadow()
+        shadow = node.swaps.prepare()  # the second policy object the edge loads weights into
         load_weights_into(shadow, blob.data)
         node.request_policy_swap(shadow, blob.version)
         after: list[Step] = []
         while len(after) < 3 * ticks and not any(step.policy_version == blob.version for step in after):
             after.append(node.tick())
-        stats, final = node.stats, published_state(node.running_policy)
+        stats, swapped = node.stats, node.running_policy is shadow
+    final = published_state(shadow)
     published = deserialize_tensors(bytes(blob.data), framework="pt")
 
     def from_policy(steps: list[Step], version: int) -> bool:
@@ -251,7 +252,7 @@ def edge_swap(running: TrainablePolicy, blob: WeightsBlob, ticks: int) -> bool:
 
     holds_published = final.keys() == published.keys() and all(
         torch.equal(final[k].cpu(), published[k].to(final[k].dtype)) for k in final)
-    return (from_policy(before, 0) and from_policy(after, blob.version) and stats.swaps == 1
+    return (from_policy(before, 0) and from_policy(after, blob.version) and swapped and stats.swaps == 1
             and stats.swap_failures == 0 and stats.chunks_rejected == 0 and holds_published)
 
 
