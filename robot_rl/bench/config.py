@@ -182,7 +182,8 @@ class ReplanBenchConfig:
 @dataclass
 class PoliciesBenchConfig:
     """``bench policies``: each policy type's parameters, learner updates/s, edge inference ms and
-    publish bytes, full fine-tuning beside LoRA."""
+    publish bytes, full fine-tuning beside LoRA; whether an edge swaps its published weights in and
+    ``rl`` updates it."""
 
     types: list[str] = field(default_factory=lambda: ["flow_vla", "act", "act+lora", "diffusion", "smolvla",
                                                       "smolvla+lora"])
@@ -191,12 +192,13 @@ class PoliciesBenchConfig:
     batch_size: int = 8  # learner batch of the timed updates
     updates: int = 5
     inferences: int = 10
+    edge_ticks: int = 30  # the edge runs this many ticks before the swap (a second at 30 fps), and on after it
 
     def __post_init__(self) -> None:
         if self.smolvla_size not in ("full", "tiny"):
             raise ValueError(f"bench.smolvla_size must be full or tiny, got {self.smolvla_size!r}")
-        if min(self.lora_rank, self.batch_size, self.updates, self.inferences) < 1:
-            raise ValueError("bench.lora_rank, batch_size, updates and inferences must be >= 1")
+        if min(self.lora_rank, self.batch_size, self.updates, self.inferences, self.edge_ticks) < 1:
+            raise ValueError("bench.lora_rank, batch_size, updates, inferences and edge_ticks must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,28 @@
-"""`robot-rl bench policies`: what each policy type costs the learner, the edge and the wire.
+"""`robot-rl bench policies`: what each policy type costs the learner, the edge and the wire, and
+whether it makes the whole round trip.
 
 For every type, side by side in one process: parameters (all, and those the optimiser updates),
 learner updates per second (the ``bc`` algorithm's update on a fixed synthetic batch, the same
 code the learner runs), edge inference milliseconds per chunk (``predict_chunk``, batch 1), and
 the bytes one weight publish puts on the wire (``learner.publisher.snapshot`` at the trainer's
-transfer dtype), with LoRA rows beside the full fine-tuning ones.
+transfer dtype), with LoRA rows beside the full fine-tuning ones. Then the round trip:
+``edge_ok``: an ``EdgeNode`` runs the untrained weights, takes the published ones through the edge
+loader's own path (``load_weights_into`` the node's shadow, ``request_policy_swap``) and runs on
+with them; ``rl_ok``: one update of the ``rl`` algorithm, best-of-N candidates from the policy's
+own flow sampler, changes its weights (None for ACT and Diffusion, which have no sampler).
 
 Policies are built from scratch with random weights (nothing is downloaded): FlowVLA of the
-configured ``policy.model``; LeRobot's ACT, Diffusion and SmolVLA through ``LeRobotChunkPolicy.from_scratch``
-on synthetic episodes of the sim's layout (two 96x96 cameras, 6 joints). SmolVLA's VLM is
-written to a local directory (``smolvlm_directory``): ``bench.smolvla_size=full`` gives the
-architecture of SmolVLM2-500M (SmolVLA's own, ~450 M parameters with its action expert),
-``tiny`` a 64-wide model for a CPU smoke run. Random weights cost what trained ones cost.
+configured ``policy.model``; LeRobot's ACT, Diffusion and SmolVLA through
+``LeRobotChunkPolicy.from_scratch`` on synthetic episodes of the sim's layout (two 96x96 cameras,
+6 joints). SmolVLA's VLM is written to a local directory (``smolvlm_directory``):
+``bench.smolvla_size=full`` gives the architecture of SmolVLM2-500M (SmolVLA's own, ~450 M
+parameters with its action expert), ``tiny`` a 64-wide model for a CPU smoke run. Random weights
+cost what trained ones cost.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import tempfile
 import time
@@ -36,14 +43,26 @@ from transformers import (
 from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
 
 from robot_rl.bench.progress import timed_run
+from robot_rl.bench.transport import BenchArm
+from robot_rl.bridges.zmq.weights import WeightsBlob, deserialize_tensors
+from robot_rl.core.clock import VirtualClock
+from robot_rl.core.errors import ConfigError
+from robot_rl.core.types import Step
+from robot_rl.edge.config import EdgeConfig
+from robot_rl.edge.node import EdgeNode
+from robot_rl.edge.weight_loading import load_weights_into
 from robot_rl.learner.algorithms.bc import WeightedBC
+from robot_rl.learner.algorithms.config import RLConfig
+from robot_rl.learner.algorithms.rl import ChunkQLearning
 from robot_rl.learner.publisher import snapshot
+from robot_rl.learner.streams import STREAMS
 from robot_rl.learner.trainer import training_device
 from robot_rl.policies.base import ObservationHistory
 from robot_rl.policies.flow_vla.config import FlowVLAConfig, FlowVLAPolicyConfig
 from robot_rl.policies.flow_vla.model import FlowVLA
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+from robot_rl.policies.trainable import published_state
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -176,6 +195,67 @@ def synthetic_batch(size: int, horizon: int, history: ObservationHistory) -> dic
     return batch
 
 
+def with_transitions(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` with what ``rl`` reads: each chunk's reward and discount, the next chunk's observation
+    (here the same frames, a step further on), and the stream and outcome its rejection stage reads
+    (online steps of finished, successful episodes: all kept)."""
+    size = len(batch["state"])
+    done = torch.ones(size, dtype=torch.bool)
+    transitions = {"chunk_reward": torch.linspace(0.0, 1.0, size), "chunk_discount": torch.full((size,), 0.9),
+                   "transition_valid": done, "next.state": batch["state"] + 1,
+                   "stream": torch.full((size,), STREAMS.index("online")), "episode_success": done,
+                   "episode_finished": done}
+    transitions.update({f"next.images.{cam}": batch[f"images.{cam}"] for cam in CAMERAS})
+    return {**batch, **transitions}
+
+
+def rl_update(policy: TrainablePolicy, batch: dict[str, Any], cfg: RobotRLConfig) -> bool | None:
+    """One update of the ``rl`` algorithm on ``policy``: True if it ran, distilled best-of-N candidates
+    from the policy's own sampler and changed the trainable weights; None for a policy without a flow
+    sampler (``rl`` refuses it). ``warmup_updates=0``: the first update already distils."""
+    trainer = cfg.learner.trainer
+    try:
+        algorithm = ChunkQLearning(RLConfig(warmup_updates=0), policy, trainer, training_device(trainer))
+    except ConfigError:  # rl's own refusal of a policy without a flow sampler (ACT, Diffusion)
+        return None
+    before = [p.detach().clone() for p in policy.trainable_parameters()]
+    policy.train()
+    metrics = algorithm.update(with_transitions(batch))
+    changed = any(not torch.equal(old, new) for old, new in zip(before, policy.trainable_parameters(), strict=True))
+    return bool(metrics["distilling"] == 1.0 and metrics["skipped"] == 0.0 and np.isfinite(metrics["critic_loss"])
+                and changed)
+
+
+def edge_swap(running: TrainablePolicy, blob: WeightsBlob, ticks: int) -> bool:
+    """An edge node runs ``running`` (the untrained weights) for ``ticks`` ticks, takes ``blob`` as the
+    edge's weights loader does (decoded into the node's shadow policy, offered with
+    ``request_policy_swap``) and runs on until a chunk of the new version is executed (at most
+    ``3 * ticks`` ticks). True if chunks of the policy were executed before and after, the swap went
+    through without a failed or rejected chunk, and the policy running at the end holds the published
+    weights. A kinematic stand-in arm (no hardware here); the virtual clock makes the run deterministic."""
+    config = EdgeConfig(fps=BenchArm.fps, simulated_latency_ms=100.0, inference_runner="virtual")
+    with EdgeNode(BenchArm(), running, VirtualClock(), config, robot_id="bench-policies", policy_version=0) as node:
+        node.reset_episode(INSTRUCTION)
+        before = [node.tick() for _ in range(ticks)]
+        shadow = node.swaps.prepare()  # the second policy object the edge loads weights into
+        load_weights_into(shadow, blob.data)
+        node.request_policy_swap(shadow, blob.version)
+        after: list[Step] = []
+        while len(after) < 3 * ticks and not any(step.policy_version == blob.version for step in after):
+            after.append(node.tick())
+        stats, swapped = node.stats, node.running_policy is shadow
+    final = published_state(shadow)
+    published = deserialize_tensors(bytes(blob.data), framework="pt")
+
+    def from_policy(steps: list[Step], version: int) -> bool:
+        return any(step.chunk_id >= 0 and step.policy_version == version for step in steps)
+
+    holds_published = final.keys() == published.keys() and all(
+        torch.equal(final[k].cpu(), published[k].to(final[k].dtype)) for k in final)
+    return (from_policy(before, 0) and from_policy(after, blob.version) and swapped and stats.swaps == 1
+            and stats.swap_failures == 0 and stats.chunks_rejected == 0 and holds_published)
+
+
 def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
     bench, trainer = cfg.bench, cfg.learner.trainer
     device = training_device(trainer)
@@ -183,6 +263,7 @@ def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
         episodes = synthetic_episodes()
         policy.fit_statistics(np.concatenate([e["state"] for e in episodes]),
                               np.concatenate([e["action"] for e in episodes]), [INSTRUCTION])
+    edge_policy = copy.deepcopy(policy).eval()  # the edge's own copy of the untrained weights (version 0)
     policy.to(device).train()
     algorithm = WeightedBC(None, policy, trainer, device)
     batch = synthetic_batch(bench.batch_size, policy.training_horizon, policy.observation_history)
@@ -206,7 +287,8 @@ def measure(policy: TrainablePolicy, cfg: RobotRLConfig) -> dict[str, Any]:
     return {"params": sum(p.numel() for p in policy.parameters()),
             "trainable_params": sum(p.numel() for p in policy.trainable_parameters()),
             "updates_per_s": round(updates_per_s, 3), "inference_ms": round(1000 * statistics.median(times), 2),
-            "publish_bytes": len(blob.data), "batch_size": bench.batch_size, "device": str(device)}
+            "publish_bytes": len(blob.data), "edge_ok": edge_swap(edge_policy, blob, bench.edge_ticks),
+            "rl_ok": rl_update(policy, batch, cfg), "batch_size": bench.batch_size, "device": str(device)}
 
 
 def run_policies_bench(cfg: RobotRLConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -223,10 +305,13 @@ def run_policies_bench(cfg: RobotRLConfig, progress: Callable[[str], None] = pri
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"\n{'policy':<14}{'params':>14}{'trainable':>14}{'updates/s':>11}{'infer ms':>10}{'publish MB':>12}")
+    print(f"\n{'policy':<14}{'params':>14}{'trainable':>14}{'updates/s':>11}{'infer ms':>10}{'publish MB':>12}"
+          f"{'edge swap':>11}{'rl':>6}")
     for name, row in report["policies"].items():
+        rl = "-" if row["rl_ok"] is None else ("ok" if row["rl_ok"] else "FAIL")
         print(f"{name:<14}{row['params']:>14,}{row['trainable_params']:>14,}{row['updates_per_s']:>11.2f}"
-              f"{row['inference_ms']:>10.1f}{row['publish_bytes'] / 1e6:>12.3f}")
+              f"{row['inference_ms']:>10.1f}{row['publish_bytes'] / 1e6:>12.3f}"
+              f"{'ok' if row['edge_ok'] else 'FAIL':>11}{rl:>6}")
     batch = next(iter(report["policies"].values()))["batch_size"]
     print(f"(SmolVLA's VLM at size {report['smolvla_size']!r}; batch {batch}; publish at {report['transfer_dtype']})")
 

@@ -23,7 +23,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "soak": ("soak", "a training learner fed 640x480 cameras of N robots for long: RSS of its processes over "
                      "time, lost steps, writer backlog, updates/s beside 96x96 frames"),
     "policies": ("policies", "FlowVLA vs ACT vs Diffusion vs SmolVLA, full vs LoRA: parameters, learner updates/s, "
-                             "edge inference ms, publish bytes"),
+                             "edge inference ms, publish bytes; an edge swaps the published weights in, rl updates "
+                             "the flow policies"),
     "serve": ("serve", "1/4/16 robots against one policy server, batched vs one at a time: latency, chunks/s, stalls"),
     "detector": ("detector", "the success detector against the sim's ground truth: accuracy, ROC-AUC and the "
                              "share of verdicts it is unsure of, after 10/25/50/100 labelled episodes"),
