@@ -23,6 +23,19 @@ def segments(robot: str, episode: int, steps, size: int = 4):
             for seq, c in enumerate(chunks)]
 
 
+def open_on_a_thread(root, timeout_s: float) -> ReplayStore | None:
+    """A restarted store opened with background_commit on a thread of its own: the store, or None if it
+    was still opening after ``timeout_s`` (what it waits for is held by the test)."""
+    import threading
+
+    opened: list[ReplayStore] = []
+    opener = threading.Thread(target=lambda: opened.append(ReplayStore(store_config(root, background_commit=True))),
+                              daemon=True)
+    opener.start()
+    opener.join(timeout_s)
+    return opened[0] if opened else None
+
+
 def count_finalizes(monkeypatch) -> list[bool]:
     """Every EpisodeRecorder.close from now on appends whether it had a dataset to finalize."""
     from robot_rl.data.recorder import EpisodeRecorder
@@ -293,13 +306,9 @@ def test_a_store_with_a_staged_backlog_opens_at_once_and_writes_it_behind(tmp_pa
     release = threading.Event()
     write = ThreadEpisodeWriter.write
     monkeypatch.setattr(ThreadEpisodeWriter, "write", lambda self, *a: release.wait(60) and write(self, *a))
-    opened: list[ReplayStore] = []
-    opener = threading.Thread(target=lambda: opened.append(ReplayStore(store_config(tmp_path, background_commit=True))))
-    opener.start()
-    opener.join(60)
+    store = open_on_a_thread(tmp_path, 60)
     release.set()
-    assert opened, "the store waited for its backlog to be written before it opened"
-    store = opened[0]
+    assert store is not None, "the store waited for its backlog to be written before it opened"
     try:
         assert store.flush(60) and store.stats()["episodes_stored"] == 3
     finally:
@@ -334,12 +343,8 @@ def test_a_restarted_store_serves_before_its_staged_pixels_decode_and_indexes_th
         return decode(buf, fmt, shape)
 
     monkeypatch.setattr(segments_module, "decode_image", held_but_for_the_robots_segments)
-    opened: list[ReplayStore] = []
-    opener = threading.Thread(target=lambda: opened.append(ReplayStore(store_config(tmp_path, background_commit=True))))
-    opener.start()
-    opener.join(20)
-    assert opened, "the store decoded its staged backlog before it took a segment"
-    store = opened[0]
+    store = open_on_a_thread(tmp_path, 20)
+    assert store is not None, "the store decoded its staged backlog before it took a segment"
     try:
         assert not store.ingest(episode[2]).duplicate  # the episode's last segment, sent after the restart
         assert store.ingest(episode[0]).duplicate  # the backlog is known before its pixels are decoded
@@ -389,12 +394,8 @@ def test_a_restarted_store_takes_segments_before_its_dataset_is_read_and_batches
     release, events = threading.Event(), []
     load = reader.load_episode_arrays
     monkeypatch.setattr(reader, "load_episode_arrays", lambda *a, **k: release.wait(60) and load(*a, **k))
-    opened: list[ReplayStore] = []
-    opener = threading.Thread(target=lambda: opened.append(ReplayStore(store_config(tmp_path, background_commit=True))))
-    opener.start()
-    opener.join(60)
-    assert opened, "the store read its whole dataset before it took a segment"
-    store = opened[0]
+    store = open_on_a_thread(tmp_path, 60)
+    assert store is not None, "the store read its whole dataset before it took a segment"
     try:
         assert not store.index.wait_loaded(0)
         new = segments("r0", 2, make_steps(8, episode=2))
