@@ -317,7 +317,8 @@ class EdgeNode:
         self._collect(n)
         self._maybe_request(n, obs, state, intervening=human is not None)
         self._collect(n)
-        self._seen.append(PastObservation(dict(obs["images"]), state))
+        if self._seen.maxlen:  # the control thread builds nothing for a policy that reads one observation
+            self._seen.append(PastObservation(dict(obs["images"]), state))
 
         choice = self._choose(human)
         sent = self._send(choice)
