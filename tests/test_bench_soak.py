@@ -22,8 +22,9 @@ ROBOTS, FPS, DURATION_S = 2, 30, 12.0
 def test_a_short_soak_loses_no_step_measures_each_process_and_keeps_the_index_budget(tmp_path, monkeypatch):
     weights, _ = tiny_sim_weights(tmp_path / "weights", monkeypatch)
     cfg = load_config(["+bench=soak", f"bench.robots={ROBOTS}", "bench.image=[48,64]", f"bench.duration_s={DURATION_S}",
-                       "bench.episode_s=2", "bench.index_memory_mb=0.05", "bench.warmup_s=4",
+                       "bench.episode_s=4", "bench.index_memory_mb=0.05", "bench.warmup_s=4",
                        "bench.sample_every_s=0.5", "bench.small_image=16", "bench.small_duration_s=4",
+                       "bench.trainer_alone_s=3",
                        f"learner.init_checkpoint={weights}", "learner.store.commit_linger_s=0",
                        "learner.store.index_read_workers=1", "learner.trainer.min_steps_to_train=8",
                        "learner.trainer.batch_size=4", "learner.trainer.device=cpu"])
@@ -41,3 +42,6 @@ def test_a_short_soak_loses_no_step_measures_each_process_and_keeps_the_index_bu
     assert report["episodes_read_back_from_disk"] >= 1
     for key in ("rss_growth_mb_after_warmup", "writer_backlog_max", "updates_per_s", "updates_per_s_small"):
         assert key in report
+    # The trainer alone, reading back what left the index, trains on (the readers did the reading).
+    assert report["updates_per_s_trainer_alone"] > 0
+    assert report["cores_used"]["main"] > 0 and report["cores_used"]["writer"] > 0

@@ -3,7 +3,10 @@ frames it let go back from the dataset exactly as they were."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -136,3 +139,26 @@ def test_video_frames_read_back_after_eviction_are_within_the_codecs_tolerance(t
     for key in ("images.front", "next.images.front"):
         error = (read_back[key].float() - kept[key].float()).abs()
         assert error.mean() <= 6.0, (key, float(error.mean()))  # h264 at crf 10: a few levels per pixel
+
+
+def test_frame_readers_start_before_the_first_read_back_and_never_import_lerobot_datasets(tmp_path):
+    """A reader process's memory is torch and torchcodec, not LeRobot's dataset stack (~370 MB more of
+    each), and the readers are up before a batch needs them, not started by it."""
+    from robot_rl.data.frame_storage import FrameStorageConfig
+
+    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1,
+                          frames=FrameStorageConfig(images="video", video_crf=10))
+    with ReplayStore(config) as store:
+        for _ in fill_store(store, 3):
+            pass
+        assert store.index.entries_on_disk >= 1
+        assert len(store.frame_reader.worker_pids()) == 1  # started ahead: no batch has been drawn
+        stored = next(iter(store.index._on_disk.values()))
+    probe = ("import sys, json; from robot_rl.learner.stored_frames import StoredEpisode, read_stored_frames; "
+             f"frames = read_stored_frames(StoredEpisode({stored.root!r}, {stored.repo_id!r}, "
+             f"{stored.episode_index}), {{'front': [0, 5, 5, 2]}}, {{}}); "
+             "print(json.dumps([list(frames['front'].shape), 'lerobot.datasets' in sys.modules]))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    shape, imported = json.loads(result.stdout.strip().splitlines()[-1])
+    assert shape == [4, IMG, IMG, 3]
+    assert not imported

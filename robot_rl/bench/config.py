@@ -270,13 +270,16 @@ class SoakBenchConfig:
     sample_every_s: float = 5.0  # RSS, updates and the writer's backlog
     small_image: int = 96  # the side-by-side run's frames (square), for updates_per_s_small
     small_duration_s: float = 300.0
+    # After the robots stop and the writer has stored all: the trainer alone for this long (reading back
+    # what left the index, nothing arriving), both runs: what the trainer does without ingest's CPU.
+    trainer_alone_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.robots < 1 or self.fps < 1 or self.small_image < 8:
             raise ValueError(f"bench soak: robots and fps must be >= 1, small_image >= 8, got {self}")
         check_camera_image(self.image)
-        if min(self.duration_s, self.small_duration_s, self.episode_s, self.sample_every_s) <= 0:
-            raise ValueError("bench soak: durations, episode_s and sample_every_s must be > 0")
+        if min(self.duration_s, self.small_duration_s, self.trainer_alone_s, self.episode_s, self.sample_every_s) <= 0:
+            raise ValueError("bench soak: durations, trainer_alone_s, episode_s and sample_every_s must be > 0")
         if self.index_memory_mb <= 0 or self.warmup_s < 0:
             raise ValueError("bench soak: index_memory_mb must be > 0 and warmup_s >= 0")
 

@@ -180,24 +180,41 @@ def learner_run(cfg: RobotRLConfig, bench: SoakBenchConfig, root: Path, image: t
                          f"{trainer.step} updates; writer backlog {waiting.episodes} episodes")
             stop.wait(bench.sample_every_s)
         stop.set()
+        cpu_s = {name: round(cpu_seconds(ids), 1) for name, ids in learner_pids(store).items()}
         for robot in robots:
             robot.join()
-        trainer.stop()
         drain_started = time.monotonic()
         drained = store.flush(DRAIN_TIMEOUT_S)  # every episode in the dataset: the index's budget then holds
+        drain_s = time.monotonic() - drain_started
+        # Nothing arrives any more: what the trainer does alone, reading back what left the index.
+        alone = [[0.0, trainer.step]]
+        time.sleep(bench.trainer_alone_s)
+        alone.append([bench.trainer_alone_s, trainer.step])
+        trainer.stop()
         stored = sum(store.index.counts().values()) + store.index.held_steps()
         streamed = sum(r.sent_steps for r in robots)
         result: dict[str, Any] = {
                   "image": [height, width], "duration_s": duration_s, "rss_mb": series, "updates": updates,
                   "writer_backlog": backlog, "index_frame_mb": round(store.index.frame_bytes / 2**20, 3),
                   "index_memory_budget_mb": round((store.index.memory_budget or 0) / 2**20, 3),
-                  "writer_drain_s": round(time.monotonic() - drain_started, 1) if drained else None,
+                  "writer_drain_s": round(drain_s, 1) if drained else None, "cpu_s": cpu_s,
+                  "updates_per_s_trainer_alone": rate_after(alone, 0.0),
                   "entries_on_disk": store.index.entries_on_disk,
                   "steps_streamed": streamed, "steps_stored": stored, "lost_steps": streamed - stored,
                   "segments_refused": sum(r.refused for r in robots),
                   "robot_failures": [r.failure for r in robots if r.failure], "trainer_failure": trainer.failure}
     result["updates_per_s"] = rate_after(updates, min(bench.warmup_s, duration_s / 3))
     return result
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time the processes have used so far (user and system, seconds)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def rate_after(points: list[list[float]], since_s: float) -> float:
@@ -244,6 +261,12 @@ def run_soak_bench(cfg: RobotRLConfig, progress: Any = print) -> dict[str, Any]:
         "segments_refused": big["segments_refused"],
         "updates_per_s": big["updates_per_s"],
         "updates_per_s_small": small["updates_per_s"],
+        "updates_per_s_trainer_alone": big["updates_per_s_trainer_alone"],
+        "updates_per_s_trainer_alone_small": small["updates_per_s_trainer_alone"],
+        # Cores each learner process used while the robots streamed (CPU seconds / window).
+        "cores_used": {name: round(seconds / bench.duration_s, 2) for name, seconds in big["cpu_s"].items()},
+        "cores_used_small": {name: round(seconds / bench.small_duration_s, 2)
+                             for name, seconds in small["cpu_s"].items()},
         "writer_backlog_max": max((b[1] for b in big["writer_backlog"]), default=0),
         "writer_staged_mb_max": max((b[2] for b in big["writer_backlog"]), default=0.0),
         "writer_backlog": big["writer_backlog"],
@@ -251,9 +274,14 @@ def run_soak_bench(cfg: RobotRLConfig, progress: Any = print) -> dict[str, Any]:
         "failures": [f for f in (*big["robot_failures"], big["trainer_failure"], *small["robot_failures"],
                                  small["trainer_failure"]) if f],
     }
-    report["updates_ratio"] = round(report["updates_per_s"] / report["updates_per_s_small"], 3) \
-        if report["updates_per_s_small"] else None
+    report["updates_ratio"] = ratio(report["updates_per_s"], report["updates_per_s_small"])
+    report["updates_ratio_trainer_alone"] = ratio(report["updates_per_s_trainer_alone"],
+                                                  report["updates_per_s_trainer_alone_small"])
     return report
+
+
+def ratio(big: float, small: float) -> float | None:
+    return round(big / small, 3) if small else None
 
 
 def plot_rss(report: dict[str, Any], path: Path) -> Path:
@@ -294,7 +322,12 @@ def print_table(report: dict[str, Any]) -> None:
             ("writer backlog max (episodes)", report["writer_backlog_max"]),
             ("writer staged max (MB)", report["writer_staged_mb_max"]),
             ("updates/s at camera size", report["updates_per_s"]),
-            ("updates/s at small size", report["updates_per_s_small"]), ("ratio", report["updates_ratio"])]
+            ("updates/s at small size", report["updates_per_s_small"]), ("ratio", report["updates_ratio"]),
+            ("cores used at camera size (main / writer / readers)", "/".join(map(str, report["cores_used"].values()))),
+            ("cores used at small size", "/".join(map(str, report["cores_used_small"].values()))),
+            ("updates/s, trainer alone after (camera / small)",
+             f"{report['updates_per_s_trainer_alone']} / {report['updates_per_s_trainer_alone_small']}"),
+            ("ratio, trainer alone", report["updates_ratio_trainer_alone"])]
     for name, value in rows:
         table.add_row(name, str(value))
     Console(width=120).print(table)

@@ -345,6 +345,9 @@ class SamplingIndex:
             if key in self._entries and key not in self._on_disk:
                 self._stored[key] = episode
             self._evict_locked()
+            halfway = self.memory_budget is not None and self._frame_bytes > self.memory_budget / 2
+        if halfway and self.reader is not None:
+            self.reader.start()  # its workers are up before the first batch that reads back
 
     def _evict_locked(self) -> None:
         while self.memory_budget is not None and self._frame_bytes > self.memory_budget and self._stored:

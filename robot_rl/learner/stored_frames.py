@@ -3,13 +3,16 @@
 Why by frame: a training batch needs one or two frames of each episode it samples (the observation
 and the next chunk boundary's), so reading whole episodes back would decode ~hundreds of frames
 for two. A video-stored camera (LeRobot's MP4, one file holding many episodes) is decoded at the
-frames' timestamps by LeRobot's own (torchcodec) decoder; a PNG-stored one (inside the parquet) has the rows'
+frames' numbers by torchcodec (LeRobot's video decoder); a PNG-stored one (inside the parquet) has the rows'
 PNG bytes read and decoded. Frames come back at the policy's input size (``InputFrames``), the
 size the index kept them at before it let them go: a lossless (PNG) frame read back equals the
 one that was kept, bit for bit.
 
 ``FrameReader`` runs the reads on worker processes: decoding holds the interpreter, which the
-trainer and the store's serving thread need. Frames that do not decode (a damaged PNG, a garbled
+trainer and the store's serving thread need. A worker imports torch and torchcodec, not
+``lerobot.datasets`` (~370 MB more of each worker); the workers are started ahead of the first read
+(``start``: the index calls it halfway to its memory budget), so their start (seconds) never stalls a
+batch and their memory is there from early on, not growing mid-run. Frames that do not decode (a damaged PNG, a garbled
 video) are ``UnreadableFramesError`` naming the episode and the file: the sampling index leaves that
 episode out of training, where a bare decoder error would stop the trainer for good.
 """
@@ -17,9 +20,10 @@ episode out of training, where a bare decoder error would stop the trainer for g
 from __future__ import annotations
 
 import functools
-import importlib.util
 import io
+import json
 import multiprocessing
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -55,43 +59,78 @@ class UnreadableFramesError(RuntimeError):
         self.cause = cause
         super().__init__(f"episode {episode.episode_index} of {episode.root}: {cause}")
 
-_METADATA: dict[tuple[str, str], Any] = {}  # per process: each dataset's metadata, reloaded when it grew
-OPEN_VIDEO_FILES = 16  # per process: video files whose decoders stay open (LeRobot's files hold ~100s of MB)
-_DECODERS: dict[str, tuple[tuple[int, int], Any]] = {}  # path -> (its size and mtime, a decoder cache)
+OPEN_VIDEO_FILES = 16  # per process: video files whose decoders stay open (~3 MB each at 640x480)
+_DATASETS: dict[str, _DatasetFiles] = {}  # per process: each dataset's file layout, reread when it grew
+_DECODERS: dict[str, tuple[tuple[int, int], Any]] = {}  # path -> (its size and mtime, its open decoder)
+_EPISODE_COLUMNS = ("episode_index", "dataset_from_index", "data/chunk_index", "data/file_index")
 
 
-def _metadata(episode: StoredEpisode) -> Any:
-    # lerobot (optional extra): the dataset's own metadata reader
-    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+@dataclass
+class _DatasetFiles:
+    """Where a LeRobotDataset v3 keeps each episode's frames: its ``meta/info.json`` path templates and
+    the rows of ``meta/episodes`` (which file, from which row or timestamp).
 
-    key = (episode.root, episode.repo_id)
-    meta = _METADATA.get(key)
-    if meta is None or meta.episodes is None or episode.episode_index >= len(meta.episodes):
-        meta = _METADATA[key] = LeRobotDatasetMetadata(episode.repo_id, root=episode.root)
-    if episode.episode_index >= len(meta.episodes):
-        raise LookupError(f"dataset {episode.root} holds {len(meta.episodes)} episodes, not episode "
-                          f"{episode.episode_index}")
-    return meta
+    Read here with pyarrow rather than through LeRobot's ``LeRobotDatasetMetadata``: importing
+    ``lerobot.datasets`` brings in transformers and torchvision's models, ~370 MB of every reader
+    process (and seconds to start one), to look up a few numbers per episode.
+    """
+
+    fps: int
+    data_path: str
+    video_path: str | None
+    video_keys: tuple[str, ...]
+    episodes: dict[int, dict[str, Any]]
+
+    @classmethod
+    def read(cls, root: Path) -> _DatasetFiles:
+        import pyarrow.parquet as pq  # pyarrow: LeRobot's parquet dependency
+
+        info = json.loads((root / "meta" / "info.json").read_text())
+        video_keys = tuple(k for k, f in info["features"].items() if f.get("dtype") == "video")
+        columns = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys
+                                        for c in ("chunk_index", "file_index", "from_timestamp"))]
+        episodes = {}
+        for path in sorted((root / "meta" / "episodes").glob("*/*.parquet")):
+            for row in pq.read_table(path, columns=columns).to_pylist():
+                episodes[int(row["episode_index"])] = row
+        return cls(int(info["fps"]), info["data_path"], info.get("video_path"), video_keys, episodes)
+
+    def episode(self, root: str, index: int) -> dict[str, Any]:
+        if index not in self.episodes:
+            raise LookupError(f"dataset {root} holds {len(self.episodes)} episodes, not episode {index}")
+        return self.episodes[index]
+
+
+def _dataset_files(episode: StoredEpisode) -> _DatasetFiles:
+    files = _DATASETS.get(episode.root)
+    if files is None or episode.episode_index not in files.episodes:
+        files = _DATASETS[episode.root] = _DatasetFiles.read(Path(episode.root))
+    return files
 
 
 def read_stored_frames(episode: StoredEpisode, wanted: FrameRequest,
                        fits: Mapping[str, InputFrames]) -> dict[str, np.ndarray]:
     """uint8 [len(wanted[cam]),h,w,3] per camera: the episode's frames by number, fitted to ``fits``."""
-    meta = _metadata(episode)
-    row = meta.episodes[episode.episode_index]
+    files = _dataset_files(episode)
+    row = files.episode(episode.root, episode.episode_index)
     out = {}
     for cam, frames in wanted.items():
         key = f"{IMAGE_PREFIX}{cam}"
         numbers = [int(i) for i in frames]
-        video = key in meta.video_keys
-        path = Path(episode.root) / (meta.get_video_file_path(episode.episode_index, key) if video
-                                     else meta.get_data_file_path(episode.episode_index))
+        video = key in files.video_keys and files.video_path is not None
+        if video:
+            path = Path(episode.root) / str(files.video_path).format(
+                video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
+                file_index=row[f"videos/{key}/file_index"])
+        else:
+            path = Path(episode.root) / files.data_path.format(chunk_index=row["data/chunk_index"],
+                                                               file_index=row["data/file_index"])
         try:
             if video:
-                images = _decode_video(path, meta, key, float(row[f"videos/{key}/from_timestamp"]), numbers)
+                images = _decode_video(path, files.fps, float(row[f"videos/{key}/from_timestamp"]), numbers)
             else:
                 images = _decode_png_rows(path, key, int(row["dataset_from_index"]), numbers)
-        except Exception as exc:  # PIL, Arrow, PyAV and torchcodec each report damage in classes of their own
+        except Exception as exc:  # PIL, Arrow and torchcodec each report damage in classes of their own
             raise CorruptFileError(path, f"frames of episode {episode.episode_index} ({cam}) do not decode "
                                    f"({type(exc).__name__}: {exc})", LEFT_OUT) from exc
         fit = fits.get(cam)
@@ -99,43 +138,40 @@ def read_stored_frames(episode: StoredEpisode, wanted: FrameRequest,
     return out
 
 
-def _decode_video(path: Path, meta: Any, key: str, start_s: float, numbers: list[int]) -> np.ndarray:
-    """The frames by number, through LeRobot's torchcodec decoder: it seeks to each frame (pyav's decodes
-    everything from the first frame asked to the last, hundreds of 640x480 frames for two). The decoder
-    of a file stays open between reads until the file changes (the store rewrites the file it appends
-    episodes to; the others never change)."""
-    # lerobot (optional extra): the dataset's own video decoders
-    from lerobot.datasets.video_utils import decode_video_frames, decode_video_frames_torchcodec
-
+def _decode_video(path: Path, fps: int, start_s: float, numbers: list[int]) -> np.ndarray:
+    """The frames by number, through torchcodec (LeRobot's video decoder): it seeks to each frame, where
+    decoding from the first frame asked to the last would be hundreds of 640x480 frames for two. A frame
+    is looked up by its number in the file, as LeRobot's ``decode_video_frames_torchcodec`` does, and
+    must play within half a frame period of the time asked. The decoder of a file stays open between
+    reads until the file changes (the store rewrites the file it appends episodes to; the others never
+    change)."""
     unique = sorted(set(numbers))  # once each, in order
-    tolerance_s = 0.5 / meta.fps
-    stamps = [start_s + i / meta.fps for i in unique]
-    if importlib.util.find_spec("torchcodec") is not None:
-        decoded = decode_video_frames_torchcodec(path, stamps, tolerance_s, decoder_cache=_decoder_for(path),
-                                                 return_uint8=True)
-    else:  # one pyav seek per frame: its decoder runs from the first timestamp it is given to the last
-        decoded = torch.cat([decode_video_frames(path, [t], tolerance_s, backend="pyav", return_uint8=True)
-                             for t in stamps])
-    frames = decoded.numpy().transpose(0, 2, 3, 1)
+    stamps = torch.tensor([start_s + i / fps for i in unique], dtype=torch.float64)
+    decoder = _decoder_for(path)
+    batch = decoder.get_frames_at(indices=[round(float(t) * decoder.metadata.average_fps) for t in stamps])
+    off = (batch.pts_seconds.to(torch.float64) - stamps).abs()
+    if bool((off >= 0.5 / fps).any()):
+        worst = int(off.argmax())
+        raise ValueError(f"frame {unique[worst]} plays at {float(batch.pts_seconds[worst]):.4f} s, not at "
+                         f"{float(stamps[worst]):.4f} s: the file's timestamps do not match the dataset's")
+    frames = batch.data.numpy()  # [N, H, W, 3]: the decoder writes NHWC
     where = {n: i for i, n in enumerate(unique)}
     return np.ascontiguousarray(frames[[where[n] for n in numbers]])
 
 
 def _decoder_for(path: Path) -> Any:
-    """A decoder cache holding ``path``'s open decoder while the file is unchanged (size and mtime)."""
-    # lerobot (optional extra): its torchcodec decoder cache
-    from lerobot.datasets.video_utils import VideoDecoderCache
+    """``path``'s open decoder while the file is unchanged (size and mtime), the least recently used of
+    more than ``OPEN_VIDEO_FILES`` closed."""
+    from torchcodec.decoders import VideoDecoder  # torchcodec: LeRobot's video dependency (its dataset extra)
 
     stat = path.stat()
     signature = (stat.st_mtime_ns, stat.st_size)
     known = _DECODERS.pop(str(path), None)
     if known is None or known[0] != signature:
-        if known is not None:
-            known[1].clear()
-        known = (signature, VideoDecoderCache(max_size=1))
+        known = (signature, VideoDecoder(str(path), dimension_order="NHWC", seek_mode="approximate"))
     _DECODERS[str(path)] = known  # most recently used last
     while len(_DECODERS) > OPEN_VIDEO_FILES:
-        _DECODERS.pop(next(iter(_DECODERS)))[1].clear()
+        _DECODERS.pop(next(iter(_DECODERS)))
     return known[1]
 
 
@@ -159,8 +195,18 @@ class FrameReader:
         if workers < 0:
             raise ValueError(f"FrameReader: workers must be >= 0, got {workers}")
         self.fits = dict(fits)
+        self.workers = workers
         self._pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
                       if workers > 0 else None)
+        self._started = False
+
+    def start(self) -> None:
+        """Start the worker processes and their imports now, without waiting for them (idempotent)."""
+        if self._pool is None or self._started:
+            return
+        self._started = True
+        for _ in range(self.workers):  # each submit finds no idle worker yet, so each starts one
+            self._pool.submit(_ready)
 
     def read(self, requests: Mapping[StoredEpisode, FrameRequest]) -> dict[StoredEpisode, dict[str, np.ndarray]]:
         """Each episode's frames; ``UnreadableFramesError`` for the first whose frames do not decode."""
@@ -179,6 +225,15 @@ class FrameReader:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ready() -> int:
+    """A worker's first job: the imports its reads need, before a batch waits on them."""
+    import pyarrow.parquet  # noqa: F401 - pyarrow: LeRobot's parquet dependency
+    import torchcodec.decoders  # noqa: F401 - torchcodec: LeRobot's video dependency
+    from PIL import Image  # noqa: F401 - pillow: LeRobot's image dependency
+
+    return os.getpid()
 
 
 def _result(episode: StoredEpisode, read: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
