@@ -10,7 +10,10 @@ and a target that starts at it, as LeRobot's dataset gives them (``observation_d
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -20,13 +23,14 @@ import torch
 from lerobot.processor import NormalizerProcessorStep, TransitionKey, create_transition
 
 from robot_rl.core.clock import VirtualClock, WallClock
-from robot_rl.core.errors import ConfigError
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.node import EdgeNode, PlanUpdate
 from robot_rl.edge.process_runner import spawn_policy
 from robot_rl.learner.index import SampleSpec
+from robot_rl.learner.serving import PolicyServer, robot_noise_seed, torch_rng_from
+from robot_rl.learner.serving_config import ServeConfig
 from robot_rl.learner.trainer import Trainer
-from robot_rl.policies.base import HistoryChunkPolicy, ObservationHistory
+from robot_rl.policies.base import HistoryChunkPolicy, ObservationHistory, PastObservation
 from robot_rl.policies.lerobot_adapter import LeRobotChunkPolicy
 from robot_rl.policies.trainable import StateOffsets
 from tests.edge_fakes import FrameCountingRobot, PastEchoPolicy
@@ -37,6 +41,8 @@ from tests.lerobot_policies import (  # noqa: F401 - one_torch_thread: an autous
     tiny_diffusion_dir,
 )
 from tests.test_learner_trainer import filled_index
+from tests.test_serving import INSTRUCTION, STATE, as_received, frame, remote, runner_of, wait_result
+from tests.test_serving import request as chunk_request
 from tests.test_stream_swap import same_weights
 
 CHUNK = 4
@@ -51,6 +57,15 @@ def diffusion_dir(tmp_path_factory):
 
 def load(diffusion_dir) -> LeRobotChunkPolicy:
     return LeRobotChunkPolicy.from_pretrained(diffusion_dir, device="cpu", state_offsets=StateOffsets(2))
+
+
+@contextlib.contextmanager
+def serving(policy) -> Iterator[PolicyServer]:
+    server = PolicyServer(policy, ServeConfig(endpoint="tcp://127.0.0.1:*")).start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def pixel_value(normalised: torch.Tensor) -> int:
@@ -109,13 +124,68 @@ def test_a_policy_in_its_own_process_gets_the_previous_ticks_observation_with_ea
     assert all((earlier, now) == ((tick - 1 if tick > 0 else -1), tick) for tick, earlier, now in given)
 
 
-def test_a_policy_server_refuses_a_policy_that_reads_past_observations_in_one_line():
-    """Its wire carries the current observation only: such a policy runs on the robot."""
-    from robot_rl.learner.serving import PolicyServer
-    from robot_rl.learner.serving_config import ServeConfig
+def test_a_served_diffusion_policy_predicts_from_the_past_observation_sent_as_its_local_copy_does(diffusion_dir):
+    with serving(load(diffusion_dir).eval()) as server:
+        policy = remote(server, "arm-a")
+        try:
+            assert policy.observation_history.steps == 2  # announced in policy_info: the node keeps one
+            size = policy.info.image_size
+            past_image, image, past_state = frame(1, size), frame(2, size), STATE + 0.3
+            runner = runner_of(policy)
+            past = PastObservation({"front": past_image}, past_state)
+            runner.submit(dataclasses.replace(chunk_request(1, image), history=(past,)))
+            served_chunk = wait_result(runner)
+            assert served_chunk.error is None
+        finally:
+            policy.close()
+    local = load(diffusion_dir).eval()
 
-    with pytest.raises(ConfigError, match=r"reads 2 observations a request .* run it on the robot"):
-        PolicyServer(PastEchoPolicy(), ServeConfig(endpoint="tcp://127.0.0.1:0"))
+    def local_chunk(history: list[PastObservation]) -> np.ndarray:
+        """The robot's own copy of the policy on what the server decodes, from the robot's noise stream."""
+        with torch_rng_from(torch.Generator().manual_seed(robot_noise_seed(0, "arm-a"))):
+            return local.predict_chunk_with_history(history, {"front": as_received(image)}, STATE, INSTRUCTION)
+
+    np.testing.assert_allclose(served_chunk.chunk.actions,
+                               local_chunk([PastObservation({"front": as_received(past_image)}, past_state)]),
+                               atol=1e-5)
+    assert not np.allclose(served_chunk.chunk.actions, local_chunk([]), atol=1e-3)  # the past observation counted
+
+
+def test_a_served_edge_node_sends_the_previous_ticks_observation_with_each_request():
+    plans: list[PlanUpdate] = []
+    with serving(PastEchoPolicy()) as server:
+        policy = remote(server, "arm-a")
+        node = EdgeNode(FrameCountingRobot(step=10), policy, WallClock(), EdgeConfig(fps=30, replan="continuous"))
+        node.plan_sink = plans.append
+        try:
+            node.run_episode(20, "go")
+        finally:
+            node.close()
+            policy.close()
+    asked_at = {record.chunk_id: record.request_tick for record in node.stats.chunks}
+    # The frames' pixel values (10 x the tick) back through JPEG, within its rounding.
+    given = [(asked_at[plan.chunk_id], round(plan.chunk[0, 0] / 10), round(plan.chunk[0, 1] / 10)) for plan in plans]
+    assert len(given) >= 3 and any(tick > 0 for tick, _, _ in given)
+    # The frame of the tick before, then the request's own; at tick 0 nothing came before (-1 / 10 rounds to 0).
+    assert all((earlier, now) == ((tick - 1 if tick > 0 else 0), tick) for tick, earlier, now in given)
+    assert any(tick > 1 for tick, _, _ in given)
+
+
+def test_a_request_with_more_past_observations_than_the_served_policy_reads_is_refused_in_one_line():
+    seen = PastObservation({"front": np.full((IMG, IMG, 3), 70, np.uint8)}, STATE)
+    now = {"front": np.full((IMG, IMG, 3), 80, np.uint8)}
+    with serving(PastEchoPolicy()) as server:
+        policy = remote(server, "arm-a")
+        try:
+            with pytest.raises(RuntimeError, match=r"infer: 2 past observations, but the served policy reads 1 "
+                                                   r"before the current one \(policy_info observation_steps=2\)"
+                               ) as refused:
+                policy.predict_chunk_with_history([seen, seen], now, STATE, INSTRUCTION)
+            assert "\n" not in str(refused.value) and server.stats.refused == 1
+            chunk = policy.predict_chunk_with_history([seen], now, STATE, INSTRUCTION)  # as many as it reads
+            assert abs(chunk[0, 0] - 70) <= 2 and abs(chunk[0, 1] - 80) <= 2
+        finally:
+            policy.close()
 
 
 def test_the_learner_samples_the_observation_before_each_step_and_a_target_that_starts_at_it(diffusion_dir):

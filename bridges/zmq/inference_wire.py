@@ -4,11 +4,16 @@ Same framing and security as the learner link (``codec``: a msgpack envelope plu
 array; CURVE with the robot's key bound to its id, ``keys``): nothing on it can execute code on
 decode. The edge (a DEALER) sends:
 
-* ``infer_hello`` {robot_id}: answered ``policy_info`` (what the policy reads and writes, and the
-  version served now), so the edge sizes its frames to the policy's input before anything moves;
-* ``infer`` {robot_id, request_id, tick, instruction, deadline_s, pinned_version, cameras} with the
-  arrays ``state`` [state_dim] f32 and ``image/<camera>`` (JPEG bytes at the policy's input size:
-  two 224x224 cameras are ~20 KB where raw frames are 300 KB).
+* ``infer_hello`` {robot_id}: answered ``policy_info`` (what the policy reads and writes, how many
+  observations it reads a request, and the version served now), so the edge sizes its frames to the
+  policy's input and keeps as many past observations as it reads before anything moves;
+* ``infer`` {robot_id, request_id, tick, instruction, deadline_s, pinned_version, cameras, past} with
+  the arrays ``state`` [state_dim] f32 and ``image/<camera>`` (JPEG bytes at the policy's input size:
+  two 224x224 cameras are ~20 KB where raw frames are 300 KB), and for each of the ``past``
+  observations of the ticks before (a policy with ``n_obs_steps > 1``; oldest first, fewer at an
+  episode's start) ``past/<i>/state`` and ``past/<i>/image/<camera>`` for the same cameras. A
+  request with more past observations than the served policy reads is refused: its size stays
+  bounded by what the policy uses.
 
 A refused hello is answered ``chunk`` with request_id ``HELLO_ID`` and the reason in ``error``.
 The server (a ROUTER) answers ``chunk`` {request_id, version, queue_s, compute_s, batch, error}
@@ -47,6 +52,15 @@ class PolicyInfo:
     image_size: int  # frames are sent image_size x image_size, the policy's input
     config_hash: str
     version: int  # served now
+    observation_steps: int = 1  # observations read a request, the current one last (LeRobot's n_obs_steps)
+
+
+@dataclass(frozen=True)
+class PastJpeg:
+    """What the robot saw at a tick before the request: JPEG bytes by camera and its measured joint state."""
+
+    jpeg: Mapping[str, np.ndarray]  # camera -> JPEG bytes (uint8), the request's cameras at its size
+    state: np.ndarray  # [state_dim] f32
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ class ChunkRequest:
     jpeg: Mapping[str, np.ndarray]  # camera -> JPEG bytes (uint8), at the policy's input size
     deadline_s: float  # budget from the server's receipt; past it the request is dropped
     pinned_version: int | None = None  # serve this version (kept resident on the server), not the newest
+    past: tuple[PastJpeg, ...] = ()  # the ticks before, oldest first: a policy that reads observation history
 
 
 @dataclass(frozen=True)
@@ -82,16 +97,19 @@ def encode_hello(robot_id: str) -> list[Any]:
 def encode_info(info: PolicyInfo) -> list[Any]:
     body = {"action_dim": info.action_dim, "state_dim": info.state_dim, "chunk_size": info.chunk_size,
             "cameras": list(info.cameras), "image_size": info.image_size, "config_hash": info.config_hash,
-            "version": info.version}
+            "version": info.version, "observation_steps": info.observation_steps}
     return encode_frames(POLICY_INFO, body, {})
 
 
 def encode_request(request: ChunkRequest) -> list[Any]:
     body = {"robot_id": request.robot_id, "request_id": request.request_id, "tick": request.tick,
             "instruction": request.instruction, "deadline_s": float(request.deadline_s),
-            "pinned_version": request.pinned_version, "cameras": list(request.jpeg)}
+            "pinned_version": request.pinned_version, "cameras": list(request.jpeg), "past": len(request.past)}
     arrays: dict[str, Any] = {"state": np.asarray(request.state, dtype=np.float32)}
     arrays.update({f"image/{cam}": buf for cam, buf in request.jpeg.items()})
+    for i, past in enumerate(request.past):  # the request's cameras: the decoder reads those under past/<i>/
+        arrays[f"past/{i}/state"] = np.asarray(past.state, dtype=np.float32)
+        arrays.update({f"past/{i}/image/{cam}": past.jpeg[cam] for cam in request.jpeg})
     return encode_frames(INFER, body, arrays)
 
 
@@ -132,11 +150,13 @@ def decode_info(msg: RawMessage) -> PolicyInfo:
                       cameras=tuple(str(c) for c in cameras),
                       image_size=_field(body, "image_size", int, POLICY_INFO),
                       config_hash=_field(body, "config_hash", str, POLICY_INFO),
-                      version=_field(body, "version", int, POLICY_INFO))
+                      version=_field(body, "version", int, POLICY_INFO),
+                      observation_steps=_field(body, "observation_steps", int, POLICY_INFO))
 
 
-def decode_request(msg: RawMessage) -> ChunkRequest:
-    """An ``infer`` message, each field checked (``ProtocolError`` says which is wrong)."""
+def decode_request(msg: RawMessage, max_past: int = 0) -> ChunkRequest:
+    """An ``infer`` message, each field checked (``ProtocolError`` says which is wrong). ``max_past``: the
+    past observations the served policy reads (``observation_steps - 1``); a request with more is refused."""
     body = msg.body
     instruction = _field(body, "instruction", str, INFER)
     if len(instruction) > MAX_INSTRUCTION_CHARS:
@@ -148,20 +168,39 @@ def decode_request(msg: RawMessage) -> ChunkRequest:
     if pinned is not None and (not isinstance(pinned, int) or isinstance(pinned, bool)):
         raise ProtocolError("infer: pinned_version must be an int or nil")
     cameras = _field(body, "cameras", list, INFER)
-    jpeg: dict[str, np.ndarray] = {}
     for cam in cameras:
         if not isinstance(cam, str) or not 0 < len(cam) <= MAX_ID_CHARS:
             raise ProtocolError("infer: camera names must be strings of 1..128 characters")
-        buf = msg.arrays.get(f"image/{cam}")
-        if buf is None or buf.dtype != np.uint8 or buf.ndim != 1:
-            raise ProtocolError(f"infer: camera {cam!r} needs its JPEG bytes as a uint8 array image/{cam}")
-        jpeg[cam] = buf
-    state = msg.arrays.get("state")
-    if state is None or state.dtype != np.float32 or state.ndim != 1 or not np.isfinite(state).all():
-        raise ProtocolError("infer: state must be a finite float32 vector")
+    past_count = _field(body, "past", int, INFER)
+    if not 0 <= past_count <= max_past:
+        raise ProtocolError(f"infer: {past_count} past observations, but the served policy reads {max_past} "
+                            f"before the current one (policy_info observation_steps={max_past + 1})",
+                            code="too_many_past")
+    state = _state(msg, "state")
+    past = tuple(PastJpeg(_jpeg(msg, cameras, f"past/{i}/"), _state(msg, f"past/{i}/state", state.shape))
+                 for i in range(past_count))
     return ChunkRequest(robot_id=_name(body, "robot_id", INFER), request_id=_field(body, "request_id", int, INFER),
-                        tick=_field(body, "tick", int, INFER), state=state, instruction=instruction, jpeg=jpeg,
-                        deadline_s=float(deadline), pinned_version=pinned)
+                        tick=_field(body, "tick", int, INFER), state=state, instruction=instruction,
+                        jpeg=_jpeg(msg, cameras, ""), deadline_s=float(deadline), pinned_version=pinned, past=past)
+
+
+def _jpeg(msg: RawMessage, cameras: list[str], prefix: str) -> dict[str, np.ndarray]:
+    jpeg: dict[str, np.ndarray] = {}
+    for cam in cameras:
+        buf = msg.arrays.get(f"{prefix}image/{cam}")
+        if buf is None or buf.dtype != np.uint8 or buf.ndim != 1:
+            raise ProtocolError(f"infer: camera {cam!r} needs its JPEG bytes as a uint8 array {prefix}image/{cam}")
+        jpeg[cam] = buf
+    return jpeg
+
+
+def _state(msg: RawMessage, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    state = msg.arrays.get(name)
+    if state is None or state.dtype != np.float32 or state.ndim != 1 or not np.isfinite(state).all():
+        raise ProtocolError(f"infer: {name} must be a finite float32 vector")
+    if shape is not None and state.shape != shape:
+        raise ProtocolError(f"infer: {name} has {state.size} values, the request's state {shape[0]}")
+    return state
 
 
 def decode_reply(msg: RawMessage) -> ChunkReply:

@@ -13,6 +13,10 @@ answer by then is given up, its slot freed, and the server is reported silent on
 runs out and the arm holds (an empty queue is a hold, as with a slow local policy), and when a chunk
 comes again the runner says so once and the node resumes. A late answer to a given-up request is
 ignored. Weights are the server's business: ``swappable`` is False, so the edge downloads none.
+
+A served policy that reads past observations (Diffusion's ``n_obs_steps``) says so in its
+``policy_info``; ``RemotePolicy.observation_history`` passes it on, so the node keeps that many, and
+each request carries them, resized and JPEG-encoded on the same thread as the current frames.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +45,7 @@ from robot_rl.bridges.zmq.inference_wire import (
     POLICY_INFO,
     ChunkReply,
     ChunkRequest,
+    PastJpeg,
     PolicyInfo,
     decode_info,
     decode_reply,
@@ -53,7 +58,7 @@ from robot_rl.bridges.zmq.segments import ImageEncoding, encode_image
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.types import ActionChunk
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicySwap
-from robot_rl.policies.base import ChunkPolicy, InvalidChunkError, validate_chunk
+from robot_rl.policies.base import ChunkPolicy, InvalidChunkError, ObservationHistory, PastObservation, validate_chunk
 
 log = logging.getLogger(__name__)
 
@@ -269,15 +274,22 @@ class _ServerLink:
     def _wire_request(self, request_id: int, pending: _Pending) -> ChunkRequest:
         request = pending.request
         assert request is not None  # a synchronous call builds its InferenceRequest too
-        size = self.image_size
-        jpeg = {}
-        for cam, frame in request.images.items():
-            if frame.shape[:2] != (size, size):  # INTER_AREA: the least aliasing on a downscale
-                frame = cv2.resize(np.ascontiguousarray(frame), (size, size), interpolation=cv2.INTER_AREA)
-            jpeg[cam] = encode_image(frame, self.encoding)
+        past = tuple(PastJpeg(self._jpeg(seen.images), np.asarray(seen.state, dtype=np.float32))
+                     for seen in request.history)
         return ChunkRequest(robot_id=self.config.robot_id, request_id=request_id, tick=request.request_tick,
                             state=np.asarray(request.state, dtype=np.float32), instruction=request.instruction,
-                            jpeg=jpeg, deadline_s=pending.deadline_s, pinned_version=self.config.pinned_version)
+                            jpeg=self._jpeg(request.images), deadline_s=pending.deadline_s,
+                            pinned_version=self.config.pinned_version, past=past)
+
+    def _jpeg(self, images: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Frames at the policy's input size, JPEG-encoded (INTER_AREA: the least aliasing on a downscale)."""
+        size = self.image_size
+        jpeg = {}
+        for cam, frame in images.items():
+            if frame.shape[:2] != (size, size):
+                frame = cv2.resize(np.ascontiguousarray(frame), (size, size), interpolation=cv2.INTER_AREA)
+            jpeg[cam] = encode_image(frame, self.encoding)
+        return jpeg
 
     def _receive(self) -> None:
         while True:
@@ -363,6 +375,12 @@ class RemotePolicy:
     def cameras(self) -> tuple[str, ...]:
         return self.info.cameras
 
+    @property
+    def observation_history(self) -> ObservationHistory:
+        """The observations the served policy reads a request: how many the edge node keeps and sends. (Where
+        a training target starts, ``past_actions``, is the learner's business and not announced.)"""
+        return ObservationHistory(steps=self.info.observation_steps)
+
     def config_hash(self) -> str:
         return self.info.config_hash
 
@@ -376,10 +394,16 @@ class RemotePolicy:
     def predict_chunk(self, observation: dict[str, np.ndarray], state: np.ndarray, instruction: str) -> np.ndarray:
         """One chunk, waited for (before the robot moves: the warm-up, whose first forward on the server may
         be cold, so it has ``connect_timeout_s``); ``RuntimeError`` if none comes."""
+        return self.predict_chunk_with_history((), observation, state, instruction)
+
+    def predict_chunk_with_history(self, history: Sequence[PastObservation], observation: dict[str, np.ndarray],
+                                   state: np.ndarray, instruction: str) -> np.ndarray:
+        """``predict_chunk`` with the observations of the ticks before (oldest first, at most
+        ``observation_history.steps - 1``: the server refuses more)."""
         request = InferenceRequest(chunk_id=next(self._sync_ids), request_tick=0, request_time_s=0.0,
                                    images=observation, state=np.asarray(state, np.float32), instruction=instruction,
                                    executed_index=-1, delay_ticks=0, delay_estimate=0, start_tick=None,
-                                   rolled_state=None, generation=0)
+                                   rolled_state=None, generation=0, history=tuple(history))
         answer: queue.SimpleQueue[ChunkReply] = queue.SimpleQueue()
         self.link.send(request.chunk_id, _Pending(request, self.config.connect_timeout_s, answer))
         reply = answer.get()  # the I/O thread answers by the deadline at the latest

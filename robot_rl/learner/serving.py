@@ -13,6 +13,11 @@ policy reads, JPEG at its input size) to this server instead of running the poli
 * **Noise per robot.** A flow policy's chunk starts from Gaussian noise. Each robot's rows come from
   its own ``torch.Generator`` seeded from ``noise_seed`` and its id (``robot_noise_seed``), drawn in
   the order of its own requests, so a robot's chunk is the one it would get alone, whoever else asked.
+  A policy served one request at a time (a LeRobot policy) draws its noise from torch's RNG, which is
+  seeded for each forward from the robot's generator (``torch_rng_from``).
+* **Observation history.** A policy that reads the observations of the ticks before (Diffusion's
+  ``n_obs_steps``) is announced as such in ``policy_info``; each edge keeps that many and sends them
+  with every request, and a request with more is refused.
 * **Deadlines.** Every request carries a budget from its receipt; a request still queued when its
   budget is spent, or whose forward ends past it, is dropped and never answered late: the edge has
   moved on by then, and its own timer frees its slot.
@@ -29,12 +34,14 @@ never shared between threads.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
 import time
 import zlib
 from collections import OrderedDict, deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -49,6 +56,7 @@ from robot_rl.bridges.zmq.inference_wire import (
     INFER_HELLO,
     ChunkReply,
     ChunkRequest,
+    PastJpeg,
     PolicyInfo,
     decode_hello,
     decode_request,
@@ -57,8 +65,8 @@ from robot_rl.bridges.zmq.inference_wire import (
 )
 from robot_rl.bridges.zmq.keys import apply_server_curve, check_endpoint_security, start_authenticator
 from robot_rl.bridges.zmq.segments import decode_image
-from robot_rl.core.errors import ConfigError
 from robot_rl.learner.serving_config import ServeConfig
+from robot_rl.policies.base import HistoryChunkPolicy, PastObservation
 from robot_rl.policies.trainable import published_state
 
 if TYPE_CHECKING:
@@ -85,6 +93,18 @@ def robot_noise_seed(noise_seed: int, robot_id: str) -> int:
     return (int(noise_seed) * 1_000_003 + zlib.crc32(robot_id.encode())) % (2**63)
 
 
+@contextlib.contextmanager
+def torch_rng_from(generator: torch.Generator, device: torch.device | None = None) -> Iterator[None]:
+    """Torch's RNG (the CPU's and ``device``'s), within the block, seeded by the next draw from ``generator``
+    and restored after it: a policy that draws its noise from torch's RNG (LeRobot's: Diffusion draws
+    at every denoising step) samples from the robot's own stream. Reproducible where nothing else in
+    the process draws from torch's RNG meanwhile (a trainer beside the server does)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[device] if device is not None and device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
 def input_image_size(policy: Any, default: int) -> int:
     """The side of the square frames the policy reads (FlowVLA says it in its config)."""
     size = getattr(getattr(policy, "config", None), "image_size", None)
@@ -95,6 +115,7 @@ def input_image_size(policy: Any, default: int) -> int:
 class _Queued:
     request: ChunkRequest
     frames: dict[str, np.ndarray]  # the decoded JPEGs (decoded at receipt, while a forward runs)
+    history: tuple[PastObservation, ...]  # the ticks before, decoded likewise (a policy that reads them)
     identity: bytes
     received_s: float  # time.monotonic() at receipt
 
@@ -125,11 +146,9 @@ class PolicyServer:
     """
 
     def __init__(self, policy: Any, config: ServeConfig, version: int = 0) -> None:
-        history = getattr(policy, "observation_history", None)
-        if history is not None and history.steps > 1:
-            raise ConfigError(f"the policy reads {history.steps} observations a request (n_obs_steps) and a policy "
-                              "server is sent the current one only; run it on the robot (robot-rl edge)")
         self.policy = policy
+        # Observations read a request (the current one last); edges learn it from policy_info.
+        self.observation_steps = policy.observation_history.steps if isinstance(policy, HistoryChunkPolicy) else 1
         self.config = config
         self.version = version
         self.stats = ServeStats()
@@ -183,7 +202,7 @@ class PolicyServer:
                           chunk_size=int(self.policy.chunk_size), cameras=tuple(getattr(self.policy, "cameras", ())),
                           image_size=input_image_size(self.policy, self.config.image_size),
                           config_hash=self.policy.config_hash() if hasattr(self.policy, "config_hash") else "",
-                          version=self.version)
+                          version=self.version, observation_steps=self.observation_steps)
 
     def load_published(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Copy a published version's tensors into the serving copy, in place, between two forwards.
@@ -260,9 +279,10 @@ class PolicyServer:
             elif msg.type == INFER:
                 received = time.monotonic()
                 answer_to = _request_id_of(msg.body)
-                request = decode_request(msg)
+                request = decode_request(msg, max_past=self.observation_steps - 1)
                 self._check_identity(payload, request.robot_id)
-                self._enqueue(_Queued(request, self._frames(request), identity, received))
+                self._enqueue(_Queued(request, self._frames(request.jpeg),
+                                      tuple(self._past(past) for past in request.past), identity, received))
             else:
                 raise ProtocolError(f"a policy server takes {INFER_HELLO!r} and {INFER!r}, not {msg.type!r}")
         except ProtocolError as exc:
@@ -373,21 +393,36 @@ class PolicyServer:
 
     def _predict(self, policy: Any, items: list[_Queued]) -> np.ndarray:
         """[B, H, A]: each robot's initial noise from its own generator; one forward where the policy batches."""
-        requests = [item.request for item in items]
-        observations = [item.frames for item in items]
-        states = np.stack([request.state for request in requests])
-        instructions = [request.instruction for request in requests]
-        noise = torch.stack([torch.randn((policy.chunk_size, policy.action_dim), generator=self._generator(r.robot_id))
-                             for r in requests])
-        if hasattr(policy, "predict_chunks"):
-            return np.asarray(policy.predict_chunks(observations, states, instructions, noise=noise), np.float32)
-        # A policy that computes one chunk at a time (its own noise) is served one robot after another.
-        return np.stack([np.asarray(policy.predict_chunk(o, s, i), np.float32)
-                         for o, s, i in zip(observations, states, instructions, strict=True)])
+        if hasattr(policy, "predict_chunks") and not isinstance(policy, HistoryChunkPolicy):
+            requests = [item.request for item in items]
+            noise = torch.stack([torch.randn((policy.chunk_size, policy.action_dim),
+                                             generator=self._generator(r.robot_id)) for r in requests])
+            return np.asarray(policy.predict_chunks([item.frames for item in items],
+                                                    np.stack([r.state for r in requests]),
+                                                    [r.instruction for r in requests], noise=noise), np.float32)
+        # A policy that computes one chunk at a time is served one robot after another, its history with it.
+        # LeRobot's are: their samplers draw noise from torch's RNG for a whole batch at once (Diffusion's
+        # DDPM at every denoising step), so a robot's rows in a shared forward would depend on who else
+        # asked. Each forward runs on torch's RNG seeded from its robot's generator instead.
+        return np.stack([self._predict_one(policy, item) for item in items])
 
-    def _frames(self, request: ChunkRequest) -> dict[str, np.ndarray]:
+    def _predict_one(self, policy: Any, item: _Queued) -> np.ndarray:
+        request = item.request
+        state = np.array(request.state)  # a writable copy: the received one is a view of the message
+        device = getattr(policy, "device", None)  # a torch policy's; a policy without one draws on the CPU
+        with torch_rng_from(self._generator(request.robot_id), device if isinstance(device, torch.device) else None):
+            if item.history and isinstance(policy, HistoryChunkPolicy):
+                chunk = policy.predict_chunk_with_history(item.history, item.frames, state, request.instruction)
+            else:
+                chunk = policy.predict_chunk(item.frames, state, request.instruction)
+        return np.asarray(chunk, np.float32)
+
+    def _frames(self, jpeg: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         size = input_image_size(self.policy, self.config.image_size)
-        return {cam: decode_image(buf, "jpeg", (size, size, 3)) for cam, buf in request.jpeg.items()}
+        return {cam: decode_image(buf, "jpeg", (size, size, 3)) for cam, buf in jpeg.items()}
+
+    def _past(self, past: PastJpeg) -> PastObservation:
+        return PastObservation(self._frames(past.jpeg), np.array(past.state))
 
     def _generator(self, robot_id: str) -> torch.Generator:
         generator = self._generators.get(robot_id)
