@@ -107,17 +107,23 @@ class EpisodeJudging:
         if not pieces or any(p is None for p in pieces):
             return  # frames missing (staged before a restart): no verdict, nothing learnt
         whole = [p for p in pieces if p is not None]
-        if self._judging is None:
-            done: Future[EpisodeVerdict | None] = Future()
-            done.set_result(self._judge(key, whole))
-            self._verdicts[key] = done
+        future: Future[EpisodeVerdict | None]
+        if self._judging is not None:
+            future = self._judging.submit(self._judge, key, whole)
         else:
-            self._verdicts[key] = self._judging.submit(self._judge, key, whole)
+            future = Future()
+            try:
+                future.set_result(self._judge(key, whole))
+            except Exception as exc:  # noqa: BLE001 - reported by verdict(), as on the thread
+                future.set_exception(exc)
+        with self._lock:
+            self._verdicts[key] = future
 
     def verdict(self, key: EntryKey, timeout_s: float = JUDGE_WAIT_S) -> EpisodeVerdict | None:
         """The detector's verdict on episode ``key``, for the commit thread; None when it carries its own
         verdict, or its task has no detector yet, or judging failed (logged: the episode is stored unjudged)."""
-        future = self._verdicts.pop(key, None)
+        with self._lock:
+            future = self._verdicts.pop(key, None)
         if future is None:
             return None
         try:
