@@ -146,3 +146,22 @@ def test_writing_png_episodes_logs_no_video_codec_lines(tmp_path, caplog):
         recorder.write_episode(make_episode(1, 4, 2))
     assert recorder.num_episodes == 2
     assert "Using video codec" not in caplog.text
+
+
+def test_a_dataset_recorded_before_verdict_sources_is_appended_to_without_them(tmp_path, monkeypatch):
+    from robot_rl.data import recorder as recorder_module
+    from robot_rl.data.features import VERDICT_COLUMNS
+
+    full = recorder_module.dataset_features
+    monkeypatch.setattr(recorder_module, "dataset_features",
+                        lambda *a, **k: {n: f for n, f in full(*a, **k).items() if n not in VERDICT_COLUMNS})
+    with EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS) as old:
+        old.write_episode(make_episode(0, 5, seed=1))
+    monkeypatch.undo()
+    with EpisodeRecorder(tmp_path / "ds", fps=30, joint_names=JOINTS, cameras=CAMS) as recorder:
+        assert recorder.write_episode(make_episode(1, 4, seed=2)) == 1
+    episodes = load_episode_arrays(tmp_path / "ds")
+    assert [len(e["action"]) for e in episodes] == [5, 4] and "next.success_source" not in episodes[1]
+    with EpisodeRecorder(tmp_path / "new", fps=30, joint_names=JOINTS, cameras=CAMS) as fresh:
+        fresh.write_episode(make_episode(0, 3, seed=1))
+    assert "next.success_confidence" in load_episode_arrays(tmp_path / "new")[0]

@@ -374,6 +374,18 @@ def test_run_episode_with_task_hooks_and_sink():
     assert cut.num_steps == 5 and cut.steps[-1].done and cut.steps[0].tick == 0
 
 
+def test_a_task_oracle_judges_each_step_and_a_robot_without_one_leaves_its_episode_unjudged():
+    robot = KinematicRobot()
+    node = EdgeNode(robot, EncodingPolicy(), VirtualClock(), EdgeConfig(simulated_latency_ms=0.0),
+                    task=CountingTask(success_tick=5))
+    judged = node.run_episode(20, "push")
+    assert {(s.success_source, s.success_confidence) for s in judged.steps} == {("task", 1.0)}
+    node.task = None  # a real arm: nobody says whether it succeeded
+    alone = node.run_episode(5, "push")
+    assert {(s.success_source, s.success_confidence) for s in alone.steps} == {("", 0.0)}
+    assert not alone.success
+
+
 def test_answers_to_a_previous_episode_are_never_executed():
     node, _, _ = make_node(latency_ms=300.0)
     first = node.run_episode(20)  # chunk 1 is asked for at tick 18 and still in flight at the end

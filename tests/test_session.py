@@ -197,6 +197,24 @@ def test_r_rerecords_the_episode_in_the_same_scene_and_nothing_of_it_is_kept(tmp
     assert [len(e["action"]) for e in episodes] == [20, 20]  # the 6-step attempt is not in the dataset
 
 
+def test_each_recorded_verdict_says_who_gave_it(tmp_path):
+    """The operator's key is the operator's verdict; time running out in the sim leaves it to the task."""
+    from robot_rl.cli import main
+    from robot_rl.core.types import SUCCESS_SOURCES
+    from robot_rl.data import load_episode_arrays
+
+    out = tmp_path / "out"
+    code = main(["session", "robot=sim_so101", "policy=hold", "teleop=none", f"output_dir={out}",
+                 "session.episodes=2", "session.max_episode_steps=12", "session.realtime=false", "session.seed=7",
+                 "session.keys=script", "session.key_script=[0:5:s]", "robot.image_height=32",
+                 "robot.image_width=32", "robot.cameras=[front]"])
+    assert code == 0
+    episodes = load_episode_arrays(out / "session", repo_id="local/robot_rl_session")
+    said = [(bool(e["next.success"][-1]), SUCCESS_SOURCES[int(e["next.success_source"][-1])],
+             float(e["next.success_confidence"][-1])) for e in episodes]
+    assert said == [(True, "operator", 1.0), (False, "task", 1.0)]  # a hold policy pushes nothing in 12 ticks
+
+
 def test_warm_up_runs_one_inference_on_the_real_observation_and_moves_nothing():
     from robot_rl.session.runner import warm_up
     from tests.edge_fakes import EncodingPolicy, KinematicRobot

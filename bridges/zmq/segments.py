@@ -26,6 +26,7 @@ import numpy as np
 
 from robot_rl.bridges.zmq.protocol import ProtocolError, Segment
 from robot_rl.core import Step
+from robot_rl.core.types import SUCCESS_SOURCES
 
 IMAGE_FORMATS = ("jpeg", "png", "raw")
 MAX_IMAGE_PIXELS = 4096 * 4096  # refuse to decode anything bigger (decompression bombs)
@@ -47,6 +48,13 @@ SCALAR_COLUMNS: dict[str, type] = {
     "stall": bool,
     "lateness_s": float,
     "scene_seed": int,
+}
+# Columns a sender may leave out: a segment from an edge that predates them decodes with the Step's
+# defaults (its ``success`` meant the task's verdict then). The protocol version stays: old edges and
+# the segments they spooled before an upgrade are still stored.
+OPTIONAL_COLUMNS: dict[str, type] = {
+    "success_source": str,  # "" (nobody judged), "operator", "task", "detector"
+    "success_confidence": float,  # in [0, 1]
 }
 # Each integer column's admitted range. A tick or version past 2**31 - 1 is two years of ticks at
 # 30 Hz (or as many weight versions): only a broken or hostile sender writes one, and the dataset's
@@ -188,7 +196,7 @@ def encode_segment(
 ) -> Segment:
     """Pack ``steps`` (one episode, consecutive) into a ``segment`` message."""
     columns: dict[str, list[Any]] = {
-        name: [kind(getattr(s, name)) for s in steps] for name, kind in SCALAR_COLUMNS.items()
+        name: [kind(getattr(s, name)) for s in steps] for name, kind in {**SCALAR_COLUMNS, **OPTIONAL_COLUMNS}.items()
     }
     arrays: dict[str, np.ndarray] = {}
     for name in REQUIRED_ARRAYS + OPTIONAL_ARRAYS:
@@ -225,12 +233,14 @@ def encode_segment(
 
 def _check_columns(msg: Segment) -> None:
     expected = set(SCALAR_COLUMNS) | set(_MASKS.values())
-    if set(msg.columns) != expected:
+    allowed_names = expected | set(OPTIONAL_COLUMNS)
+    if not expected <= set(msg.columns) <= allowed_names:
         raise ProtocolError(
             f"segment columns wrong: missing {sorted(expected - set(msg.columns))}, "
-            f"unexpected {sorted(set(msg.columns) - expected)}"
+            f"unexpected {sorted(set(msg.columns) - allowed_names)}"
         )
-    kinds = {**SCALAR_COLUMNS, **{mask: bool for mask in _MASKS.values()}}
+    kinds = {**SCALAR_COLUMNS, **{mask: bool for mask in _MASKS.values()},
+             **{name: kind for name, kind in OPTIONAL_COLUMNS.items() if name in msg.columns}}
     for name, kind in kinds.items():
         col = msg.columns[name]
         if not isinstance(col, list) or len(col) != msg.num_steps:
@@ -254,6 +264,16 @@ def _check_values(msg: Segment, arrays: dict[str, np.ndarray | None]) -> None:
             bad = next((i for i, v in enumerate(col) if not low <= v <= high), None)
             if bad is not None:
                 raise ProtocolError(f"segment column {name!r}: step {bad} is {col[bad]}, outside [{low}, {high}]")
+    sources = msg.columns.get("success_source", [])
+    bad = next((i for i, v in enumerate(sources) if v not in SUCCESS_SOURCES), None)
+    if bad is not None:
+        raise ProtocolError(f"segment column 'success_source': step {bad} is {sources[bad]!r}; "
+                            f"known {list(SUCCESS_SOURCES)}")
+    confidences = msg.columns.get("success_confidence", [])
+    bad = next((i for i, v in enumerate(confidences) if not 0.0 <= v <= 1.0), None)  # NaN fails too
+    if bad is not None:
+        raise ProtocolError(f"segment column 'success_confidence': step {bad} is {confidences[bad]!r}, "
+                            "outside [0, 1]")
     for name, arr in arrays.items():
         if arr is None:
             continue
@@ -344,6 +364,8 @@ def decode_segment(msg: Segment) -> list[Step]:
     steps = []
     for i in range(msg.num_steps):
         scalars = {name: kind(msg.columns[name][i]) for name, kind in SCALAR_COLUMNS.items()}
+        scalars.update({name: kind(msg.columns[name][i]) for name, kind in OPTIONAL_COLUMNS.items()
+                        if name in msg.columns})
         extras: dict[str, Any] = {  # Step's optional arrays, None where a step has none
             name: (arr[i] if arr is not None and msg.columns[_MASKS[name]][i] else None)
             for name, arr in optional.items()

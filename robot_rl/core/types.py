@@ -7,8 +7,30 @@ gripper in 0..100 (0 closed, 100 open). Arrays are float32; images are uint8 HxW
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
+
+
+class VerdictSource(StrEnum):
+    """Who said whether an episode succeeded. An episode nobody judged has none (``UNJUDGED``)."""
+
+    operator = "operator"
+    task = "task"
+    detector = "detector"
+
+
+UNJUDGED = ""  # a step's ``success_source`` when nobody judged the episode (a real arm left alone)
+# The sources as small integers, for datasets and batches (which hold numbers): index = code.
+SUCCESS_SOURCES: tuple[str, ...] = (UNJUDGED, *(source.value for source in VerdictSource))
+
+
+def source_code(source: str) -> int:
+    """``success_source`` -> its code in ``SUCCESS_SOURCES``; ValueError for an unknown one."""
+    try:
+        return SUCCESS_SOURCES.index(source)
+    except ValueError:
+        raise ValueError(f"success_source {source!r} unknown; known {list(SUCCESS_SOURCES)}") from None
 
 
 @dataclass
@@ -52,6 +74,11 @@ class Step:
     reward: float = 0.0
     done: bool = False
     success: bool = False
+    # Who gave ``success`` (``VerdictSource``, or ``UNJUDGED``) and how sure they were (1 for a person or
+    # the task, the detector's confidence, 0 when nobody judged). Like ``success``, the episode's verdict
+    # is its last step's. The default is what a bare success flag always meant: the task's verdict.
+    success_source: str = VerdictSource.task.value
+    success_confidence: float = 1.0
     policy_version: int = -1
     chunk_id: int = -1
     chunk_index: int = -1
@@ -60,6 +87,25 @@ class Step:
     stall: bool = False
     lateness_s: float = 0.0
     scene_seed: int = -1  # the sim seed that set the episode's scene up; -1: a real scene (no seed re-creates it)
+
+
+@dataclass(frozen=True)
+class EpisodeVerdict:
+    """Whether an episode succeeded, who said so and how sure: what its last step carries."""
+
+    success: bool
+    source: str  # a VerdictSource, or UNJUDGED
+    confidence: float
+
+    @staticmethod
+    def of(steps: list[Step]) -> EpisodeVerdict:
+        last = steps[-1]
+        return EpisodeVerdict(bool(last.success), last.success_source, float(last.success_confidence))
+
+    def apply(self, steps: list[Step]) -> None:
+        """Put this verdict on the episode's last step (the steps are the learner's decoded copies)."""
+        last = steps[-1]
+        last.success, last.success_source, last.success_confidence = self.success, self.source, self.confidence
 
 
 @dataclass

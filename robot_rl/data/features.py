@@ -21,6 +21,14 @@ EXTRA_COLUMNS: dict[str, tuple[str, int]] = {
     # The sim seed that re-creates the episode's scene on replay (-1: unknown, e.g. a real robot).
     "episode_seed": ("int64", 1),
 }
+# Who judged the episode and how sure: carried on every step like ``next.success``, the last step's is
+# the episode's. ``next.success_source`` is a code into ``robot_rl.core.types.SUCCESS_SOURCES``
+# (0 nobody, 1 operator, 2 task, 3 detector). A dataset recorded before them has neither: it is
+# appended to without them, its episodes' verdicts read as the task's.
+VERDICT_COLUMNS: dict[str, tuple[str, int]] = {
+    "next.success_source": ("int64", 1),
+    "next.success_confidence": ("float32", 1),
+}
 
 
 def dataset_features(
@@ -45,6 +53,6 @@ def dataset_features(
             "shape": (h, w, 3),
             "names": ["height", "width", "channels"],
         }
-    for column, (dtype, width) in EXTRA_COLUMNS.items():
+    for column, (dtype, width) in {**EXTRA_COLUMNS, **VERDICT_COLUMNS}.items():
         features[column] = {"dtype": dtype, "shape": (width,), "names": None}
     return features

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from robot_rl.core.types import Episode, Step
-from robot_rl.data.features import EXTRA_COLUMNS, dataset_features
+from robot_rl.core.types import Episode, Step, source_code
+from robot_rl.data.features import EXTRA_COLUMNS, VERDICT_COLUMNS, dataset_features
 from robot_rl.data.frame_storage import FrameStorageConfig
 from robot_rl.data.repair import repair_interrupted_write
 
@@ -73,6 +73,8 @@ class EpisodeRecorder:
         self.features = dataset_features(self.joint_names, self.cameras, self.use_videos)
         if existing.exists():
             self._check_existing_layout()
+            stored = json.loads(existing.read_text()).get("features", {})
+            self.features = {k: v for k, v in self.features.items() if k not in VERDICT_COLUMNS or k in stored}
             repair_interrupted_write(self.root)
         self._num_episodes = self._read_num_episodes()
 
@@ -162,7 +164,7 @@ class EpisodeRecorder:
     def _check_existing_layout(self) -> None:
         info = json.loads((self.root / "meta" / "info.json").read_text())
         stored = info.get("features", {})
-        missing = sorted(k for k in self.features if k not in stored)
+        missing = sorted(k for k in self.features if k not in stored and k not in VERDICT_COLUMNS)
         if missing or int(info.get("fps", self.fps)) != self.fps:
             raise RecordingError(
                 f"{self.root} holds a dataset with another layout (fps {info.get('fps')}, "
@@ -201,9 +203,12 @@ class EpisodeRecorder:
             "stall": step.stall,
             "lateness_s": step.lateness_s,
             "episode_seed": seed,
+            "next.success_source": source_code(step.success_source),
+            "next.success_confidence": step.success_confidence,
         }
-        for column, (dtype, _) in EXTRA_COLUMNS.items():
-            frame[column] = np.array([values[column]], dtype=dtype)
+        for column, (dtype, _) in {**EXTRA_COLUMNS, **VERDICT_COLUMNS}.items():
+            if column in self.features:
+                frame[column] = np.array([values[column]], dtype=dtype)
         return frame
 
 

@@ -51,7 +51,7 @@ import numpy as np
 from robot_rl.core.clock import Clock
 from robot_rl.core.motion_limits import JointDeltaClamp, step_limit_per_tick
 from robot_rl.core.priority import interpreter_switch_interval, realtime_thread
-from robot_rl.core.types import ActionChunk, Episode, Step
+from robot_rl.core.types import UNJUDGED, ActionChunk, Episode, Step, VerdictSource
 from robot_rl.edge.action_queue import ActionQueue, QueuedAction
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.delay import DelayEstimator
@@ -693,6 +693,9 @@ class EdgeNode:
         source = choice.source
         reward = float(self.task.reward()) if self.task is not None else 0.0
         success = bool(self.task.is_success()) if self.task is not None else False
+        # A robot with a task oracle (the sim) is judged by it at every tick; one without (a real arm)
+        # leaves the verdict to whoever can give it: an operator, or the learner's success detector.
+        judged = self.task is not None
         step = Step(
             tick=n,
             time_s=time_s,
@@ -704,6 +707,8 @@ class EdgeNode:
             is_intervention=choice.is_intervention,
             reward=reward,
             success=success,
+            success_source=VerdictSource.task.value if judged else UNJUDGED,
+            success_confidence=1.0 if judged else 0.0,
             policy_version=source.policy_version if source is not None else self._policy_version,
             chunk_id=source.chunk_id if source is not None else -1,
             chunk_index=source.chunk_index if source is not None else -1,

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from robot_rl.learner.metrics import OutcomeTracker
 from robot_rl.learner.open_episodes import EpisodeBook, OpenEpisode
 from robot_rl.learner.store_writer import EpisodeWriter
 from robot_rl.learner.stored_frames import StoredEpisode
+
+if TYPE_CHECKING:  # the judge brings torch, LeRobot's classifier and transformers: a learner that judges loads them
+    from robot_rl.learner.judging import EpisodeJudging
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,8 @@ class Committer:
     """
 
     def __init__(self, config: StoreConfig, *, dataset_root: Path, lock: threading.RLock, ledger: Ledger,
-                 staging: Spool, episodes: EpisodeBook, feed: IndexFeed, outcomes: OutcomeTracker) -> None:
+                 staging: Spool, episodes: EpisodeBook, feed: IndexFeed, outcomes: OutcomeTracker,
+                 judging: EpisodeJudging | None = None) -> None:
         self._config = config
         self._dataset_root = dataset_root
         self._lock = lock
@@ -96,6 +100,7 @@ class Committer:
         self._episodes = episodes
         self._feed = feed
         self._outcomes = outcomes
+        self._judging = judging
         self._writer: EpisodeWriter | None = None  # once the store knows its layout (``open``)
         self._jobs: queue.Queue[OpenEpisode | None] = queue.Queue()
         self._idle = threading.Event()
@@ -234,6 +239,11 @@ class Committer:
     def _write_unfinalized(self, writer: EpisodeWriter, episode: OpenEpisode) -> _Saved | None:
         """Save one episode without finalizing; None if it could not be written (it stays staged)."""
         keys = episode.staging_keys()
+        # The success detector's verdict on an episode nobody judged (None: it has one, or no detector
+        # can judge it yet): on its last step in the sampling index and in the dataset.
+        verdict = self._judging.verdict(episode.index_key) if self._judging is not None else None
+        if verdict is not None:
+            self._feed.verdict(episode.index_key, verdict)
         try:
             staged = self._staged_frames(keys)
         except Exception:
@@ -249,7 +259,7 @@ class Committer:
             self._ledger.write_intent(record)
         try:
             # On failure the recorder finalizes what the batch saved before this episode.
-            written = writer.write(episode.robot_id, episode.episode_id, staged)
+            written = writer.write(episode.robot_id, episode.episode_id, staged, verdict)
         except Exception as exc:  # noqa: BLE001 - RecordingError is a bug (validated at ingest), else disk trouble
             log.error("episode %d of robot %s could not be written (%s); it stays staged",
                       episode.episode_id, episode.robot_id, exc)

@@ -316,8 +316,8 @@ class LearnerConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     hub: HubConfig = field(default_factory=HubConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
-    # The per-task success detector (robot_rl.learner.detector). Read by `robot-rl bench detector` only: the
-    # learner does not judge unjudged episodes with it yet (docs/success_detector.md says what is missing).
+    # The per-task success detector (robot_rl.learner.detector): learns from operators' verdicts and judges
+    # the episodes nobody judged before they are stored (robot_rl.learner.judging; docs/success_detector.md).
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     # Initial weights: a checkpoint dir of the configured policy (FlowVLA or LeRobot layout); None: the policy group's
     # (``policy.path``, else a new model of ``policy.model``). ``robot-rl run`` sets its BC start here.

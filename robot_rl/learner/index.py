@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from robot_rl.core.types import Step
+from robot_rl.core.types import EpisodeVerdict, Step, source_code
 from robot_rl.learner.config import RewardConfig
-from robot_rl.learner.rewards import EpisodeRewards, episode_rewards, transition_fields
+from robot_rl.learner.rewards import TASK_CODE, EpisodeRewards, episode_rewards, transition_fields
 from robot_rl.learner.stored_frames import FrameReader, StoredEpisode, UnreadableFramesError
 from robot_rl.learner.streams import STREAMS
 from robot_rl.policies.augment import build_sample, sample_offsets
@@ -106,6 +106,16 @@ class GrowingEpisode:
         if self.length and "done" in self._arrays:
             self._arrays["done"][self.length - 1] = True
 
+    def set_verdict(self, verdict: EpisodeVerdict) -> None:
+        """The episode's outcome, as judged after its last step arrived: put on that step."""
+        if not self.length:
+            return
+        last = self.length - 1
+        for name, value in (("success", verdict.success), ("success_source", source_code(verdict.source)),
+                            ("success_confidence", verdict.confidence)):
+            if name in self._arrays:
+                self._arrays[name][last] = value
+
     def view(self) -> dict:
         """The episode dict ``build_sample`` reads (views, no copies)."""
         out: dict = {name: buf[: self.length] for name, buf in self._arrays.items()}
@@ -144,6 +154,8 @@ def steps_to_columns(steps: Sequence[Step], cameras: Sequence[str]) -> dict[str,
         "success": np.array([s.success for s in steps], dtype=bool),
         "done": np.array([s.done for s in steps], dtype=bool),
         "policy_version": np.array([s.policy_version for s in steps], dtype=np.int64),
+        "success_source": np.array([source_code(s.success_source) for s in steps], dtype=np.int64),
+        "success_confidence": np.array([s.success_confidence for s in steps], dtype=np.float32),
     }
     columns["held"] = held_steps(columns["is_intervention"], np.array([s.chunk_id for s in steps]))
     for cam in cameras:
@@ -174,6 +186,8 @@ def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str], *,
         "success": flat("next.success", bool, False),
         "policy_version": flat("policy_version", np.int64, -1),
         "done": flat("next.done", bool, False),
+        "success_source": flat("next.success_source", np.int64, TASK_CODE),  # older datasets: the task's
+        "success_confidence": flat("next.success_confidence", np.float32, 1.0),
     }
     if n:
         columns["done"][-1] = True
@@ -336,6 +350,15 @@ class SamplingIndex:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.mark_finished()
+                self._rewards.pop(key, None)
+
+    def set_verdict(self, key: EntryKey, verdict: EpisodeVerdict) -> None:
+        """Entry ``key``'s outcome is ``verdict`` (the success detector's, on an episode nobody judged):
+        its rewards and returns are computed anew."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.set_verdict(verdict)
                 self._rewards.pop(key, None)
 
     def mark_stored(self, key: EntryKey, episode: StoredEpisode) -> None:

@@ -6,7 +6,8 @@ the growing episode arrays) would otherwise hold up the thread that acks robots,
 ``StoreConfig.background_commit`` the index is fed by a thread of its own (``store-index``).
 
 One queue carries every change: a segment's steps (``append``), the end of an episode piece
-(``finish``: nothing more arrives, its returns are final), its place in the dataset (``stored``:
+(``finish``: nothing more arrives, its returns are final), a verdict given after its end (``verdict``:
+the success detector's), its place in the dataset (``stored``:
 its frames may leave memory and be read back from there) and, after a restart, the segments
 staged before it (``backlog``: read from staging and decoded on this thread, so a restarted
 learner serves before it has decoded a backlog of any size). In one queue they stay in order, so
@@ -32,7 +33,7 @@ from typing import Literal
 from robot_rl.bridges.zmq.protocol import Segment, decode_message
 from robot_rl.bridges.zmq.segments import decode_segment
 from robot_rl.bridges.zmq.spool import SpoolReader
-from robot_rl.core.types import Step
+from robot_rl.core.types import EpisodeVerdict, Step
 from robot_rl.learner.index import EntryKey, SamplingIndex, fit_step_frames, steps_to_columns
 from robot_rl.learner.stored_frames import StoredEpisode
 
@@ -51,8 +52,9 @@ class Backlog:
     order: Sequence[tuple[EntryKey, str]]
 
 
-_Op = Literal["append", "finish", "stored", "backlog"]
-_Job = tuple[_Op, EntryKey | None, Sequence[Step] | StoredEpisode | Backlog | None]
+_Op = Literal["append", "finish", "verdict", "stored", "backlog"]
+_Payload = Sequence[Step] | StoredEpisode | Backlog | EpisodeVerdict | None
+_Job = tuple[_Op, EntryKey | None, _Payload]
 
 
 class IndexFeed:
@@ -80,6 +82,10 @@ class IndexFeed:
 
     def finish(self, key: EntryKey) -> None:
         self._put("finish", key, None)
+
+    def verdict(self, key: EntryKey, verdict: EpisodeVerdict) -> None:
+        """The outcome of a finished episode, judged after its last step arrived (the success detector's)."""
+        self._put("verdict", key, verdict)
 
     def stored(self, key: EntryKey, episode: StoredEpisode) -> None:
         self._put("stored", key, episode)
@@ -118,13 +124,13 @@ class IndexFeed:
             self._thread.join()
             self._thread = None
 
-    def _put(self, op: _Op, key: EntryKey | None, payload: Sequence[Step] | StoredEpisode | Backlog | None) -> None:
+    def _put(self, op: _Op, key: EntryKey | None, payload: _Payload) -> None:
         if self._jobs is not None:
             self._jobs.put((op, key, payload))
         else:
             self._apply(op, key, payload)
 
-    def _apply(self, op: _Op, key: EntryKey | None, payload: Sequence[Step] | StoredEpisode | Backlog | None) -> None:
+    def _apply(self, op: _Op, key: EntryKey | None, payload: _Payload) -> None:
         if op == "backlog":
             assert isinstance(payload, Backlog)
             self._apply_backlog(payload)
@@ -136,6 +142,9 @@ class IndexFeed:
         elif op == "stored":
             assert isinstance(payload, StoredEpisode)
             self.index.mark_stored(key, payload)
+        elif op == "verdict":
+            assert isinstance(payload, EpisodeVerdict)
+            self.index.set_verdict(key, payload)
         else:
             self.index.mark_finished(key)
 

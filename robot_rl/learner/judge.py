@@ -18,22 +18,16 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 
+from robot_rl.core.types import VerdictSource
 from robot_rl.learner.detector import Calibration, LabelledEpisode, PreparedEpisode, TaskDetector, Verdict, prepare
 from robot_rl.learner.detector_config import DetectorConfig
 
+__all__ = ["SuccessJudge", "VerdictSource"]
+
 log = logging.getLogger(__name__)
-
-
-class VerdictSource(StrEnum):
-    """Who said whether an episode succeeded."""
-
-    operator = "operator"
-    task = "task"
-    detector = "detector"
 
 
 @dataclass

@@ -28,12 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from robot_rl.core.types import VerdictSource, source_code
 from robot_rl.learner.config import RewardConfig
+
+TASK_CODE = source_code(VerdictSource.task)  # what an episode recorded before sources were says
 
 # Per-sample fields that ``transition_fields`` adds to a training sample (see there).
 TRANSITION_FIELDS = ("return", "episode_return", "chunk_reward", "chunk_discount", "transition_valid",
                      "episode_success", "autonomous_success", "episode_finished", "policy_version",
-                     "next.state")  # + "next.images.<cam>"
+                     "episode_success_confidence", "episode_success_source", "next.state")  # + "next.images.<cam>"
 
 
 # ---------------------------------------------------------------- per-step rewards
@@ -107,8 +110,12 @@ def episode_rewards(episode: Mapping[str, Any], config: RewardConfig) -> Episode
     n = len(episode["action"])
     success_flags = _column(episode, "success", n, False).astype(bool)
     done = episode.get("done")
-    # Without a ``done`` column (older datasets) an episode is taken as finished.
-    finished = True if done is None else n > 0 and bool(_column(episode, "done", n, False)[-1])
+    # Without a ``done`` column (older datasets) an episode is taken as finished. One that ended with
+    # no verdict (nobody judged it, no detector did) has an unknown outcome, not a failed one: it stays
+    # unfinished for learning (no failure reward, no terminal, rejected as unfinished), as an episode
+    # still running does. Without a confidence column (older datasets) every verdict is known.
+    ended = True if done is None else n > 0 and bool(_column(episode, "done", n, False)[-1])
+    finished = ended and (n == 0 or float(_column(episode, "success_confidence", n, 1.0)[-1]) > 0.0)
     success = bool(success_flags.any())
     horizon = int(np.argmax(success_flags)) + 1 if success else n
 
@@ -221,6 +228,8 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
     - ``transition_valid``: False when the open episode has not reached s + H yet (no next
       observation, so no TD target);
     - ``episode_success``, ``episode_finished``, ``policy_version`` (of the step at ``t``);
+    - ``episode_success_confidence`` and ``episode_success_source`` (a code into
+      ``robot_rl.core.types.SUCCESS_SOURCES``): who judged the episode and how sure (0: nobody);
     - ``autonomous_success``: the episode succeeded and no human took over after the chunk start
       (``EpisodeRewards.autonomous_success``).
 
@@ -251,6 +260,9 @@ def transition_fields(episode: Mapping[str, Any], t: int, offset: int, chunk_siz
         "autonomous_success": np.bool_(rewards.autonomous_success(start)),
         "episode_finished": np.bool_(rewards.finished),
         "policy_version": np.int64(_column(episode, "policy_version", n, -1)[t]),
+        # Who judged the episode (a code into SUCCESS_SOURCES) and how sure: the last step's, as the outcome.
+        "episode_success_confidence": np.float32(_column(episode, "success_confidence", n, 1.0)[-1]),
+        "episode_success_source": np.int64(_column(episode, "success_source", n, TASK_CODE)[-1]),
         "next.state": np.asarray(episode["state"][next_index], dtype=np.float32),
     }
     for cam in cameras:

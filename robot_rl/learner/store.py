@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from robot_rl.bridges.zmq.codec import BusyError
 from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, encode_message
@@ -66,9 +66,13 @@ from robot_rl.learner.store_writer import RecorderSpec, make_writer
 from robot_rl.learner.stored_frames import FrameReader
 from robot_rl.policies.trainable import InputFrames
 
+if TYPE_CHECKING:  # the judge brings torch, LeRobot's classifier and transformers: a learner that judges loads them
+    from robot_rl.learner.judging import EpisodeJudging, Piece
+
 log = logging.getLogger(__name__)
 
 DECODE_WORKERS = 2  # threads decoding (validating) the images of a batch of segments
+_Decoded = tuple[list[Step], "Piece | None"]  # a segment's steps for the index, the success judge's share
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,13 @@ class ReplayStore:
 
     def __init__(self, config: StoreConfig, *, train_cameras: Sequence[str] | None = None,
                  input_frames: Mapping[str, InputFrames] | None = None,
-                 decode_workers: int = DECODE_WORKERS) -> None:
+                 decode_workers: int = DECODE_WORKERS, judging: EpisodeJudging | None = None) -> None:
         """``train_cameras``: the cameras the policy reads (what the sampling index keeps) when
         ``config.cameras`` does not say which are recorded; ``input_frames``: the size the policy reads
-        them at (the index keeps them at it; ``TrainablePolicy.input_frames``)."""
+        them at (the index keeps them at it; ``TrainablePolicy.input_frames``); ``judging``: the success
+        judge that learns from judged episodes and judges the others before they are stored (None: none)."""
         self.config = config
+        self.judging = judging
         root = self.root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         self.dataset_root = root / "dataset"
@@ -118,7 +124,7 @@ class ReplayStore:
         self._feed = IndexFeed(self.index, background=config.background_commit)
         self._committer = Committer(config, dataset_root=self.dataset_root, lock=self._lock, ledger=self._ledger,
                                     staging=self._staging, episodes=self._episodes, feed=self._feed,
-                                    outcomes=self.outcomes)
+                                    outcomes=self.outcomes, judging=judging)
         try:
             if self.layout is not None:
                 with self._lock:
@@ -212,9 +218,9 @@ class ReplayStore:
             staged: list[int] = []
             batch_keys: set[tuple[str, int, int]] = set()
             nbytes: dict[int, int] = {}
-            for i, (segment, steps) in enumerate(zip(segments, decoded, strict=True)):
-                if isinstance(steps, Exception):
-                    results[i] = steps
+            for i, (segment, outcome) in enumerate(zip(segments, decoded, strict=True)):
+                if isinstance(outcome, Exception):
+                    results[i] = outcome
                     continue
                 triple = (segment.robot_id, segment.episode_id, segment.seq)
                 if triple in batch_keys or self._episodes.already_stored(triple[:2], segment.seq):
@@ -251,13 +257,16 @@ class ReplayStore:
                 self._staging_failing = 0
             # 3. bookkeeping and the sampling index, in arrival order.
             for i in staged:
-                segment, steps = segments[i], decoded[i]
-                assert not isinstance(steps, Exception)
+                segment, outcome = segments[i], decoded[i]
+                assert not isinstance(outcome, Exception)
+                steps, judged = outcome
                 previous = self._episodes.current_episode(segment.robot_id)
                 episode = self._episodes.track(segment.robot_id, segment.episode_id, segment.seq, len(steps),
                                                segment.episode_done)
                 self._episodes.add_staged_bytes(episode, nbytes[i])
                 self._feed.append(episode.index_key, steps)
+                if self.judging is not None:
+                    self.judging.add(episode.index_key, segment.seq, judged)
                 self.counters["segments"] += 1
                 self.counters["steps"] += len(steps)
                 if previous is not None and previous != self._episodes.current_episode(segment.robot_id):
@@ -299,15 +308,18 @@ class ReplayStore:
         return BusyError(f"the learner could not stage this segment ({type(exc).__name__}: a full disk?); it "
                          "stays with the robot, which sends it again")
 
-    def _decode_all(self, segments: Sequence[Segment]) -> list[list[Step] | Exception]:
+    def _decode_all(self, segments: Sequence[Segment]) -> list[_Decoded | Exception]:
         if self._decoder is None or len(segments) < 2:
             return [self._decode(s) for s in segments]
         return list(self._decoder.map(self._decode, segments))
 
-    def _decode(self, segment: Segment) -> list[Step] | Exception:
+    def _decode(self, segment: Segment) -> _Decoded | Exception:
+        """The segment's steps as the index keeps them, and the success judge's share of them."""
         try:
             self._check_layout(segment)  # first: images are decoded only at the sizes this learner stores
-            return self._feed.fitted(decode_segment(segment))
+            steps = decode_segment(segment)
+            piece = self.judging.piece(steps) if self.judging is not None else None
+            return self._feed.fitted(steps), piece
         except Exception as exc:  # noqa: BLE001 - reported per segment
             return exc
 
@@ -342,6 +354,8 @@ class ReplayStore:
         if self._recovery is not None:
             self._recovery.join()  # the writer waits for the dataset's read into the index
         self._committer.close()
+        if self.judging is not None:
+            self.judging.close()
         if self._decoder is not None:
             self._decoder.shutdown(wait=True)
         self._feed.close()
@@ -406,6 +420,8 @@ class ReplayStore:
         episode = self._episodes.close(key)
         # Cut short (no done step) or complete, nothing more arrives: its returns are final now.
         self._feed.finish(episode.index_key)
+        if self.judging is not None:
+            self.judging.finish(episode.index_key, episode.seqs)
         self._committer.submit(episode)
 
     def _check_layout(self, segment: Segment) -> None:

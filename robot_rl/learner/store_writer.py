@@ -37,7 +37,7 @@ from robot_rl.bridges.zmq.protocol import Segment, decode_message
 from robot_rl.bridges.zmq.segments import decode_segment
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.core.priority import lower_own_priority
-from robot_rl.core.types import Episode, Step
+from robot_rl.core.types import Episode, EpisodeVerdict, Step
 from robot_rl.data.frame_storage import FrameStorageConfig
 from robot_rl.data.recorder import EpisodeRecorder
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 WRITERS = ("thread", "process")
 START_TIMEOUT_S = 120.0  # a cold child imports numpy, the wire codec and, at its first write, LeRobot
 POLL_S = 1.0  # how often a waiting parent checks that the child is still alive
-OUTCOME_COLUMNS = ("success", "is_intervention", "policy_version")
+OUTCOME_COLUMNS = ("success", "is_intervention", "policy_version", "success_source", "success_confidence")
 
 
 class EpisodeWriteError(RuntimeError):
@@ -85,12 +85,15 @@ def _decode_staged(frames: Sequence[bytes]) -> list[Step]:
     return decode_segment(message)
 
 
-def write_staged(recorder: EpisodeRecorder, robot_id: str, episode_id: int,
-                 segments: Sequence[Sequence[bytes]]) -> WrittenEpisode:
-    """Decode one episode's staged segments and save it into ``recorder`` without finalizing."""
+def write_staged(recorder: EpisodeRecorder, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]],
+                 verdict: EpisodeVerdict | None = None) -> WrittenEpisode:
+    """Decode one episode's staged segments and save it into ``recorder`` without finalizing; ``verdict``
+    (the learner's success detector's, on an episode nobody judged) replaces its last step's."""
     steps = [step for frames in segments for step in _decode_staged(frames)]
     if not steps:
         raise EpisodeWriteError(f"episode {episode_id} of robot {robot_id} has no steps to write")
+    if verdict is not None:
+        verdict.apply(steps)
     seed = steps[0].scene_seed
     episode = Episode(robot_id, episode_id, steps[0].instruction, steps=steps, success=any(s.success for s in steps),
                       seed=seed if seed >= 0 else None)
@@ -98,7 +101,9 @@ def write_staged(recorder: EpisodeRecorder, robot_id: str, episode_id: int,
     return WrittenEpisode(index, {
         "success": np.array([s.success for s in steps]),
         "is_intervention": np.array([s.is_intervention for s in steps]),
-        "policy_version": np.array([s.policy_version for s in steps])})
+        "policy_version": np.array([s.policy_version for s in steps]),
+        "success_source": np.array([s.success_source for s in steps]),
+        "success_confidence": np.array([s.success_confidence for s in steps])})
 
 
 class ThreadEpisodeWriter:
@@ -111,8 +116,9 @@ class ThreadEpisodeWriter:
     def num_episodes(self) -> int:
         return self.recorder.num_episodes
 
-    def write(self, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]]) -> WrittenEpisode:
-        return write_staged(self.recorder, robot_id, episode_id, segments)
+    def write(self, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]],
+              verdict: EpisodeVerdict | None = None) -> WrittenEpisode:
+        return write_staged(self.recorder, robot_id, episode_id, segments, verdict)
 
     def finalize(self) -> None:
         self.recorder.close()
@@ -145,9 +151,12 @@ class ProcessEpisodeWriter:
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
-    def write(self, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]]) -> WrittenEpisode:
+    def write(self, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]],
+              verdict: EpisodeVerdict | None = None) -> WrittenEpisode:
         reply = self._request({"op": "write", "robot_id": robot_id, "episode_id": int(episode_id),
-                               "segments": [[bytes(f) for f in frames] for frames in segments]})
+                               "segments": [[bytes(f) for f in frames] for frames in segments],
+                               "verdict": None if verdict is None else [verdict.success, verdict.source,
+                                                                        verdict.confidence]})
         return WrittenEpisode(int(reply["index"]), {
             name: np.asarray(reply["outcome"][name]) for name in OUTCOME_COLUMNS})
 
@@ -269,7 +278,10 @@ def _serve(conn, spec: RecorderSpec, nice: int) -> None:
         op = request.get("op")
         try:
             if op == "write":
-                written = write_staged(recorder, request["robot_id"], request["episode_id"], request["segments"])
+                said = request.get("verdict")
+                verdict = None if said is None else EpisodeVerdict(bool(said[0]), str(said[1]), float(said[2]))
+                written = write_staged(recorder, request["robot_id"], request["episode_id"], request["segments"],
+                                       verdict)
                 reply = {"ok": True, "index": written.index,
                          "outcome": {name: written.outcome[name].tolist() for name in OUTCOME_COLUMNS}}
             elif op in ("finalize", "stop"):

@@ -34,7 +34,7 @@ import numpy as np
 
 from robot_rl.core.clock import Clock
 from robot_rl.core.robot_io import RobotFaultError
-from robot_rl.core.types import Episode, Step
+from robot_rl.core.types import UNJUDGED, Episode, Step, VerdictSource
 from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.teleop import TeleopEvent, TeleopIntervention
 from robot_rl.hardware.teleop.keys import KeySource, NoKeys
@@ -144,7 +144,7 @@ class OperatorSession:
             log.error("e-stop: could not command a hold (%s); cut the arm's power if it still moves", exc)
         self.status.say("E-STOP: arm holding its position; session ends")
         if steps:
-            self._write(episode, instruction, steps, "failure")
+            self._write(episode, instruction, steps, "failure", VerdictSource.operator)  # a person stopped it
 
     def abort(self, fault: RobotFaultError, steps: list[Step], episode: int, instruction: str) -> None:
         """A robot fault: hold the last commanded target (no reading is needed for it), save the
@@ -160,7 +160,7 @@ class OperatorSession:
                         "session ends (check the driver, then start a new session)")
         self.result.estopped = True
         if steps:
-            self._write(episode, instruction, steps, "aborted")
+            self._write(episode, instruction, steps, "aborted", VerdictSource.task)  # a fault ends it as failed
 
     # -- one episode -----------------------------------------------------------------------
 
@@ -210,22 +210,21 @@ class OperatorSession:
 
     def _control(self, episode: int, instruction: str, steps: list[Step]) -> str:
         with self.node.realtime():  # the ticks only: stopping, asking and saving run at normal priority
-            verdict = self._tick_until_verdict(episode, steps)
-        if verdict == "estop":
+            said = self._tick_until_verdict(episode, steps)
+        if said is not None and said[0] == "estop":
             self.estop(steps, episode, instruction)
             return "estop"
         self._hold_arm()
-        if verdict is None:
-            verdict = self._ask_verdict(episode)
-            if verdict == "estop":
-                self.estop(steps, episode, instruction)
-                return "estop"
-        self._write(episode, instruction, steps, verdict)
+        verdict, source = said if said is not None else self._ask_verdict(episode)
+        if verdict == "estop":
+            self.estop(steps, episode, instruction)
+            return "estop"
+        self._write(episode, instruction, steps, verdict, source)
         return verdict
 
-    def _tick_until_verdict(self, episode: int, steps: list[Step]) -> str | None:
+    def _tick_until_verdict(self, episode: int, steps: list[Step]) -> tuple[str, str] | None:
         """Tick until the operator's verdict, an e-stop ("estop"), the task's success, or the
-        episode's last tick (None: no verdict yet)."""
+        episode's last tick (None: no verdict yet). Returns the verdict and who gave it."""
         for tick in range(self.config.max_episode_steps):
             for command in self._commands(episode, tick):
                 self._apply(command)
@@ -233,13 +232,13 @@ class OperatorSession:
             steps.append(step)
             events = self.hook.drain_events()
             if TeleopEvent.ESTOP in events:
-                return "estop"
+                return "estop", VerdictSource.operator
             verdict = next((_VERDICTS[e] for e in events if e in _VERDICTS), None)
             self._show(episode, tick)
             if verdict is not None:
-                return verdict
+                return verdict, VerdictSource.operator
             if step.success:
-                return "success"
+                return "success", VerdictSource.task
         return None
 
     def _hold_arm(self) -> None:
@@ -278,23 +277,27 @@ class OperatorSession:
             self._quit = True
             self.status.say("quitting after this episode")
 
-    def _ask_verdict(self, episode: int) -> str:
-        """Time ran out without a verdict: ask for a key, or judge from the task if nobody can answer."""
-        is_success = getattr(self.robot, "is_success", None)
-        automatic = "success" if is_success is not None and is_success() else "failure"
+    def _ask_verdict(self, episode: int) -> tuple[str, str]:
+        """Time ran out without a verdict: ask for a key, or judge from the task if nobody can answer.
+        A robot without a task oracle (a real arm) and nobody to ask leaves the episode unjudged: it is
+        sent as a failure nobody vouched for (``UNJUDGED``), which the learner's detector may judge."""
         if not self.config.ask_outcome or not getattr(self.keys, "interactive", False):
-            return automatic
+            is_success = getattr(self.robot, "is_success", None)
+            if is_success is None:
+                return "failure", UNJUDGED
+            return ("success" if is_success() else "failure"), VerdictSource.task
         self.status.say(f"episode {episode + 1} over: [s] success  [f] failure  [r] rerecord  [e] e-stop")
         while True:
             for command in self._commands(episode, -1):
                 if command in ("success", "failure", "rerecord", "estop"):
-                    return command
+                    return command, VerdictSource.operator
             time.sleep(0.05)
 
     # -- saving --------------------------------------------------------------------------
 
-    def _write(self, episode: int, instruction: str, steps: list[Step], verdict: str) -> None:
-        """Record locally and send the verdict on the last step, then wait (bounded) for the learner's ack."""
+    def _write(self, episode: int, instruction: str, steps: list[Step], verdict: str, source: str) -> None:
+        """Record locally and send the verdict and who gave it (``source``: a ``VerdictSource``, or
+        ``UNJUDGED``) on the last step, then wait (bounded) for the learner's ack."""
         self.result.outcomes.append(verdict)
         if verdict == "rerecord":
             self.runtime.discard_episode()
@@ -305,6 +308,8 @@ class OperatorSession:
         success = verdict == "success"
         steps[-1].done = True
         steps[-1].success = success
+        steps[-1].success_source = str(source)
+        steps[-1].success_confidence = 0.0 if source == UNJUDGED else 1.0
         seed = steps[0].scene_seed
         record = Episode(getattr(self.robot, "name", "robot"), episode, instruction, steps=steps, success=success,
                          seed=seed if seed >= 0 else None)

@@ -57,6 +57,11 @@ def check_failures_mode(owner: str, failures: str) -> None:
         raise ValueError(f"{owner}: failures must be one of {FAILURE_MODES}, got {failures!r}")
 
 
+def check_min_confidence(owner: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{owner}: min_detector_confidence must be in [0, 1], got {value}")
+
+
 @ALGORITHMS.register("bc", builder="robot_rl.learner.algorithms.bc:WeightedBC")
 @dataclass
 class WeightedBCConfig:
@@ -78,7 +83,10 @@ class RWRConfig:
     # Human corrections count this much more (2.0 cost success: BENCHMARKS.md "learning").
     intervention_weight: float = 1.0
     demonstration_weight: float = 1.0
-    drop_unfinished: bool = True  # online steps of episodes whose outcome is not known yet
+    drop_unfinished: bool = True  # online steps of episodes whose outcome is not known (yet, or ever)
+    # A success detector's verdict weighs its episode's online steps by its confidence (0.5..1); below
+    # this it is left out (0.5: none is; e.g. 0.9 keeps only the sure ones).
+    min_detector_confidence: float = 0.5
     # Online steps after which the operator had to take over count as failed even when the
     # operator then finished the task (True); False credits them with the rescued success.
     rescued_is_failure: bool = True
@@ -99,6 +107,7 @@ class RWRConfig:
             raise ValueError(f"RWRConfig: beta and max_weight must be > 0, got {self.beta}, {self.max_weight}")
         if min(self.failure_weight, self.intervention_weight, self.demonstration_weight) < 0:
             raise ValueError("RWRConfig: stream and failure weights must be >= 0")
+        check_min_confidence("RWRConfig", self.min_detector_confidence)
 
 
 @dataclass
@@ -114,9 +123,13 @@ class RejectionConfig:
     failures: str = "drop"  # online steps of failed (or rescued) episodes: drop | downweight | keep
     failure_weight: float = 0.1  # multiplier when failures: downweight
     rescued_is_failure: bool = True  # a takeover makes the policy's steps before it a failure
+    # A success detector's verdict weighs its episode's online steps by its confidence (0.5..1); below
+    # this they are not imitated (0.5: every verdict counts).
+    min_detector_confidence: float = 0.5
 
     def __post_init__(self) -> None:
         check_failures_mode("RejectionConfig", self.failures)
+        check_min_confidence("RejectionConfig", self.min_detector_confidence)
         if self.failure_weight < 0:
             raise ValueError(f"RejectionConfig: failure_weight must be >= 0, got {self.failure_weight}")
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
+from robot_rl.core.types import VerdictSource, source_code
 from robot_rl.learner.algorithms.bc import WeightedBC
 from robot_rl.learner.algorithms.config import RejectionConfig, RWRConfig, StalenessConfig
 from robot_rl.learner.config import TrainerConfig
@@ -43,6 +44,7 @@ from robot_rl.policies.trainable import TrainablePolicy
 log = logging.getLogger(__name__)
 
 ONLINE, INTERVENTION, DEMONSTRATION = (STREAMS.index(s) for s in ("online", "intervention", "demonstration"))
+DETECTOR = source_code(VerdictSource.detector)  # ``episode_success_source`` of a success detector's verdict
 
 
 # ---------------------------------------------------------------- weights
@@ -133,10 +135,13 @@ def _warn_once(owner: object, key: str, message: str) -> None:
 
 
 def outcome_factors(stream: torch.Tensor, success: torch.Tensor | None, finished: torch.Tensor | None,
-                    failures: str, failure_weight: float = 0.1, drop_unfinished: bool = True) -> torch.Tensor:
+                    failures: str, failure_weight: float = 0.1, drop_unfinished: bool = True,
+                    verdicts: torch.Tensor | None = None) -> torch.Tensor:
     """Rejection sampling's multipliers [B] (float64): online steps of failed episodes get 0 ("drop"),
-    ``failure_weight`` ("downweight") or 1 ("keep"); online steps whose outcome is unknown get 0
-    when ``drop_unfinished``. Human and demonstration steps always get 1."""
+    ``failure_weight`` ("downweight") or 1 ("keep"); online steps whose outcome is unknown (the episode
+    runs on, or ended with nobody to judge it) get 0 when ``drop_unfinished``. ``verdicts``
+    (``verdict_factors``) then scales online steps of finished episodes by how sure their verdict is.
+    Human and demonstration steps always get 1."""
     stream = torch.as_tensor(stream, dtype=torch.int64)
     factors = torch.ones(len(stream), dtype=torch.float64)
     online = stream == ONLINE
@@ -146,6 +151,23 @@ def outcome_factors(stream: torch.Tensor, success: torch.Tensor | None, finished
     if success is not None and failures != "keep":
         failed = online & finished & ~torch.as_tensor(success, dtype=torch.bool)
         factors[failed] *= 0.0 if failures == "drop" else failure_weight
+    if verdicts is not None:
+        judged = online & finished
+        factors[judged] *= torch.as_tensor(verdicts, dtype=torch.float64)[judged]
+    return factors
+
+
+def verdict_factors(batch: dict[str, Any], min_confidence: float) -> torch.Tensor | None:
+    """Per-sample multipliers [B] (float64) of the episodes' verdicts: a success detector's verdict counts
+    as much as its confidence, or not at all below ``min_confidence``; a person's or the task's fully.
+    None when the batch says nothing of who judged (every verdict then counts fully)."""
+    if "episode_success_source" not in batch or "episode_success_confidence" not in batch:
+        return None
+    source = torch.as_tensor(batch["episode_success_source"], dtype=torch.int64)
+    confidence = torch.as_tensor(batch["episode_success_confidence"], dtype=torch.float64)
+    factors = torch.ones(len(source), dtype=torch.float64)
+    detector = source == DETECTOR
+    factors[detector] = torch.where(confidence[detector] >= min_confidence, confidence[detector], 0.0)
     return factors
 
 
@@ -161,15 +183,17 @@ def rejection_factors(rejection: RejectionConfig, batch: dict[str, Any]) -> torc
     (unknown outcome: kept only when failures are kept)."""
     return outcome_factors(batch["stream"], batch_outcomes(batch, rejection.rescued_is_failure),
                            batch.get("episode_finished"), rejection.failures, rejection.failure_weight,
-                           drop_unfinished=rejection.failures != "keep").to(torch.float32)
+                           drop_unfinished=rejection.failures != "keep",
+                           verdicts=verdict_factors(batch, rejection.min_detector_confidence)).to(torch.float32)
 
 
 def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tensor | None,
-                finished: torch.Tensor | None, config: RWRConfig) -> torch.Tensor:
+                finished: torch.Tensor | None, config: RWRConfig, verdicts: torch.Tensor | None = None) -> torch.Tensor:
     """Hi-ORS weights [B]: rejection of failed online steps, stream multipliers, and clipped
-    exp(R / beta) (mean 1 over the kept samples of ``config.score_streams``)."""
+    exp(R / beta) (mean 1 over the kept samples of ``config.score_streams``); ``verdicts``
+    (``verdict_factors``) weighs each online step by how sure its episode's verdict is."""
     factors = outcome_factors(stream, success, finished, config.failures, config.failure_weight,
-                              config.drop_unfinished)
+                              config.drop_unfinished, verdicts)
     stream = torch.as_tensor(stream, dtype=torch.int64)
     factors[stream == INTERVENTION] *= config.intervention_weight
     factors[stream == DEMONSTRATION] *= config.demonstration_weight
@@ -187,13 +211,13 @@ def rwr_weights(scores: torch.Tensor, stream: torch.Tensor, success: torch.Tenso
 class RWR(WeightedFlowAlgorithm[RWRConfig]):
     """Reward-weighted regression on the flow-matching loss (Hi-ORS). Uses batch fields
     ``stream``, ``return`` (else ``reward``), ``autonomous_success`` (or ``episode_success``),
-    ``episode_finished``, ``policy_version``."""
+    ``episode_finished``, ``policy_version``, and ``episode_success_source`` / ``_confidence``."""
 
     def update(self, batch: dict[str, Any]) -> dict[str, float]:
         stale, stale_metrics = self.base_weights(batch)
         success = batch_outcomes(batch, self.params.rescued_is_failure)
-        weights = rwr_weights(self._scores(batch), batch["stream"], success,
-                              batch.get("episode_finished"), self.params)
+        weights = rwr_weights(self._scores(batch), batch["stream"], success, batch.get("episode_finished"),
+                              self.params, verdict_factors(batch, self.params.min_detector_confidence))
         if success is None:
             _warn_once(self, "success", "rwr: batches carry no 'episode_success' field; failed episodes cannot be "
                                         "rejected (add robot_rl.learner.rewards.transition_fields to the sampler)")
