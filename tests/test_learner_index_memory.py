@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -162,3 +163,31 @@ def test_frame_readers_start_before_the_first_read_back_and_never_import_lerobot
     shape, imported = json.loads(result.stdout.strip().splitlines()[-1])
     assert shape == [4, IMG, IMG, 3]
     assert not imported
+
+
+def test_a_writer_behind_holds_the_robots_back_instead_of_growing_the_index_past_its_budget(tmp_path):
+    """Only stored episodes' frames can leave memory: with the writer lingering over a batch of 100, the
+    closed episodes it has not written would pile up in the index. Past the budget the store refuses
+    segments instead (the robot re-sends them) and the writer writes what it has at once."""
+    from robot_rl.bridges.zmq.codec import BusyError
+
+    config = store_config(tmp_path, index_memory=BUDGET_MB, background_commit=True, commit_batch=100,
+                          commit_linger_s=60.0)
+    refused, peak = 0, 0
+    with ReplayStore(config) as store:
+        for ep in range(6):
+            for seg in segments("r0", ep, camera_steps(40, ep, IMG, IMG), size=8):
+                while True:
+                    try:
+                        store.ingest(seg)
+                        break
+                    except BusyError:
+                        refused += 1
+                        time.sleep(0.05)
+                store.flush_index(10.0)
+                peak = max(peak, store.index.frame_bytes)
+        assert store.flush(60.0)
+        assert sum(store.index.counts().values()) == 6 * 40  # every step in, none lost
+    assert refused > 0
+    episode_bytes = 50_000  # one 40-step episode of 16x16 frames in its buffers
+    assert peak <= store.index.memory_budget + 2 * episode_bytes  # the budget, the open and the closing episode

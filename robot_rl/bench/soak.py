@@ -59,6 +59,7 @@ SENSOR_NOISE = 2.0  # grey levels: a webcam's read noise in good light
 # learner preset samples (online, or corrections only) holds data.
 TAKEOVER_EVERY, TAKEOVER_STEPS = 90, 30
 DRAIN_TIMEOUT_S = 600.0  # after the window, for the writer to store what is queued
+RESEND_S = 0.5  # how often a held-back robot sends its waiting segments again (after the window)
 
 
 def robot_segments(robot: int, height: int, width: int, steps: int) -> list[Any]:
@@ -95,23 +96,33 @@ class Robot(threading.Thread):
         self.failure: str | None = None
 
     def run(self) -> None:
+        try:
+            pending = self._stream()
+            # After the window, what the store held back is sent again, as an edge's spool drains once
+            # the learner takes its segments again.
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while pending and time.monotonic() < deadline:
+                time.sleep(RESEND_S)
+                pending = self._deliver(pending)
+        except Exception as exc:  # noqa: BLE001 - reported in the bench's result, not lost in a thread
+            self.failure = f"{type(exc).__name__}: {exc}"
+
+    def _stream(self) -> list[Any]:
+        """Episodes in real time until ``stop``; returns the segments the store has not taken yet."""
         started = time.monotonic()
         due_steps = 0
         episode = 0
         pending: list[Any] = []
-        try:
-            while not self.stop.is_set():
-                for segment in self.segments:
-                    due_steps += segment.num_steps
-                    wait = started + due_steps / self.fps - time.monotonic()
-                    if self.stop.wait(max(0.0, wait)):
-                        return
-                    pending.append(dataclasses.replace(segment, episode_id=episode))
-                    self.sent_steps += segment.num_steps
-                    pending = self._deliver(pending)
-                episode += 1
-        except Exception as exc:  # noqa: BLE001 - reported in the bench's result, not lost in a thread
-            self.failure = f"{type(exc).__name__}: {exc}"
+        while True:
+            for segment in self.segments:
+                due_steps += segment.num_steps
+                wait = started + due_steps / self.fps - time.monotonic()
+                if self.stop.wait(max(0.0, wait)):
+                    return pending
+                pending.append(dataclasses.replace(segment, episode_id=episode))
+                self.sent_steps += segment.num_steps
+                pending = self._deliver(pending)
+            episode += 1
 
     def _deliver(self, pending: list[Any]) -> list[Any]:
         from robot_rl.bridges.zmq.codec import BusyError

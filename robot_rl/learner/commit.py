@@ -106,6 +106,9 @@ class Committer:
         self._idle = threading.Event()
         self._idle.set()
         self._draining = 0  # flush() calls under way: the writer stops lingering for them
+        # Robots are held back until what is queued is written (the index's memory budget): no episode
+        # will come to join a lingering batch, so the writer writes what it has at once.
+        self.robots_waiting = False
         self._behind_said_at = 2 * config.commit_batch  # closed episodes queued that make _say_if_behind warn
         self._thread: threading.Thread | None = None
         if config.background_commit:
@@ -130,6 +133,10 @@ class Committer:
     def queued(self) -> int:
         """Closed episodes waiting for the writer."""
         return self._jobs.qsize()
+
+    def writing(self) -> bool:
+        """Closed episodes are queued or being written: frames the index holds will become evictable."""
+        return not self._idle.is_set()
 
     def backlog(self) -> WriterBacklog:
         with self._lock:
@@ -208,7 +215,8 @@ class Committer:
             except queue.Empty:
                 pass
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._draining > 0:  # an int read: no lock (ingest holds it while it fsyncs)
+            # Plain reads, no lock (ingest holds it while it fsyncs).
+            if remaining <= 0 or self._draining > 0 or self.robots_waiting:
                 return _NO_JOB
             try:
                 return self._jobs.get(timeout=min(remaining, LINGER_POLL_S))

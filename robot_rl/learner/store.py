@@ -118,6 +118,7 @@ class ReplayStore:
         self._staging = Spool(root / "staging")
         self._episodes = EpisodeBook()
         self._held_back: set[str] = set()  # robots past max_staged_bytes_per_robot (said once each time)
+        self._index_holding = False  # robots held back by the index's memory budget (said once each time)
         self._staging_failing = 0  # segments refused since the staging log last took a write (said once)
         self._recovery: Recovery | None = None  # once the layout is known
         load_demonstrations(config, self.index)
@@ -230,7 +231,7 @@ class ReplayStore:
                 frames = encode_message(segment)
                 nbytes[i] = sum(memoryview(f).nbytes for f in frames)
                 held = self._held_back_for(segment.robot_id, nbytes[i], sum(
-                    nbytes[j] for j in staged if segments[j].robot_id == segment.robot_id))
+                    nbytes[j] for j in staged if segments[j].robot_id == segment.robot_id)) or self._index_full()
                 if held is not None:
                     results[i] = held
                     continue
@@ -296,6 +297,31 @@ class ReplayStore:
         return BusyError(f"the learner holds {staged} bytes of this robot's segments that its dataset writer has "
                          f"not written yet (its bound: {limit}); this segment stays with the robot, which sends it "
                          "again")
+
+    def _index_full(self) -> BusyError | None:
+        """Why no segment may come in while the sampling index is past its memory budget with frames of
+        episodes the dataset writer has yet to write, or None. Only stored episodes' frames can leave
+        memory (they are read back from the dataset), so a writer that cannot keep up would otherwise
+        grow the learner's memory with its backlog: the robots wait instead, their segments in their
+        spools, until the writer has stored what the index holds. The robots' open episodes never hold
+        them back (nothing could ever be written to make room for them)."""
+        budget = self.index.memory_budget
+        full = budget is not None and self.index.frame_bytes > budget and self._committer.writing()
+        if full != self._index_holding:
+            self._index_holding = self._committer.robots_waiting = full
+            if full:
+                log.warning("the sampling index holds %.0f MB of frames, past learner.store.index_memory (%.0f MB), "
+                            "with %d episodes the dataset writer has not stored yet: robots are held back (their "
+                            "segments wait in their spools) until it has", self.index.frame_bytes / 2**20,
+                            (budget or 0) / 2**20, self._committer.queued())
+            else:
+                log.info("the sampling index is within learner.store.index_memory again; segments are taken")
+        if not full:
+            return None
+        self.counters["segments_held_back"] += 1
+        return BusyError(f"the learner's sampling index is past its memory budget with episodes its dataset writer "
+                         f"has not stored yet ({self.index.frame_bytes} of {budget} bytes); this segment stays "
+                         "with the robot, which sends it again")
 
     def _staging_failed(self, exc: OSError, segments: int) -> BusyError:
         """A staging write or fsync failed (a full disk): the segments are not acked; said once per outage."""
@@ -387,7 +413,8 @@ class ReplayStore:
                 "segments_staged": len(self._staging),
                 "segments_ingested": self.counters["segments"],
                 "duplicate_segments": self.counters["duplicate_segments"],
-                # Refused, not acked, waiting on the robots: past max_staged_bytes_per_robot, or a full disk.
+                # Refused, not acked, waiting on the robots: past max_staged_bytes_per_robot, the index past its
+                # memory budget with episodes still to write, or a full disk.
                 "segments_held_back": self.counters["segments_held_back"],
                 "staging_write_failures": self.counters["staging_write_failures"],
                 "bytes_staged": self._episodes.staged_bytes(),
