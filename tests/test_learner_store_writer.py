@@ -92,3 +92,23 @@ def test_a_png_store_does_not_log_video_codecs(tmp_path, caplog):
         ingest_episodes(store, (1, 2))
         assert store.stats()["episodes_stored"] == 2
     assert "Using video codec" not in caplog.text
+
+
+def test_the_writer_decodes_an_episode_segment_by_segment_as_it_writes_it(tmp_path, monkeypatch):
+    """A minute of two 640x480 cameras is 3.3 GB decoded: the writer must hold a segment's frames at a
+    time, not the episode's. Each segment is decoded only once the steps before it went to the dataset."""
+    from robot_rl.data.recorder import EpisodeRecorder
+    from robot_rl.learner import store_writer
+
+    events: list[str] = []
+    decode, frame = store_writer._decode_staged, EpisodeRecorder._frame
+    monkeypatch.setattr(store_writer, "_decode_staged", lambda frames: events.append("decode") or decode(frames))
+    monkeypatch.setattr(EpisodeRecorder, "_frame", lambda self, *a: events.append("frame") or frame(self, *a))
+    recorder = RecorderSpec(str(tmp_path / "dataset"), 30, JOINTS, {c: (IMG, IMG) for c in CAMERAS}, "local/t").open()
+    staged = [encode_message(s) for s in segments("r0", 0, make_steps(12, robot=0, episode=0), size=4)]
+    written = store_writer.write_staged(recorder, "r0", 0, staged)
+    recorder.close()
+    assert written.index == 0 and len(written.outcome["success"]) == 12
+    # Each decode is followed by its segment's frames (one step is held back until the next arrives: the
+    # last step takes the learner's verdict); never two segments decoded ahead.
+    assert events == ["decode", *["frame"] * 3, "decode", *["frame"] * 4, "decode", *["frame"] * 5]

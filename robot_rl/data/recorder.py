@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -98,15 +99,32 @@ class EpisodeRecorder:
         ``finalize``: True or False to finalize after this episode or not (``close()`` later);
         None: every ``finalize_every`` episodes.
         """
+        if not episode.steps:
+            raise RecordingError(f"episode {episode.episode_id} of {episode.robot_id} has no steps")
+        # Every step checked before the dataset is touched: an edge's bad step leaves nothing half-added.
         seed = -1 if episode.seed is None else int(episode.seed)
         frames = [self._frame(step, episode.instruction, seed) for step in episode.steps]
-        if not frames:
-            raise RecordingError(f"episode {episode.episode_id} of {episode.robot_id} has no steps")
+        return self._write_frames(frames, finalize)
+
+    def write_steps(self, instruction: str, seed: int | None, steps: Iterable[Step],
+                    finalize: bool | None = None) -> int:
+        """``write_episode`` for steps that arrive one after another (decoded as they are written): each
+        step's frames go to the dataset, and may be let go, before the next is made, so a long episode of
+        640x480 cameras is never in memory whole (10 s of two is 553 MB). A bad step ends the episode
+        unsaved, as in ``write_episode``."""
+        stored_seed = -1 if seed is None else int(seed)
+        return self._write_frames((self._frame(step, instruction, stored_seed) for step in steps), finalize)
+
+    def _write_frames(self, frames: Iterable[dict], finalize: bool | None) -> int:
         dataset = self._dataset or self._open()
         self._dataset = dataset
         try:
+            added = 0
             for frame in frames:
                 dataset.add_frame(frame)
+                added += 1
+            if not added:
+                raise RecordingError("an episode with no steps cannot be saved")
             dataset.save_episode()
         except Exception:
             dataset.clear_episode_buffer()

@@ -20,11 +20,12 @@ episode count disagreeing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -37,7 +38,7 @@ from robot_rl.bridges.zmq.protocol import Segment, decode_message
 from robot_rl.bridges.zmq.segments import decode_segment
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.core.priority import lower_own_priority
-from robot_rl.core.types import Episode, EpisodeVerdict, Step
+from robot_rl.core.types import EpisodeVerdict, Step
 from robot_rl.data.frame_storage import FrameStorageConfig
 from robot_rl.data.recorder import EpisodeRecorder
 
@@ -88,22 +89,36 @@ def _decode_staged(frames: Sequence[bytes]) -> list[Step]:
 def write_staged(recorder: EpisodeRecorder, robot_id: str, episode_id: int, segments: Sequence[Sequence[bytes]],
                  verdict: EpisodeVerdict | None = None) -> WrittenEpisode:
     """Decode one episode's staged segments and save it into ``recorder`` without finalizing; ``verdict``
-    (the learner's success detector's, on an episode nobody judged) replaces its last step's."""
-    steps = [step for frames in segments for step in _decode_staged(frames)]
-    if not steps:
+    (the learner's success detector's, on an episode nobody judged) replaces its last step's.
+
+    Segment by segment: a segment's frames are decoded while the one before is being written, so the
+    writer holds a segment of camera frames, not the episode (a minute of two 640x480 cameras is 3.3 GB)."""
+    outcome: dict[str, list] = {name: [] for name in OUTCOME_COLUMNS}
+
+    def recorded(step: Step) -> Step:
+        for name in OUTCOME_COLUMNS:
+            outcome[name].append(getattr(step, name))
+        return step
+
+    def steps() -> Iterator[Step]:
+        held: Step | None = None  # one step behind: the last one takes the verdict
+        for frames in segments:
+            for step in _decode_staged(frames):
+                if held is not None:
+                    yield recorded(held)
+                held = step
+        if held is not None:
+            if verdict is not None:
+                verdict.apply([held])
+            yield recorded(held)
+
+    stream = steps()
+    first = next(stream, None)
+    if first is None:
         raise EpisodeWriteError(f"episode {episode_id} of robot {robot_id} has no steps to write")
-    if verdict is not None:
-        verdict.apply(steps)
-    seed = steps[0].scene_seed
-    episode = Episode(robot_id, episode_id, steps[0].instruction, steps=steps, success=any(s.success for s in steps),
-                      seed=seed if seed >= 0 else None)
-    index = recorder.write_episode(episode, finalize=False)
-    return WrittenEpisode(index, {
-        "success": np.array([s.success for s in steps]),
-        "is_intervention": np.array([s.is_intervention for s in steps]),
-        "policy_version": np.array([s.policy_version for s in steps]),
-        "success_source": np.array([s.success_source for s in steps]),
-        "success_confidence": np.array([s.success_confidence for s in steps])})
+    index = recorder.write_steps(first.instruction, first.scene_seed if first.scene_seed >= 0 else None,
+                                 itertools.chain([first], stream), finalize=False)
+    return WrittenEpisode(index, {name: np.array(values) for name, values in outcome.items()})
 
 
 class ThreadEpisodeWriter:
