@@ -72,6 +72,8 @@ if TYPE_CHECKING:  # the judge brings torch, LeRobot's classifier and transforme
 log = logging.getLogger(__name__)
 
 DECODE_WORKERS = 2  # threads decoding (validating) the images of a batch of segments
+# A writer that cannot keep up holds the robots back every few seconds: said once, then at most this often.
+INDEX_HOLD_SAY_EVERY_S = 300.0
 _Decoded = tuple[list[Step], "Piece | None"]  # a segment's steps for the index, the success judge's share
 
 
@@ -118,7 +120,9 @@ class ReplayStore:
         self._staging = Spool(root / "staging")
         self._episodes = EpisodeBook()
         self._held_back: set[str] = set()  # robots past max_staged_bytes_per_robot (said once each time)
-        self._index_holding = False  # robots held back by the index's memory budget (said once each time)
+        self._index_holding = False  # robots held back by the index's memory budget
+        self._index_holds = 0  # how many times so far
+        self._index_hold_said_at: float | None = None  # said at most every INDEX_HOLD_SAY_EVERY_S
         self._staging_failing = 0  # segments refused since the staging log last took a write (said once)
         self._recovery: Recovery | None = None  # once the layout is known
         load_demonstrations(config, self.index)
@@ -309,15 +313,17 @@ class ReplayStore:
         full = budget is not None and self.index.frame_bytes > budget and self._committer.writing()
         if full != self._index_holding:
             self._index_holding = self._committer.robots_waiting = full
-            if full:
-                log.warning("the sampling index holds %.0f MB of frames, past learner.store.index_memory (%.0f MB), "
-                            "with %d episodes the dataset writer has not stored yet: robots are held back (their "
-                            "segments wait in their spools) until it has", self.index.frame_bytes / 2**20,
-                            (budget or 0) / 2**20, self._committer.queued())
-            else:
-                log.info("the sampling index is within learner.store.index_memory again; segments are taken")
+            self._index_holds += full
         if not full:
             return None
+        now = time.monotonic()
+        if self._index_hold_said_at is None or now - self._index_hold_said_at >= INDEX_HOLD_SAY_EVERY_S:
+            self._index_hold_said_at = now
+            log.warning("the sampling index holds %.0f MB of frames, past learner.store.index_memory (%.0f MB), while "
+                        "the dataset writer stores episodes it holds frames of: robots are held back (their segments "
+                        "wait in their spools) until it has; %d times so far. The writer cannot keep up with the "
+                        "robots: fewer robots or cameras, or a learner with more cores", self.index.frame_bytes / 2**20,
+                        (budget or 0) / 2**20, self._index_holds)
         self.counters["segments_held_back"] += 1
         return BusyError(f"the learner's sampling index is past its memory budget with episodes its dataset writer "
                          f"has not stored yet ({self.index.frame_bytes} of {budget} bytes); this segment stays "

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from robot_rl.core.errors import CorruptFileError
+from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.data.reader import IMAGE_PREFIX
 from robot_rl.policies.trainable import InputFrames
 
@@ -196,7 +197,8 @@ class FrameReader:
             raise ValueError(f"FrameReader: workers must be >= 0, got {workers}")
         self.fits = dict(fits)
         self.workers = workers
-        self._pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                          initializer=exit_when_parent_dies, initargs=("frame reader",))
                       if workers > 0 else None)
         self._started = False
 
