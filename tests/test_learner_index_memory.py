@@ -191,3 +191,22 @@ def test_a_writer_behind_holds_the_robots_back_instead_of_growing_the_index_past
     assert refused > 0
     episode_bytes = 50_000  # one 40-step episode of 16x16 frames in its buffers
     assert peak <= store.index.memory_budget + 2 * episode_bytes  # the budget, the open and the closing episode
+
+
+def test_a_frame_reader_killed_mid_run_is_replaced_and_the_batch_read_again(tmp_path):
+    """A reader killed (for memory, or by hand) breaks its process pool for good: training would stop.
+    New readers take over, and the batch is the one the dead reader would have read."""
+    import signal
+
+    reference = SamplingIndex(CAMERAS)
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1)) as store:
+        for ep, steps in enumerate(fill_store(store, 4)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+        store.index.sample(8, RATIOS, SPEC, np.random.default_rng(0))
+        (dead,) = store.frame_reader.worker_pids()
+        os.kill(dead, signal.SIGKILL)
+        time.sleep(0.5)  # the pool notices its worker gone
+        read_back = store.index.sample(32, RATIOS, SPEC, np.random.default_rng(1))
+        assert store.frame_reader.worker_pids() and dead not in store.frame_reader.worker_pids()
+    kept = reference.sample(32, RATIOS, SPEC, np.random.default_rng(1))
+    assert torch.equal(read_back["images.front"], kept["images.front"])
