@@ -171,6 +171,7 @@ def learner_run(cfg: RobotRLConfig, bench: SoakBenchConfig, root: Path, image: t
         trainer = Trainer(policy, store.index, trainer_config, cfg.learner.algorithm)
         store.writer.finalize()  # start the writer's process (imports, dataset open) before the clock runs
         robots = [Robot(store, s, bench.fps, stop) for s in segments]
+        cpu_before = {name: cpu_seconds(ids) for name, ids in learner_pids(store).items()}
         started = time.monotonic()
         for robot in robots:
             robot.start()
@@ -191,7 +192,7 @@ def learner_run(cfg: RobotRLConfig, bench: SoakBenchConfig, root: Path, image: t
                          f"{trainer.step} updates; writer backlog {waiting.episodes} episodes")
             stop.wait(bench.sample_every_s)
         stop.set()
-        cpu_s = {name: round(cpu_seconds(ids), 1) for name, ids in learner_pids(store).items()}
+        cpu_s = {name: round(cpu_seconds(ids) - cpu_before[name], 1) for name, ids in learner_pids(store).items()}
         for robot in robots:
             robot.join()
         drain_started = time.monotonic()
