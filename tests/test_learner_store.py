@@ -202,16 +202,18 @@ def test_an_episode_whose_write_failed_is_not_taken_for_the_next_one_on_restart(
 
     queued = threading.Event()
     monkeypatch.setattr(commit_module, "lower_own_priority", lambda nice: queued.wait())
-    write = EpisodeRecorder.write_episode
+    write = EpisodeRecorder.write_steps
     failures = []
 
-    def disk_full_once(self, episode, finalize=None):
-        if episode.episode_id == 2 and not failures:
-            failures.append(episode.episode_id)
+    def disk_full_once(self, instruction, seed, steps, finalize=None):
+        steps = list(steps)
+        episode = int(steps[0].state[1])  # make_step: state[1] is the episode
+        if episode == 2 and not failures:
+            failures.append(episode)
             raise OSError("simulated: no space left on device")
-        return write(self, episode, finalize)
+        return write(self, instruction, seed, steps, finalize)
 
-    monkeypatch.setattr(EpisodeRecorder, "write_episode", disk_full_once)
+    monkeypatch.setattr(EpisodeRecorder, "write_steps", disk_full_once)
     with ReplayStore(store_config(tmp_path, background_commit=True)) as store:
         for episode in (1, 2, 3):
             for s in segments("r0", episode, make_steps(5, robot=0, episode=episode)):
