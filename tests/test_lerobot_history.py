@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -106,11 +107,10 @@ def test_the_edge_predicts_each_chunk_from_the_previous_ticks_observation_and_it
     assert later and all(not torch.equal(b[FRONT][0, 0], b[FRONT][0, 1]) for b, _ in later)
 
 
-def test_a_policy_in_its_own_process_gets_the_previous_ticks_observation_with_each_request():
-    policy = spawn_policy(PastEchoPolicy)
-    assert isinstance(policy, HistoryChunkPolicy) and policy.observation_history.steps == 2
+def requested_chunks(robot: FrameCountingRobot, policy: Any) -> list[tuple[int, np.ndarray]]:
+    """A 20-tick episode on ``policy`` (closed after it): each planned chunk with the tick it was asked at."""
     plans: list[PlanUpdate] = []
-    node = EdgeNode(FrameCountingRobot(), policy, WallClock(), EdgeConfig(fps=30, replan="continuous"))
+    node = EdgeNode(robot, policy, WallClock(), EdgeConfig(fps=30, replan="continuous"))
     node.plan_sink = plans.append
     try:
         node.run_episode(20, "go")
@@ -118,7 +118,13 @@ def test_a_policy_in_its_own_process_gets_the_previous_ticks_observation_with_ea
         node.close()
         policy.close()
     asked_at = {record.chunk_id: record.request_tick for record in node.stats.chunks}
-    given = [(asked_at[plan.chunk_id], plan.chunk[0, 0], plan.chunk[0, 1]) for plan in plans]
+    return [(asked_at[plan.chunk_id], plan.chunk) for plan in plans]
+
+
+def test_a_policy_in_its_own_process_gets_the_previous_ticks_observation_with_each_request():
+    policy = spawn_policy(PastEchoPolicy)
+    assert isinstance(policy, HistoryChunkPolicy) and policy.observation_history.steps == 2
+    given = [(tick, chunk[0, 0], chunk[0, 1]) for tick, chunk in requested_chunks(FrameCountingRobot(), policy)]
     assert len(given) >= 3 and any(tick > 0 for tick, _, _ in given)
     # The frame counter of the tick before, then the request's own; at tick 0 nothing came before.
     assert all((earlier, now) == ((tick - 1 if tick > 0 else -1), tick) for tick, earlier, now in given)
@@ -152,19 +158,10 @@ def test_a_served_diffusion_policy_predicts_from_the_past_observation_sent_as_it
 
 
 def test_a_served_edge_node_sends_the_previous_ticks_observation_with_each_request():
-    plans: list[PlanUpdate] = []
     with serving(PastEchoPolicy()) as server:
-        policy = remote(server, "arm-a")
-        node = EdgeNode(FrameCountingRobot(step=10), policy, WallClock(), EdgeConfig(fps=30, replan="continuous"))
-        node.plan_sink = plans.append
-        try:
-            node.run_episode(20, "go")
-        finally:
-            node.close()
-            policy.close()
-    asked_at = {record.chunk_id: record.request_tick for record in node.stats.chunks}
+        chunks = requested_chunks(FrameCountingRobot(step=10), remote(server, "arm-a"))
     # The frames' pixel values (10 x the tick) back through JPEG, within its rounding.
-    given = [(asked_at[plan.chunk_id], round(plan.chunk[0, 0] / 10), round(plan.chunk[0, 1] / 10)) for plan in plans]
+    given = [(tick, round(chunk[0, 0] / 10), round(chunk[0, 1] / 10)) for tick, chunk in chunks]
     assert len(given) >= 3 and any(tick > 0 for tick, _, _ in given)
     # The frame of the tick before, then the request's own; at tick 0 nothing came before (-1 / 10 rounds to 0).
     assert all((earlier, now) == ((tick - 1 if tick > 0 else 0), tick) for tick, earlier, now in given)

@@ -176,17 +176,21 @@ def test_sim_scenes_rotate_the_task_families_and_a_rerecord_gets_the_same_scene_
     assert SceneDraw.for_sim(None, None).next().seed != 0  # sessions do not all start at seed 0
 
 
+def scripted_sim_session(out, steps: int, keys: str) -> int:
+    """Two episodes of ``steps`` ticks of a hold policy in the sim from scene 7, the operator's keys scripted."""
+    from robot_rl.cli import main
+
+    return main(["session", "robot=sim_so101", "policy=hold", "teleop=none", f"output_dir={out}",
+                 "session.episodes=2", f"session.max_episode_steps={steps}", "session.realtime=false",
+                 "session.seed=7", "session.keys=script", f"session.key_script=[{keys}]", "robot.image_height=32",
+                 "robot.image_width=32", "robot.cameras=[front]"])
+
+
 def test_r_rerecords_the_episode_in_the_same_scene_and_nothing_of_it_is_kept(tmp_path):
     import json
 
-    from robot_rl.cli import main
-
     out = tmp_path / "out"
-    code = main(["session", "robot=sim_so101", "policy=hold", "teleop=none", f"output_dir={out}",
-                 "session.episodes=2", "session.max_episode_steps=20", "session.realtime=false", "session.seed=7",
-                 "session.keys=script", "session.key_script=[0:5:r]", "robot.image_height=32",
-                 "robot.image_width=32", "robot.cameras=[front]"])
-    assert code == 0
+    assert scripted_sim_session(out, steps=20, keys="0:5:r") == 0
     log = [json.loads(line) for line in (out / "session_log.jsonl").read_text().splitlines()]
     assert [e["verdict"] for e in log] == ["rerecord", "failure", "failure"]
     assert [e["scene_seed"] for e in log] == [7, 7, 8]  # the rerecord repeats scene 7
@@ -199,16 +203,11 @@ def test_r_rerecords_the_episode_in_the_same_scene_and_nothing_of_it_is_kept(tmp
 
 def test_each_recorded_verdict_says_who_gave_it(tmp_path):
     """The operator's key is the operator's verdict; time running out in the sim leaves it to the task."""
-    from robot_rl.cli import main
     from robot_rl.core.types import SUCCESS_SOURCES
     from robot_rl.data import load_episode_arrays
 
     out = tmp_path / "out"
-    code = main(["session", "robot=sim_so101", "policy=hold", "teleop=none", f"output_dir={out}",
-                 "session.episodes=2", "session.max_episode_steps=12", "session.realtime=false", "session.seed=7",
-                 "session.keys=script", "session.key_script=[0:5:s]", "robot.image_height=32",
-                 "robot.image_width=32", "robot.cameras=[front]"])
-    assert code == 0
+    assert scripted_sim_session(out, steps=12, keys="0:5:s") == 0
     episodes = load_episode_arrays(out / "session", repo_id="local/robot_rl_session")
     said = [(bool(e["next.success"][-1]), SUCCESS_SOURCES[int(e["next.success_source"][-1])],
              float(e["next.success_confidence"][-1])) for e in episodes]
