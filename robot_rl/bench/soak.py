@@ -15,8 +15,11 @@ policy (the learner command's, ``learner_policy``) on it. The frames are a movin
 sensor noise, so JPEG and the video encoder have real work; an operator takes over a third of the
 time, so a learner that trains on corrections only (hgdagger) trains too. Every ``sample_every_s`` the RSS of
 each learner process (the main one, the dataset writer, the index's frame readers), the updates
-done and the writer's backlog are recorded; after the window the writer stores what is queued
-(``writer_drain_s``) and the index's frames are measured against its budget. Then the same learner
+done and the writer's backlog are recorded, and the CPU each process used over the window; after
+the window the robots send what the store held back, the writer stores what is queued
+(``writer_drain_s``) and the index's frames are measured against its budget; then the trainer
+trains alone for ``trainer_alone_s``, nothing arriving (``updates_per_s_trainer_alone``: what it
+does without ingest's CPU, reading back what left the index). Then the same learner
 runs ``small_duration_s`` on ``small_image`` frames for ``updates_per_s_small``: the two rates side
 by side.
 
