@@ -68,7 +68,7 @@ def test_a_stored_episode_whose_frames_do_not_decode_is_left_out_when_the_store_
 
 
 def test_an_episode_whose_frames_stop_decoding_while_training_is_quarantined_and_training_goes_on(tmp_path, caplog):
-    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0)) as store:
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0, index_spill=0)) as store:
         list(fill_store(store, 5))
         assert store.index.entries_on_disk >= 3  # episode 0's frames left memory: training reads them back
         damaged = damage_images(tmp_path / "dataset", episode=0)

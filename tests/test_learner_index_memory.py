@@ -92,16 +92,35 @@ def fill_store(store: ReplayStore, episodes: int, length: int = 40) -> Iterator[
 
 
 BUDGET_MB = 0.06  # ~63 kB: one 40-step episode of 16x16 frames holds 49 kB in its buffers
+EPISODE_MB = 40 * IMG * IMG * 3 / 2**20  # one 40-step episode's frames, as spilled (no buffer slack)
 
 
-def test_the_index_stays_under_a_tiny_budget_while_episodes_keep_arriving(tmp_path):
-    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB)) as store:
+def frames_let_go(store: ReplayStore) -> int:
+    """Entries whose frames left the index's memory, to the spill or back to the dataset."""
+    return store.index.entries_spilled + store.index.entries_on_disk
+
+
+def assert_same_batches(index: SamplingIndex, reference: SamplingIndex, seeds: range) -> None:
+    for seed in seeds:
+        read_back = index.sample(32, RATIOS, SPEC, np.random.default_rng(seed))
+        kept = reference.sample(32, RATIOS, SPEC, np.random.default_rng(seed))
+        assert read_back.keys() == kept.keys()
+        for key, value in kept.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, read_back[key]), key
+            else:
+                assert value == read_back[key], key
+
+
+@pytest.mark.parametrize("spill_mb", [None, 0.0], ids=["spill", "dataset"])
+def test_the_index_stays_under_a_tiny_budget_while_episodes_keep_arriving(tmp_path, spill_mb):
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_spill=spill_mb)) as store:
         budget = store.index.memory_budget
         assert budget == int(BUDGET_MB * (1 << 20))
         for n, _ in enumerate(fill_store(store, 8), start=1):
             assert store.index.frame_bytes <= budget, f"after episode {n}"
             assert sum(store.index.counts().values()) == 40 * n  # every step is still sampled from
-        assert store.index.entries_on_disk >= 6
+        assert (store.index.entries_spilled if spill_mb is None else store.index.entries_on_disk) >= 6
         batch = store.index.sample(64, RATIOS, SPEC, np.random.default_rng(1))
         assert len({int(s[1]) for s in batch["state"]}) >= 6  # episodes whose frames left memory are drawn
 
@@ -109,26 +128,69 @@ def test_the_index_stays_under_a_tiny_budget_while_episodes_keep_arriving(tmp_pa
 @pytest.mark.parametrize("workers", [0, 1])
 def test_frames_read_back_after_eviction_equal_the_kept_ones_bit_for_bit(tmp_path, workers):
     reference = SamplingIndex(CAMERAS)
-    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=workers)) as store:
+    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=workers, index_spill=0)
+    with ReplayStore(config) as store:
         for ep, steps in enumerate(fill_store(store, 5)):
             reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
         assert store.index.entries_on_disk >= 3
-        for seed in range(3):
-            read_back = store.index.sample(32, RATIOS, SPEC, np.random.default_rng(seed))
-            kept = reference.sample(32, RATIOS, SPEC, np.random.default_rng(seed))
-            assert read_back.keys() == kept.keys()
-            for key, value in kept.items():
-                if isinstance(value, torch.Tensor):
-                    assert torch.equal(value, read_back[key]), key
-                else:
-                    assert value == read_back[key], key
+        assert_same_batches(store.index, reference, range(3))
+
+
+def test_spilled_frames_come_back_bit_for_bit_without_a_decoder_or_a_reader_process(tmp_path):
+    """The spill holds the bytes the index held: no reader process starts, no video or PNG is decoded."""
+    from robot_rl.data.frame_storage import FrameStorageConfig
+
+    reference = SamplingIndex(CAMERAS)
+    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1,
+                          frames=FrameStorageConfig(images="video", video_crf=30))  # lossy: a decode would show
+    with ReplayStore(config) as store:
+        for ep, steps in enumerate(fill_store(store, 5)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+        assert store.index.entries_spilled >= 3 and store.index.entries_on_disk == 0
+        assert_same_batches(store.index, reference, range(3))
+        assert store.frame_reader.worker_pids() == []
+        assert sorted(p.name for p in (tmp_path / "index_spill").iterdir())  # frames on disk, not in memory
+
+
+def test_a_full_spill_hands_its_oldest_stored_episodes_back_to_the_dataset(tmp_path):
+    """Bounded disk: past ``index_spill`` the oldest spilled episodes the dataset holds leave the spill and
+    are read back from the dataset; batches are the same wherever each episode's frames are."""
+    reference = SamplingIndex(CAMERAS)
+    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0, index_spill=3 * EPISODE_MB)
+    with ReplayStore(config) as store:
+        for ep, steps in enumerate(fill_store(store, 8)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+            assert store.frame_spill is not None and store.frame_spill.bytes <= store.frame_spill.max_bytes
+        assert 1 <= store.index.entries_spilled <= 3 and store.index.entries_on_disk >= 3
+        assert sorted(store.index._on_disk)[0] == ("r0", 0, 0)  # the oldest went first
+        assert_same_batches(store.index, reference, range(3))
+
+
+def test_a_batch_whose_spill_file_was_dropped_since_its_plan_is_drawn_again_the_same(tmp_path, monkeypatch):
+    import robot_rl.learner.index as index_module
+
+    reference = SamplingIndex(CAMERAS)
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0)) as store:
+        for ep, steps in enumerate(fill_store(store, 5)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+        read_spilled, calls = index_module.read_spilled, []
+
+        def dropped_once(wanted):
+            calls.append(len(wanted))
+            if len(calls) == 1:
+                raise FileNotFoundError("frames-000000.bin")
+            return read_spilled(wanted)
+
+        monkeypatch.setattr(index_module, "read_spilled", dropped_once)
+        assert_same_batches(store.index, reference, range(1))
+    assert len(calls) == 2 and calls[0] == calls[1] > 0  # the same frames asked again: the same draw
 
 
 def test_video_frames_read_back_after_eviction_are_within_the_codecs_tolerance(tmp_path):
     from robot_rl.data.frame_storage import FrameStorageConfig
 
     reference = SamplingIndex(CAMERAS)
-    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0,
+    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0, index_spill=0,
                           frames=FrameStorageConfig(images="video", video_crf=10))
     with ReplayStore(config) as store:
         for ep, steps in enumerate(fill_store(store, 4)):
@@ -147,7 +209,7 @@ def test_frame_readers_start_before_the_first_read_back_and_never_import_lerobot
     each), and the readers are up before a batch needs them, not started by it."""
     from robot_rl.data.frame_storage import FrameStorageConfig
 
-    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1,
+    config = store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1, index_spill=0,
                           frames=FrameStorageConfig(images="video", video_crf=10))
     with ReplayStore(config) as store:
         for _ in fill_store(store, 3):
@@ -165,14 +227,16 @@ def test_frame_readers_start_before_the_first_read_back_and_never_import_lerobot
     assert not imported
 
 
-def test_a_writer_behind_holds_the_robots_back_instead_of_growing_the_index_past_its_budget(tmp_path):
-    """Only stored episodes' frames can leave memory: with the writer lingering over a batch of 100, the
-    closed episodes it has not written would pile up in the index. Past the budget the store refuses
-    segments instead (the robot re-sends them) and the writer writes what it has at once."""
+@pytest.mark.parametrize("spill_mb", [None, 0.0], ids=["spill", "dataset"])
+def test_a_writer_behind_never_grows_the_index_past_its_budget(tmp_path, spill_mb):
+    """With the writer lingering over a batch of 100, the closed episodes it has not written would pile up
+    in the index. With a spill they leave memory for it and robots are never held back; without one only
+    stored episodes' frames can leave, so past the budget the store refuses segments instead (the robot
+    re-sends them) and the writer writes what it has at once."""
     from robot_rl.bridges.zmq.codec import BusyError
 
     config = store_config(tmp_path, index_memory=BUDGET_MB, background_commit=True, commit_batch=100,
-                          commit_linger_s=60.0)
+                          commit_linger_s=60.0, index_spill=spill_mb)
     refused, peak = 0, 0
     with ReplayStore(config) as store:
         for ep in range(6):
@@ -188,7 +252,7 @@ def test_a_writer_behind_holds_the_robots_back_instead_of_growing_the_index_past
                 peak = max(peak, store.index.frame_bytes)
         assert store.flush(60.0)
         assert sum(store.index.counts().values()) == 6 * 40  # every step in, none lost
-    assert refused > 0
+    assert (refused == 0) if spill_mb is None else (refused > 0)
     episode_bytes = 50_000  # one 40-step episode of 16x16 frames in its buffers
     assert peak <= store.index.memory_budget + 2 * episode_bytes  # the budget, the open and the closing episode
 
@@ -199,7 +263,7 @@ def test_a_frame_reader_killed_mid_run_is_replaced_and_the_batch_read_again(tmp_
     import signal
 
     reference = SamplingIndex(CAMERAS)
-    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1)) as store:
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1, index_spill=0)) as store:
         for ep, steps in enumerate(fill_store(store, 4)):
             reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
         store.index.sample(8, RATIOS, SPEC, np.random.default_rng(0))

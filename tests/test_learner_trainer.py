@@ -68,25 +68,27 @@ def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_d
         assert torch.equal(value, params(b.deployed)[key]), key
 
 
-def test_a_learner_restarted_after_its_index_let_frames_go_samples_as_the_checkpointed_one(tmp_path):
-    """Episodes whose frames left memory (read back from the dataset when sampled) are sampled, after a
-    restart that reads the store back under the same budget, exactly as by the learner that checkpointed."""
+@pytest.mark.parametrize("spill_mb", [None, 0.0], ids=["spill", "dataset"])
+def test_a_learner_restarted_after_its_index_let_frames_go_samples_as_the_checkpointed_one(tmp_path, spill_mb):
+    """Episodes whose frames left memory (to the spill, or read back from the dataset when sampled) are
+    sampled, after a restart that reads the store back under the same budget (and empties the spill),
+    exactly as by the learner that checkpointed."""
     from robot_rl.learner.store import ReplayStore
-    from tests.test_learner_index_memory import BUDGET_MB, fill_store
+    from tests.test_learner_index_memory import BUDGET_MB, fill_store, frames_let_go
 
     config = trainer_config(tmp_path / "ckpt")
-    stored = store_config(tmp_path / "store", index_memory=BUDGET_MB, index_read_workers=0)
+    stored = store_config(tmp_path / "store", index_memory=BUDGET_MB, index_read_workers=0, index_spill=spill_mb)
     with ReplayStore(stored) as store:
         for _ in fill_store(store, 5):
             pass
-        assert store.index.entries_on_disk >= 3
+        assert frames_let_go(store) >= 3
         a = Trainer(tiny_policy(), store.index, config, BC)
         for _ in range(3):
             a.update_once()
         a.checkpoint()
         metrics_a = [a.update_once() for _ in range(3)]
     with ReplayStore(stored) as store:
-        assert store.index.entries_on_disk >= 3 and store.index.frame_bytes <= store.index.memory_budget
+        assert frames_let_go(store) >= 3 and store.index.frame_bytes <= store.index.memory_budget
         b = Trainer(tiny_policy(seed=7), store.index, config, BC)
         b.resume()
         metrics_b = [b.update_once() for _ in range(3)]

@@ -5,7 +5,8 @@ Why: the learner keeps what it trains on in memory, and robots send 640x480 fram
 stops growing once the sampling index reaches its budget (``learner.store.index_memory``), whatever
 the fleet and the hours, that no step is lost, that the store's writer keeps up, and that training
 is about as fast as with small frames (the index keeps the policy's input size; the frames it let
-go are read back on worker processes while an update runs).
+go are read back from its spill on disk, or decoded from the dataset on worker processes, while an
+update runs).
 
 What runs: ``robots`` robot threads each send an episode of ``episode_s`` seconds after another, as
 the wire segments an edge sends (JPEG frames, ``SEGMENT_STEPS`` steps each) at ``fps`` in real time,
@@ -23,8 +24,11 @@ does without ingest's CPU, reading back what left the index). Then the same lear
 runs ``small_duration_s`` on ``small_image`` frames for ``updates_per_s_small``: the two rates side
 by side.
 
-Growth after warm-up: the learner's processes together, from ``warmup_s`` to the end. The bench's
-index budget is small (``index_memory_mb``) so that it is reached within the warm-up.
+Growth after warm-up: the learner's processes together, their mean RSS over the last minute minus
+their mean over the minute from ``warmup_s`` (each process's RSS swings by 50-80 MB from one sample
+to the next as batches and segments come and go; a minute's mean at each end is the trend, one sample
+is the swing). The bench's index budget is small (``index_memory_mb``) so that it is reached within
+the warm-up.
 """
 
 from __future__ import annotations
@@ -191,7 +195,8 @@ def learner_run(cfg: RobotRLConfig, bench: SoakBenchConfig, root: Path, image: t
                 next_report += 60.0
                 progress(f"{width}x{height} {now:5.0f} s: RSS main {series['main'][-1][1]:.0f} MB, writer "
                          f"{series['writer'][-1][1]:.0f} MB, readers {series['readers'][-1][1]:.0f} MB; index frames "
-                         f"{store.index.frame_bytes / 2**20:.0f} MB ({store.index.entries_on_disk} episodes on disk); "
+                         f"{store.index.frame_bytes / 2**20:.0f} MB (episodes let go: {store.index.entries_spilled} "
+                         f"to the spill, {store.index.entries_on_disk} to the dataset); "
                          f"{trainer.step} updates; writer backlog {waiting.episodes} episodes")
             stop.wait(bench.sample_every_s)
         stop.set()
@@ -214,7 +219,8 @@ def learner_run(cfg: RobotRLConfig, bench: SoakBenchConfig, root: Path, image: t
                   "index_memory_budget_mb": round((store.index.memory_budget or 0) / 2**20, 3),
                   "writer_drain_s": round(drain_s, 1) if drained else None, "cpu_s": cpu_s,
                   "updates_per_s_trainer_alone": rate_after(alone, 0.0),
-                  "entries_on_disk": store.index.entries_on_disk,
+                  "entries_on_disk": store.index.entries_on_disk, "entries_spilled": store.index.entries_spilled,
+                  "spill_mb": round(store.frame_spill.bytes / 2**20, 1) if store.frame_spill is not None else 0.0,
                   "steps_streamed": streamed, "steps_stored": stored, "lost_steps": streamed - stored,
                   "segments_refused": sum(r.refused for r in robots),
                   "robot_failures": [r.failure for r in robots if r.failure], "trainer_failure": trainer.failure}
@@ -240,12 +246,17 @@ def rate_after(points: list[list[float]], since_s: float) -> float:
     return round((later[-1][1] - later[0][1]) / (later[-1][0] - later[0][0]), 3)
 
 
-def growth_after(series: dict[str, list[list[float]]], since_s: float) -> float:
-    """The learner's processes together: RSS at the end minus RSS at ``since_s`` (MB)."""
+def growth_after(series: dict[str, list[list[float]]], since_s: float, window_s: float = 60.0) -> float:
+    """The learner's processes together: their mean RSS over the last ``window_s`` minus their mean over
+    the ``window_s`` from ``since_s`` (MB)."""
     times = [t for t, _ in series["main"]]
     totals = [sum(series[name][i][1] for name in series if i < len(series[name])) for i in range(len(times))]
-    later = [total for t, total in zip(times, totals, strict=True) if t >= since_s]
-    return round(later[-1] - later[0], 1) if len(later) >= 2 else 0.0
+    later = [(t, total) for t, total in zip(times, totals, strict=True) if t >= since_s]
+    if len(later) < 2:
+        return 0.0
+    first = [total for t, total in later if t < later[0][0] + window_s]
+    last = [total for t, total in later if t > later[-1][0] - window_s]
+    return round(float(np.mean(last) - np.mean(first)), 1)
 
 
 def run_soak_bench(cfg: RobotRLConfig, progress: Any = print) -> dict[str, Any]:
@@ -268,6 +279,8 @@ def run_soak_bench(cfg: RobotRLConfig, progress: Any = print) -> dict[str, Any]:
         "index_frame_mb_at_end": big["index_frame_mb"],
         "writer_drain_s": big["writer_drain_s"],
         "episodes_read_back_from_disk": big["entries_on_disk"],
+        "episodes_in_spill": big["entries_spilled"],
+        "spill_mb_at_end": big["spill_mb"],
         "steps_streamed": big["steps_streamed"],
         # What robots in real time would have sent: fewer streamed means ingest held them back.
         "steps_expected": int(bench.robots * bench.fps * bench.duration_s),
@@ -331,7 +344,9 @@ def print_table(report: dict[str, Any]) -> None:
             ("index memory budget (MB)", report["index_memory_budget_mb"]),
             ("index frames at end, all stored (MB)", report["index_frame_mb_at_end"]),
             ("writer drain after the window (s)", report["writer_drain_s"]),
-            ("episodes read back from disk", report["episodes_read_back_from_disk"]),
+            ("episodes let go to the spill / the dataset",
+             f"{report['episodes_in_spill']} / {report['episodes_read_back_from_disk']}"),
+            ("spill at end (MB)", report["spill_mb_at_end"]),
             ("steps streamed (in real time)", f"{report['steps_streamed']} ({report['steps_expected']})"),
             ("lost steps", report["lost_steps"]),
             ("writer backlog max (episodes)", report["writer_backlog_max"]),

@@ -99,7 +99,13 @@ class StoreConfig:
     # oldest stored episodes' frames are read back from the dataset when sampled (robot_rl.learner.index).
     # None: an eighth of the machine's RAM (3 GB of 24), leaving the rest to the model, the writer and robots.
     index_memory: float | None = None
-    # Worker processes reading those frames back (video decoding holds a core); 0: on the trainer's thread.
+    # MB of local disk (under root, emptied at each start) where frames that leave the index's memory are
+    # kept at the policy's input size and read back without decoding (robot_rl.learner.frame_spill); past
+    # it, the oldest stored episodes' frames are decoded from the dataset instead. None: a quarter of the
+    # disk's free space at start; 0: no spill.
+    index_spill: float | None = None
+    # Worker processes reading frames back from the dataset (video decoding holds a core); 0: on the
+    # trainer's thread.
     index_read_workers: int = 2
 
     def index_memory_bytes(self) -> int:
@@ -110,9 +116,17 @@ class StoreConfig:
 
         return int(psutil.virtual_memory().total // 8)
 
+    def index_spill_bytes(self, free_disk_bytes: int) -> int:
+        """``index_spill`` in bytes, the default a quarter of ``free_disk_bytes`` (the root's disk)."""
+        if self.index_spill is not None:
+            return int(self.index_spill * (1 << 20))
+        return free_disk_bytes // 4
+
     def __post_init__(self) -> None:
         if self.index_memory is not None and self.index_memory < 0:
             raise ValueError(f"StoreConfig: index_memory must be >= 0 MB or null, got {self.index_memory}")
+        if self.index_spill is not None and self.index_spill < 0:
+            raise ValueError(f"StoreConfig: index_spill must be >= 0 MB or null, got {self.index_spill}")
         if self.index_read_workers < 0:
             raise ValueError(f"StoreConfig: index_read_workers must be >= 0, got {self.index_read_workers}")
         self.joint_names = tuple(self.joint_names) if self.joint_names is not None else None

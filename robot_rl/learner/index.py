@@ -16,13 +16,14 @@ decision and are never a training target (``build_sample`` also cuts chunks ther
 
 Frames: the index keeps each camera's frames at the size the policy reads (``InputFrames``,
 resized once as they arrive), not at the camera's: a 640x480 pair of cameras is 1.8 MB a step, the
-64x64 frames FlowVLA reads 25 kB. Under ``memory_budget`` bytes of frames, the oldest stored
-episodes (those the dataset holds: ``mark_stored``) let their frames go, oldest first, and a batch
-that samples them has their frames read back from the dataset (``robot_rl.learner.stored_frames``,
-on worker processes), so every stored step stays sampleable with the same stream mixing. A batch is
-drawn in two parts: ``plan`` (which steps, their numbers and which frames, under the lock, a function
-of the content and the generator only) and ``fill`` (the frames, from memory or the dataset), so
-which episodes are in memory never changes what is sampled.
+64x64 frames FlowVLA reads 25 kB. Under ``memory_budget`` bytes of frames, finished episodes let
+their frames go, oldest first: to the frame spill (``robot_rl.learner.frame_spill``: the same bytes
+on local disk, read back without decoding) while it has room, else, once the dataset holds the
+episode (``mark_stored``), to the dataset, read back and decoded by ``robot_rl.learner.stored_frames``
+on worker processes. Every step stays sampleable with the same stream mixing. A batch is drawn in
+two parts: ``plan`` (which steps, their numbers and which frames, under the lock, a function of the
+content and the generator only) and ``fill`` (the frames, from memory, the spill or the dataset), so
+where an episode's frames are never changes what is sampled.
 
 Learning signal: each sample also carries the reward fields of
 ``robot_rl.learner.rewards.transition_fields`` (return, chunk reward and discount, next
@@ -38,14 +39,16 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
 
 from robot_rl.core.types import EpisodeVerdict, Step, source_code
 from robot_rl.learner.config import RewardConfig
+from robot_rl.learner.frame_spill import FrameSpill, SpilledFrames, read_spilled
 from robot_rl.learner.rewards import TASK_CODE, EpisodeRewards, episode_rewards, transition_fields
 from robot_rl.learner.stored_frames import FrameReader, StoredEpisode, UnreadableFramesError
 from robot_rl.learner.streams import STREAMS
@@ -91,6 +94,16 @@ class GrowingEpisode:
     def frame_bytes(self) -> int:
         """Bytes of camera frames this entry holds in memory (its buffers, grown ahead of its length)."""
         return sum(buf.nbytes for name, buf in self._arrays.items() if name.startswith(IMAGES))
+
+    def frame_columns(self) -> dict[str, np.ndarray]:
+        """``images.<cam>`` -> its frames held in memory (views of the buffers, up to the length)."""
+        return {name: buf[: self.length] for name, buf in self._arrays.items() if name.startswith(IMAGES)}
+
+    @property
+    def finished(self) -> bool:
+        """The last step held is terminal: no more steps of this entry will arrive."""
+        done = self._arrays.get("done")
+        return self.is_demonstration or (done is not None and self.length > 0 and bool(done[self.length - 1]))
 
     def drop_frames(self) -> None:
         """Let the camera frames go (the dataset holds them); every other column stays."""
@@ -236,7 +249,8 @@ class FrameSlot:
     field: str
     camera: str
     number: int
-    frames: np.ndarray | None  # the entry's frames in memory, or None: read from ``stored``
+    frames: np.ndarray | None  # the entry's frames in memory, or None: read from ``spilled`` or ``stored``
+    spilled: SpilledFrames | None
     stored: StoredEpisode | None
     position: int | None = None
 
@@ -252,22 +266,32 @@ class BatchPlan:
         self.rewards: list[float] = []
         self.flags: list[bool] = []
 
-    def add(self, sample: dict, stored: StoredEpisode | None, frames: Mapping[str, np.ndarray | None],
-            instruction: str, reward: float, is_intervention: bool) -> None:
+    def add(self, sample: dict, frames: Mapping[str, np.ndarray | None], spilled: Mapping[str, SpilledFrames] | None,
+            stored: StoredEpisode | None, instruction: str, reward: float, is_intervention: bool) -> None:
         i = len(self.samples)
         for name in [k for k in sample if k.startswith(FRAME_FIELDS)]:
             camera = name.split(IMAGES, 1)[1]
+            where = None if spilled is None else spilled[f"{IMAGES}{camera}"]
             numbers = np.asarray(sample[name])
             if numbers.ndim == 0:
-                self.frame_slots.append(FrameSlot(i, name, camera, int(numbers), frames[camera], stored))
+                self.frame_slots.append(FrameSlot(i, name, camera, int(numbers), frames[camera], where, stored))
                 continue
             sample[name] = [None] * len(numbers)  # filled frame by frame; a batch stacks them [B, steps - 1, ...]
-            self.frame_slots.extend(FrameSlot(i, name, camera, int(number), frames[camera], stored, position)
+            self.frame_slots.extend(FrameSlot(i, name, camera, int(number), frames[camera], where, stored, position)
                                     for position, number in enumerate(numbers))
         self.samples.append(sample)
         self.instructions.append(instruction)
         self.rewards.append(reward)
         self.flags.append(is_intervention)
+
+
+def _entry_key(key: Hashable) -> EntryKey:
+    """A key the spill hands back: the entry key it was given."""
+    return cast(EntryKey, key)
+
+
+class SpillFileDroppedError(Exception):
+    """A spill file a planned batch reads from was dropped since (its episodes are in the dataset)."""
 
 
 class SamplingIndex:
@@ -280,18 +304,24 @@ class SamplingIndex:
     """
 
     def __init__(self, cameras: Sequence[str], input_frames: Mapping[str, InputFrames] | None = None, *,
-                 memory_budget: int | None = None, reader: FrameReader | None = None) -> None:
+                 memory_budget: int | None = None, reader: FrameReader | None = None,
+                 spill: FrameSpill | None = None) -> None:
         """``input_frames``: the size the policy reads per camera (frames are kept at it); ``memory_budget``:
-        bytes of frames kept in memory (None: all), the rest read back by ``reader`` when sampled."""
+        bytes of frames kept in memory (None: all), the rest written to ``spill`` (None: none) while it has
+        room, else read back from the dataset by ``reader`` when sampled."""
         if memory_budget is not None and reader is None:
             raise ValueError("SamplingIndex: a memory budget needs a reader for the frames it lets go")
         self.cameras = tuple(cameras)
         self.input_frames = dict(input_frames or {})
         self.memory_budget = memory_budget
         self.reader = reader
+        self.spill = spill
         self._frame_bytes = 0
-        self._stored: OrderedDict[EntryKey, StoredEpisode] = OrderedDict()  # in the dataset, frames in memory
-        self._on_disk: dict[EntryKey, StoredEpisode] = {}  # frames let go: read back from here
+        # Entries whose frames are in memory and may leave it (finished, or in the dataset), oldest first.
+        self._leavable: OrderedDict[EntryKey, None] = OrderedDict()
+        self._dataset: dict[EntryKey, StoredEpisode] = {}  # every entry the dataset holds, wherever its frames are
+        self._spilled: dict[EntryKey, dict[str, SpilledFrames]] = {}  # frames let go to the spill
+        self._on_disk: dict[EntryKey, StoredEpisode] = {}  # frames let go: read back from the dataset
         self._lock = threading.Lock()
         self._complete = threading.Event()
         self._complete.set()
@@ -337,12 +367,17 @@ class SamplingIndex:
                 entry = GrowingEpisode(instruction, is_demonstration=key[0] == DEMO_ROBOT)
                 self._entries[key] = entry
                 bisect.insort(self._keys, key)
+            if key in self._spilled or key in self._on_disk:
+                raise ValueError(f"entry {key} was finished and its frames left memory: it takes no more steps")
             before = entry.frame_bytes()
             entry.append(columns)
             self._frame_bytes += entry.frame_bytes() - before
             for stream in STREAMS:
                 self._positions[(key, stream)] = entry.stream_positions(stream)
             self._cumulative = None
+            if entry.finished:
+                self._leavable[key] = None
+            self._evict_locked()  # an open episode's growth, too, may take finished ones' frames past the budget
 
     def mark_finished(self, key: EntryKey) -> None:
         """Entry ``key`` ends here (its episode was cut short): its outcome and returns become final."""
@@ -351,6 +386,9 @@ class SamplingIndex:
             if entry is not None:
                 entry.mark_finished()
                 self._rewards.pop(key, None)
+                if key not in self._spilled and key not in self._on_disk:
+                    self._leavable[key] = None
+                    self._evict_locked()
 
     def set_verdict(self, key: EntryKey, verdict: EpisodeVerdict) -> None:
         """Entry ``key``'s outcome is ``verdict`` (the success detector's, on an episode nobody judged):
@@ -362,23 +400,65 @@ class SamplingIndex:
                 self._rewards.pop(key, None)
 
     def mark_stored(self, key: EntryKey, episode: StoredEpisode) -> None:
-        """Entry ``key`` is complete in the dataset as ``episode``: its frames may leave memory from now on,
-        the oldest such entry's first, whenever the frames held pass the memory budget."""
+        """Entry ``key`` is complete in the dataset as ``episode``: its frames may leave memory from now on
+        (to the spill, or read back from the dataset), the oldest such entry's first, whenever the frames
+        held pass the memory budget."""
         with self._lock:
-            if key in self._entries and key not in self._on_disk:
-                self._stored[key] = episode
+            if key not in self._entries:
+                return
+            self._dataset[key] = episode
+            if key not in self._spilled and key not in self._on_disk:
+                self._leavable[key] = None
             self._evict_locked()
-            halfway = self.memory_budget is not None and self._frame_bytes > self.memory_budget / 2
-        if halfway and self.reader is not None:
-            self.reader.start()  # its workers are up before the first batch that reads back
+            readers_due = self.memory_budget is not None and (
+                self._frame_bytes > self.memory_budget / 2 if self.spill is None
+                else self.spill.failed is not None or self.spill.bytes > self.spill.max_bytes / 2)
+        if readers_due and self.reader is not None:
+            self.reader.start()  # its workers are up before the first batch that reads back from the dataset
 
     def _evict_locked(self) -> None:
-        while self.memory_budget is not None and self._frame_bytes > self.memory_budget and self._stored:
-            key, episode = self._stored.popitem(last=False)
-            entry = self._entries[key]
-            self._frame_bytes -= entry.frame_bytes()
-            entry.drop_frames()
-            self._on_disk[key] = episode
+        """Past the budget, let the oldest leavable entries' frames go: to the spill while it has room (or
+        can make room by dropping episodes the dataset holds), else to the dataset once it holds them.
+        An entry that can go to neither yet (finished, not yet written, the spill full) waits its turn."""
+        if self.memory_budget is None or self._frame_bytes <= self.memory_budget:
+            return
+        for key in list(self._leavable):
+            if self._frame_bytes <= self.memory_budget:
+                return
+            if self._spill_locked(key) or self._leave_to_dataset_locked(key):
+                del self._leavable[key]
+
+    def _spill_locked(self, key: EntryKey) -> bool:
+        if self.spill is None:
+            return False
+        entry = self._entries[key]
+        frames = entry.frame_columns()
+        nbytes = sum(f.nbytes for f in frames.values())
+        while not self.spill.has_room(nbytes):
+            oldest = self.spill.oldest_keys()
+            if self.spill.failed is not None or oldest is None or any(
+                    k in self._entries and k not in self._dataset for k in oldest):
+                return False  # only episodes the dataset holds may leave the spill
+            for dropped in map(_entry_key, self.spill.drop_oldest()):
+                if self._spilled.pop(dropped, None) is not None and dropped in self._entries:
+                    self._on_disk[dropped] = self._dataset[dropped]
+        where = self.spill.put(key, frames)
+        if where is None:
+            return False
+        self._frame_bytes -= entry.frame_bytes()
+        entry.drop_frames()
+        self._spilled[key] = where
+        return True
+
+    def _leave_to_dataset_locked(self, key: EntryKey) -> bool:
+        episode = self._dataset.get(key)
+        if episode is None:
+            return False
+        entry = self._entries[key]
+        self._frame_bytes -= entry.frame_bytes()
+        entry.drop_frames()
+        self._on_disk[key] = episode
+        return True
 
     @property
     def frame_bytes(self) -> int:
@@ -389,6 +469,11 @@ class SamplingIndex:
     def entries_on_disk(self) -> int:
         """Entries whose frames are read back from the dataset when sampled."""
         return len(self._on_disk)
+
+    @property
+    def entries_spilled(self) -> int:
+        """Entries whose frames are read back from the spill when sampled."""
+        return len(self._spilled)
 
     # ------------------------------------------------------------ reading
 
@@ -427,12 +512,17 @@ class SamplingIndex:
         on, said in one line) and the batch drawn again without it.
         """
         while True:
+            state = rng.bit_generator.state
             plan = self.plan(batch_size, ratios, spec, rng)
             try:
                 return self.fill(plan)
             except UnreadableFramesError as exc:
                 if not self._quarantine(exc):
                     raise
+            except SpillFileDroppedError:
+                # A spill file was dropped between plan and fill: the same draw again finds those frames
+                # in the dataset (only episodes it holds leave the spill), so the batch is unchanged.
+                rng.bit_generator.state = state
 
     def _quarantine(self, exc: UnreadableFramesError) -> bool:
         """Leave the entries stored as ``exc.episode`` out of sampling; False if there were none."""
@@ -440,6 +530,7 @@ class SamplingIndex:
             keys = [key for key, stored in self._on_disk.items() if stored == exc.episode]
             for key in keys:
                 del self._on_disk[key]
+                del self._dataset[key]
                 entry = self._entries.pop(key)
                 self._frame_bytes -= entry.frame_bytes()
                 self._keys.remove(key)
@@ -484,23 +575,31 @@ class SamplingIndex:
                 sample.update(transition_fields(episode, t, int(offset), spec.chunk_size, spec.cameras, spec.rewards,
                                                 self._episode_rewards_locked(key, episode, spec.rewards)))
                 frames = {cam: entry.frames(f"{IMAGES}{cam}") for cam in spec.cameras}
-                plan.add(sample, self._on_disk.get(key), frames, entry.instruction, float(episode["reward"][t]),
-                         bool(episode["is_intervention"][t]))
+                plan.add(sample, frames, self._spilled.get(key), self._on_disk.get(key), entry.instruction,
+                         float(episode["reward"][t]), bool(episode["is_intervention"][t]))
         return plan
 
     def fill(self, plan: BatchPlan) -> dict:
-        """The batch of ``plan``: frames from memory, or read back from the dataset (``reader``) for the
-        entries that let theirs go."""
+        """The batch of ``plan``: frames from memory, from the spill, or read back from the dataset
+        (``reader``) for the entries that let theirs go. ``SpillFileDroppedError``: draw it again."""
         wanted: dict[StoredEpisode, dict[str, list[int]]] = {}
+        spilled = [(slot.spilled, slot.number) for slot in plan.frame_slots
+                   if slot.frames is None and slot.spilled is not None]
         for slot in plan.frame_slots:
-            if slot.frames is None:
-                assert slot.stored is not None  # an entry lets its frames go only once the dataset holds them
+            if slot.frames is None and slot.spilled is None:
+                assert slot.stored is not None  # frames leave memory for the spill or, once stored, the dataset
                 wanted.setdefault(slot.stored, {}).setdefault(slot.camera, []).append(slot.number)
+        try:
+            from_spill = iter(read_spilled(spilled) if spilled else [])
+        except FileNotFoundError as exc:
+            raise SpillFileDroppedError(str(exc)) from exc
         read = self.reader.read(wanted) if wanted and self.reader is not None else {}
         taken = {episode: {cam: 0 for cam in cams} for episode, cams in wanted.items()}
         for slot in plan.frame_slots:
             if slot.frames is not None:
                 image = slot.frames[slot.number]
+            elif slot.spilled is not None:
+                image = next(from_spill)
             else:
                 assert slot.stored is not None
                 image = read[slot.stored][slot.camera][taken[slot.stored][slot.camera]]

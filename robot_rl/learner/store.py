@@ -38,6 +38,7 @@ the commit thread and recovery change the staging log, the ledger and the ``Epis
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections import Counter
@@ -55,6 +56,7 @@ from robot_rl.core.types import Step
 from robot_rl.data.validation import check_dataset
 from robot_rl.learner.commit import Committer, WriterBacklog
 from robot_rl.learner.config import StoreConfig
+from robot_rl.learner.frame_spill import FrameSpill
 from robot_rl.learner.index import SamplingIndex
 from robot_rl.learner.index_feed import IndexFeed
 from robot_rl.learner.layout import RecordedLayout, differences, mismatch, pinned_layout, read_layout, write_layout
@@ -112,7 +114,10 @@ class ReplayStore:
         self.writer: Any = None  # opened once the layout is known (at start, or at the first robot's hello)
         fits = {cam: fit for cam, fit in (input_frames or {}).items() if cam in cameras}
         self.frame_reader = FrameReader(fits, config.index_read_workers)
-        self.index = SamplingIndex(cameras, fits, memory_budget=config.index_memory_bytes(), reader=self.frame_reader)
+        spill_bytes = config.index_spill_bytes(shutil.disk_usage(root).free)
+        self.frame_spill = FrameSpill(root / "index_spill", spill_bytes) if spill_bytes > 0 else None
+        self.index = SamplingIndex(cameras, fits, memory_budget=config.index_memory_bytes(), reader=self.frame_reader,
+                                   spill=self.frame_spill)
         self.outcomes = OutcomeTracker()
         self.counters: Counter[str] = Counter()
         self._lock = threading.RLock()  # staging spool, ledger and the dedup bookkeeping
@@ -304,11 +309,12 @@ class ReplayStore:
 
     def _index_full(self) -> BusyError | None:
         """Why no segment may come in while the sampling index is past its memory budget with frames of
-        episodes the dataset writer has yet to write, or None. Only stored episodes' frames can leave
-        memory (they are read back from the dataset), so a writer that cannot keep up would otherwise
-        grow the learner's memory with its backlog: the robots wait instead, their segments in their
-        spools, until the writer has stored what the index holds. The robots' open episodes never hold
-        them back (nothing could ever be written to make room for them)."""
+        episodes the dataset writer has yet to write, or None. Finished episodes' frames leave memory for
+        the frame spill; with the spill full (or off, or its disk failing) only stored episodes' can (they
+        are read back from the dataset), so a writer that cannot keep up would otherwise grow the
+        learner's memory with its backlog: the robots wait instead, their segments in their spools, until
+        the writer has stored what the index holds. The robots' open episodes never hold them back
+        (nothing could ever be written to make room for them)."""
         budget = self.index.memory_budget
         full = budget is not None and self.index.frame_bytes > budget and self._committer.writing()
         if full != self._index_holding:
@@ -394,6 +400,8 @@ class ReplayStore:
         if self.writer is not None:
             self.writer.close()
         self.frame_reader.close()
+        if self.frame_spill is not None:
+            self.frame_spill.close()
         with self._lock:
             self._ledger.close()
             self._staging.close()
