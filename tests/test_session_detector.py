@@ -112,7 +112,8 @@ def learner(tmp_path_factory) -> Iterator[LearnerService]:
 def scene(learner: LearnerService, success: bool) -> LabelledEpisode:
     """An episode of that outcome the learner has not seen, which its detector judges right (and is sure
     of, where it can be)."""
-    judge = learner.store.judging.judge  # type: ignore[union-attr]
+    assert learner.store.judging is not None
+    judge = learner.store.judging.judge
     for candidate in episodes(5, 10):
         verdict = judge.judge("place", candidate.frames)
         can_be_sure = judge.config.min_margin < 1.0
