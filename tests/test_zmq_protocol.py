@@ -78,7 +78,7 @@ def _equal(a, b) -> bool:
 
 def _envelope(type_: str = "ack", body: dict | None = None, arrays: list | None = None,
               v: int = PROTOCOL_VERSION) -> bytes:
-    body = {"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": False} if body is None else body
+    body = {"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": False, "verdict": {}} if body is None else body
     return msgpack.packb({"v": v, "type": type_, "body": body, "arrays": arrays or []})
 
 
@@ -128,14 +128,15 @@ def test_big_endian_arrays_are_sent_little_endian():
         ([_envelope(v=PROTOCOL_VERSION + 1)], "protocol version mismatch"),
         ([msgpack.packb({"type": "ack"})], "protocol version mismatch"),
         ([_envelope("teleport")], "unknown message type 'teleport'"),
-        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0})], "missing fields ['duplicate']"),
-        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": False, "x": 1})],
+        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "verdict": {}})],
+         "missing fields ['duplicate']"),
+        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": False, "verdict": {}, "x": 1})],
          "unexpected fields ['x']"),
-        ([_envelope(body={"robot_id": "r", "episode_id": "1", "seq": 0, "duplicate": False})],
+        ([_envelope(body={"robot_id": "r", "episode_id": "1", "seq": 0, "duplicate": False, "verdict": {}})],
          "ack.episode_id must be an int"),
-        ([_envelope(body={"robot_id": "r", "episode_id": True, "seq": 0, "duplicate": False})],
+        ([_envelope(body={"robot_id": "r", "episode_id": True, "seq": 0, "duplicate": False, "verdict": {}})],
          "ack.episode_id must be an int"),
-        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": 1})],
+        ([_envelope(body={"robot_id": "r", "episode_id": 1, "seq": 0, "duplicate": 1, "verdict": {}})],
          "ack.duplicate must be a bool"),
         ([_envelope(), b"extra"], "describes 0 arrays but the message has 1"),
         ([msgpack.packb({"v": PROTOCOL_VERSION, "type": "ack", "body": {}, "arrays": [], "more": 1})],

@@ -50,10 +50,12 @@ from robot_rl.bridges.zmq.protocol import (
     check_robot_id,
     decode_message,
     encode_message,
+    guess_of,
 )
 from robot_rl.bridges.zmq.spool import DEFAULT_SPOOL_MAX_BYTES, Spool
 from robot_rl.bridges.zmq.weights import BufferAllocator, ChunkAssembler, WeightsError
 from robot_rl.core.priority import lower_own_priority
+from robot_rl.core.types import DetectorGuess
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,8 @@ class ZmqClient:
         self.pinned: int | None = None  # the version the learner pins this robot to (None: the newest)
         self._pin: WeightsAnnounce | None = None  # the learner's announcement of that pin
         self._learner_busy = False  # said once: the learner answered busy and has acked nothing since
+        # The learner's success detector on this robot's newest judged episode, as its acks bring it (None: none yet).
+        self.detector_guess: DetectorGuess | None = None
         self._refusal_said = False  # the first segment set aside is logged; the rest are counted
         # More of this robot's state for its heartbeats (the edge's tick lateness, its episode), read on
         # the link's thread; None: the link's own counters only.
@@ -366,6 +370,9 @@ class ZmqClient:
         if msg.robot_id == self.config.robot_id and self._spool.ack(key):
             self.stats.segments_acked += 1
             self.stats.duplicate_acks += int(msg.duplicate)
+        guess = guess_of(msg) if msg.robot_id == self.config.robot_id else None
+        if guess is not None:
+            self.detector_guess = guess
         self.stats.pending = len(self._spool)
 
     def _on_refused(self, msg: Refused) -> None:

@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 import zmq
 
-PROTOCOL_VERSION = 5  # 5: a malformed segment is answered `refused` (set aside by the edge, never re-sent)
+PROTOCOL_VERSION = 6  # 6: an ack carries the success detector's guess on the episode so far (Ack.verdict)
 
 # Little-endian, fixed-size dtypes only ("|" = byte order irrelevant). Object,
 # string, void and structured dtypes are refused: they are either unsafe or not

@@ -11,7 +11,8 @@ Who sends what (E = edge client, L = learner server)::
     E->L  hello            first message on a connection; L answers hello_ok or error
     L->E  hello_ok
     E->L  segment          steps of one episode, keyed (robot_id, episode_id, seq)
-    L->E  ack              the segment is stored (or was already: duplicate=True)
+    L->E  ack              the segment is stored (or was already: duplicate=True), with the success
+                           detector's latest guess on the episode so far when the learner has one
     L->E  refused          the segment is malformed and never will be stored: the edge sets it aside
     both  heartbeat        liveness + policy version in use + small stats
     E->L  stats            free-form numeric stats report
@@ -44,6 +45,7 @@ from robot_rl.bridges.zmq.codec import (
     decode_frames,
     encode_frames,
 )
+from robot_rl.core.types import DetectorGuess
 
 Scalar = int | float | str | bool
 StatsMap = dict[str, Scalar]  # flat map of numbers/strings, e.g. counters
@@ -137,6 +139,10 @@ class Ack(Message):
     episode_id: int
     seq: int
     duplicate: bool = False  # already stored before; the edge treats it like any ack
+    # The learner's success detector on this episode so far ({"success", "confidence", "sure"}), judged
+    # off the acking thread, so it covers the segments before this one; {}: no guess (no trained
+    # detector for the episode's task). ``guess_document`` / ``guess_of``.
+    verdict: Document = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,8 +340,40 @@ def decode_message(frames: Sequence[FrameLike], limits: Limits = DEFAULT_LIMITS)
     return msg
 
 
+_GUESS_KEYS = {"success": bool, "confidence": float, "sure": bool}
+
+
+def guess_document(guess: DetectorGuess | None) -> Document:
+    """``Ack.verdict`` for a detector's guess (None: ``{}``)."""
+    if guess is None:
+        return {}
+    return {"success": guess.success, "confidence": float(guess.confidence), "sure": guess.sure}
+
+
+def guess_of(ack: Ack) -> DetectorGuess | None:
+    """The detector's guess an ack carries (None: it carries none); checked on decoding."""
+    if not ack.verdict:
+        return None
+    return DetectorGuess(ack.episode_id, ack.verdict["success"], float(ack.verdict["confidence"]),
+                         ack.verdict["sure"])
+
+
+def _check_guess(verdict: Document) -> None:
+    if not verdict:
+        return
+    kinds = {key: type(value) for key, value in verdict.items()}
+    if set(kinds) != set(_GUESS_KEYS) or not all(kinds[k] is t or (t is float and kinds[k] is int)
+                                                 for k, t in _GUESS_KEYS.items()):
+        raise ProtocolError(f"ack.verdict must be {{}} or hold success (bool), confidence (number) and sure (bool), "
+                            f"got {verdict!r:.120}")
+    if not 0.0 <= verdict["confidence"] <= 1.0:
+        raise ProtocolError(f"ack.verdict.confidence must be in [0, 1], got {verdict['confidence']!r}")
+
+
 def _check_semantics(msg: Message) -> None:
     """Value checks that types alone cannot express."""
+    if isinstance(msg, Ack):
+        _check_guess(msg.verdict)
     if isinstance(msg, WeightsChunk) and (msg.data.dtype != np.uint8 or msg.data.ndim != 1):
         raise ProtocolError(f"weights_chunk.data must be 1-D uint8, got {msg.data.dtype} {msg.data.shape}")
     if isinstance(msg, Segment) and (msg.num_steps < 0 or msg.seq < 0):
@@ -380,6 +418,8 @@ def config_hash(config: Any) -> str:
 
 __all__ = [
     "config_hash",
+    "guess_document",
+    "guess_of",
     "PROTOCOL_VERSION",
     "ERROR_CODES",
     "MAX_ROBOT_ID_CHARS",

@@ -37,6 +37,7 @@ from robot_rl.bridges.zmq.segments import ImageEncoding, check_segment, encode_s
 from robot_rl.bridges.zmq.spool import Spool, SpoolFullError
 from robot_rl.bridges.zmq.weights import BufferAllocator
 from robot_rl.core import Step
+from robot_rl.core.types import DetectorGuess
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class StreamingClient:
         self._startup_error: BaseException | None = None
         self._snapshot: dict[str, int | bool] = {}
         self._refusal: str | None = None
+        self._guess: DetectorGuess | None = None
         self._thread: threading.Thread | None = None
         # More of the robot's state for its heartbeats (``ZmqClient.report``); set before ``start``.
         self.report: Callable[[], StatsMap] | None = None
@@ -135,6 +137,12 @@ class StreamingClient:
     @property
     def connected(self) -> bool:
         return bool(self._snapshot.get("connected", False))
+
+    @property
+    def detector_guess(self) -> DetectorGuess | None:
+        """The learner's success detector's newest guess on one of this robot's episodes (its acks carry
+        it; ``episode_id`` says which); None until one came."""
+        return self._guess
 
     @property
     def refusal(self) -> str | None:
@@ -293,6 +301,7 @@ class StreamingClient:
     def _publish_state(self, client: ZmqClient) -> None:
         self._snapshot = client.stats.as_map()
         self._refusal = client.refusal
+        self._guess = client.detector_guess
         with self._seq_lock:
             if self._queue.empty() and self._held is None and client.pending == 0:
                 self._drained.set()

@@ -9,7 +9,8 @@ episode to link.learner while it runs (spooled on disk, acked: a crash loses at 
 records it locally when it ends (journaled on disk while it runs: after a crash, the next start
 stores the cut episode as truncated), and swaps in the weights published on link.weights (default: the
 learner's port + 1). The same edge runtime as `robot-rl session` and `robot-rl run`'s robots,
-without teleop or keys: the task (sim) or time (real robots) ends each episode.
+without teleop or keys: the task (sim), the learner's success detector when it is sure of a
+success (session.end_on_detected_success), or time ends each episode.
 Any policy a session runs: policy.path=DIR (a FlowVLA checkpoint, or a LeRobot one, recognised by
 its config.json), policy=lerobot with policy.lora_rank=R, or policy=hold: a dry run of the robot,
 cameras and recorder with the arm held still, link settings checked, nothing streamed, no weights

@@ -131,3 +131,14 @@ class Episode:
     @property
     def stall_steps(self) -> int:
         return sum(1 for s in self.steps if s.stall)
+
+
+@dataclass(frozen=True)
+class DetectorGuess:
+    """The learner's success detector on an episode still running, judged from its frames so far: what
+    the learner's acks bring back to the edge. A ``sure`` guess may stand in for a person's verdict."""
+
+    episode_id: int
+    success: bool
+    confidence: float  # 0.5..1 (``robot_rl.learner.detector.Verdict``)
+    sure: bool

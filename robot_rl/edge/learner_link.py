@@ -45,7 +45,7 @@ from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.bridges.zmq.streaming import StreamingClient
 from robot_rl.bridges.zmq.weights import WeightsError
 from robot_rl.core.priority import lower_thread_priority
-from robot_rl.core.types import Step
+from robot_rl.core.types import DetectorGuess, Step
 from robot_rl.edge.process_runner import ProcessPolicy
 from robot_rl.edge.weight_loading import load_weights_into
 
@@ -161,6 +161,12 @@ class EdgeStreamer:
     @property
     def episode_id(self) -> int | None:
         return self._episode_id
+
+    def detector_guess(self) -> DetectorGuess | None:
+        """The learner's success detector's newest guess on the episode this link streams now (its
+        acks bring it, a segment or two behind the robot); None while there is none for it."""
+        guess = self.link.detector_guess
+        return guess if guess is not None and guess.episode_id == self._episode_id else None
 
     def _heartbeat_report(self) -> StatsMap:
         """The node's ticks and their lateness, and the episode it records, for the learner's console.

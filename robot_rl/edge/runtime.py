@@ -47,7 +47,7 @@ from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import Clock
 from robot_rl.core.priority import lower_thread_priority
-from robot_rl.core.types import Episode, Step
+from robot_rl.core.types import DetectorGuess, Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder, RecordingError
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.inference import SelfServingPolicy
@@ -275,6 +275,17 @@ class EdgeRuntime:
     @property
     def policy_version(self) -> int:
         return self.node.policy_version
+
+    def detector_guess(self, wait_s: float = 0.0) -> DetectorGuess | None:
+        """The learner's success detector's newest guess on the running episode (None: no learner, no
+        trained detector for its task, or none arrived yet). ``wait_s`` > 0: first wait (bounded) for
+        the acks of what was sent, which bring the guess on all but the episode's last segment or so;
+        never on the control thread while the episode runs."""
+        if self.link is None:
+            return None
+        if wait_s > 0 and self.link.link.connected:
+            self.link.link.flush(wait_s)
+        return self.link.detector_guess()
 
     def wait_acked(self, timeout_s: float) -> bool:
         """Wait (bounded) until the learner has acked everything sent so far."""

@@ -6,6 +6,12 @@ Every stored robot episode passes here on its way to the dataset (``ReplayStore`
   detector's input (``DetectorConfig.image_size``, 64x64 by default: 25 kB a step for two cameras)
   on the store's decode threads, beside the policy's own resize; the index keeps frames at the
   policy's size, which need not be the detector's.
+* **While the episode runs** each staged segment of an episode whose task has a trained detector
+  asks for a guess on the episode so far (its first frame and its newest ones, as ``TaskDetector``
+  judges a whole episode): the ``store-judge`` thread makes it, at most one waiting per episode, and
+  ``guess`` hands the newest to the serving thread, whose next ack to that robot carries it. The
+  robot may end the episode on a sure success (``robot_rl.session``) and asks its operator only
+  when the detector is unsure. Acks never wait for a guess: one covers the segments acked before.
 * **When the episode closes** (``finish``, on the thread that acks robots: it only queues) the
   ``store-judge`` thread assembles its frames in seq order. An episode an operator or the task
   judged goes to ``SuccessJudge.learn`` on the ``judge-fit`` thread (a fit takes seconds to a
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from robot_rl.core.types import UNJUDGED, EpisodeVerdict, Step, VerdictSource
+from robot_rl.core.types import UNJUDGED, DetectorGuess, EpisodeVerdict, Step, VerdictSource
 from robot_rl.learner.detector import Calibration, LabelledEpisode, resize
 from robot_rl.learner.detector_config import DetectorConfig
 from robot_rl.learner.index import EntryKey
@@ -74,6 +80,9 @@ class EpisodeJudging:
         self._fitting = ThreadPoolExecutor(1, thread_name_prefix="judge-fit")
         self._fits: list[Future[Calibration | None]] = []
         self._said_missing = False
+        self._guessing: set[EntryKey] = set()  # open episodes with a guess waiting for the judge thread
+        self._guesses: dict[str, DetectorGuess] = {}  # robot -> the newest guess on its open episode
+        self._said_guess_failed = False
 
     def piece(self, steps: Sequence[Step]) -> Piece | None:
         """What the judge keeps of one decoded segment (its cameras' frames resized): decode threads.
@@ -91,16 +100,37 @@ class EpisodeJudging:
                      EpisodeVerdict.of(list(steps)))
 
     def add(self, key: EntryKey, seq: int, piece: Piece | None) -> None:
-        """A staged segment's piece (ingest, under the store's lock: a dict insert)."""
+        """A staged segment's piece (ingest, under the store's lock: a dict insert, and a guess on the
+        episode so far queued for the judge thread when its task has a detector)."""
         if piece is None:
             return
         with self._lock:
-            self._open.setdefault(key, _Collected()).pieces[seq] = piece
+            collected = self._open.setdefault(key, _Collected())
+            collected.pieces[seq] = piece
+            # A later piece of an episode lacks its first frames; one guess waiting reads the newest pieces.
+            if key[2] != 0 or 0 not in collected.pieces or key in self._guessing:
+                return
+            if self.judge.detector(piece.instruction) is None:
+                return
+            self._guessing.add(key)
+        if self._judging is not None:
+            self._judging.submit(self._guess, key)
+        else:
+            self._guess(key)
+
+    def guess(self, robot_id: str, episode_id: int) -> DetectorGuess | None:
+        """The newest guess on episode ``episode_id`` of ``robot_id`` while it is open (serving thread)."""
+        with self._lock:
+            guess = self._guesses.get(robot_id)
+        return guess if guess is not None and guess.episode_id == episode_id else None
 
     def finish(self, key: EntryKey, seqs: Iterable[int]) -> None:
         """Episode ``key`` is closed with segments ``seqs``: judge it (queued when in the background)."""
         with self._lock:
             collected = self._open.pop(key, None)
+            said = self._guesses.get(key[0])
+            if said is not None and said.episode_id == key[1]:
+                del self._guesses[key[0]]
         if key[2] != 0:  # a later piece of an episode (its robot went silent, then sent the rest): it lacks the
             return  # first frames the detector compares with, and its first piece was judged on its own
         pieces = None if collected is None else [collected.pieces.get(seq) for seq in sorted(seqs)]
@@ -168,6 +198,36 @@ class EpisodeJudging:
         log.info("success detector: robot %s episode %d (%r) judged a %s, confidence %.2f%s", key[0], key[1], task,
                  "success" if verdict.success else "failure", verdict.confidence, "" if verdict.sure else " (unsure)")
         return EpisodeVerdict(bool(verdict.success), VerdictSource.detector.value, float(verdict.confidence))
+
+    def _guess(self, key: EntryKey) -> None:
+        """The detector on open episode ``key`` so far: its first frame and its newest ``verdict_frames``."""
+        with self._lock:
+            self._guessing.discard(key)
+            collected = self._open.get(key)
+            if collected is None:
+                return  # closed meanwhile: its verdict is finish's business
+            first = collected.pieces[0]
+            newest: list[Piece] = []
+            for seq in sorted(collected.pieces, reverse=True):
+                newest.insert(0, collected.pieces[seq])
+                if sum(len(p.is_intervention) for p in newest) >= self.judge.config.verdict_frames:
+                    break
+        frames = {cam: np.concatenate([first.frames[cam][:1], *(p.frames[cam] for p in newest)])
+                  for cam in self.cameras}
+        try:
+            verdict = self.judge.judge(first.instruction, frames)
+        except Exception:
+            if not self._said_guess_failed:  # said once: the close-time verdict reports its own failures
+                self._said_guess_failed = True
+                log.exception("success detector: a guess on robot %s's running episode failed; its acks carry none",
+                              key[0])
+            return
+        if verdict is None:
+            return
+        with self._lock:
+            if key in self._open:
+                self._guesses[key[0]] = DetectorGuess(key[1], bool(verdict.success), float(verdict.confidence),
+                                                      bool(verdict.sure))
 
     def _learn(self, episode: LabelledEpisode, source: VerdictSource) -> Calibration | None:
         try:

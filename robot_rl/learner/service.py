@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from robot_rl.bridges.zmq.keys import ServerCurve
-from robot_rl.bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment
+from robot_rl.bridges.zmq.protocol import Ack, Error, Heartbeat, Hello, Segment, guess_document
 from robot_rl.bridges.zmq.server import Peer, ServerConfig, ServerHandlers, ZmqServer
 from robot_rl.bridges.zmq.weights import WeightsBlob
 from robot_rl.core.errors import ConfigError
@@ -286,8 +286,10 @@ class LearnerService(ServerHandlers):
                 status.steps += result.num_steps
                 if msg.episode_done:
                     status.acked_unwritten.add(msg.episode_id)
+            judging = self.store.judging  # its guess on the episode so far rides on the ack (judged off this thread)
+            guess = judging.guess(msg.robot_id, msg.episode_id) if judging is not None else None
             replies.append(Ack(robot_id=msg.robot_id, episode_id=msg.episode_id, seq=msg.seq,
-                               duplicate=result.duplicate))
+                               duplicate=result.duplicate, verdict=guess_document(guess)))
         return replies
 
     def on_heartbeat(self, peer: Peer, msg: Heartbeat) -> None:

@@ -35,7 +35,14 @@ class SessionConfig:
     realtime: bool = True
     keys: str = "auto"
     key_script: list[str] = field(default_factory=list)
-    ask_outcome: bool = True  # at an episode's end without a verdict, ask s/f/r
+    ask_outcome: bool = True  # at an episode's end without a verdict, ask s/f/r (unless the detector is sure)
+    # The learner's success detector judges each running episode (its guess comes back with the acks):
+    # a sure success ends the episode there, with the detector's verdict, instead of running out the
+    # time (an unattended arm would otherwise go on acting on a finished scene).
+    end_on_detected_success: bool = True
+    # At an episode's end, how long to wait for the learner's acks, which bring the detector's guess on
+    # the episode; a sure guess is the verdict, else the operator is asked (and shown it).
+    detector_wait_s: float = 2.0
     status_interval_s: float = 0.25
     # Sim sessions: the first scene's seed (episode k gets seed + k); null = drawn from the
     # clock, so sessions do not all practise on the same scenes. Recorded with every episode.
@@ -53,5 +60,6 @@ class SessionConfig:
             raise ValueError("session.episodes and session.max_episode_steps must be >= 1")
         if self.keys not in KEY_MODES:
             raise ValueError(f"session.keys must be one of {KEY_MODES}, got {self.keys!r}")
-        if min(self.reset_time_s, self.ack_timeout_s, self.final_ack_timeout_s) < 0:
-            raise ValueError("session.reset_time_s, ack_timeout_s and final_ack_timeout_s must be >= 0")
+        if min(self.reset_time_s, self.ack_timeout_s, self.final_ack_timeout_s, self.detector_wait_s) < 0:
+            raise ValueError("session.reset_time_s, ack_timeout_s, final_ack_timeout_s and detector_wait_s "
+                             "must be >= 0")

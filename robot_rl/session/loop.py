@@ -2,13 +2,16 @@
 
 Per episode: reset (the sim sets up the next scene itself; on a real robot the operator gets
 ``reset_time_s`` to put the scene back), then control ticks until the operator says
-success / failure / rerecord, the task reports success, or time runs out; then the
-verdict (asked with a key if nobody gave one). The edge runtime (``robot_rl.edge.runtime``)
-streams the episode to the learner while it runs; at the verdict it is written to the local
-LeRobotDataset v3 (always, learner or not) and its last step goes out with the verdict, and the
-session says it is saved once the learner has acked it (or that it waits in the spool). A
-rerecorded attempt is not written locally; the learner, which has its segments, stores it as
-truncated (no outcome claimed); the same scene is set up again.
+success / failure / rerecord, the task reports success, the learner's success detector is
+sure of a success (``end_on_detected_success``), or time runs out; then the verdict if nobody
+gave one: the detector's when it is sure, else the operator's, asked with a key and shown the
+detector's guess (the operator's answer is stored as theirs and teaches the detector), else the
+task's, else none (the learner's detector judges the whole episode when it is stored). The edge
+runtime (``robot_rl.edge.runtime``) streams the episode to the learner while it runs; at the
+verdict it is written to the local LeRobotDataset v3 (always, learner or not) and its last step
+goes out with the verdict, and the session says it is saved once the learner has acked it (or
+that it waits in the spool). A rerecorded attempt is not written locally; the learner, which has
+its segments, stores it as truncated (no outcome claimed); the same scene is set up again.
 
 E-stop (key ``e``, Esc, or Ctrl-C): the arm is told to hold its measured position, the
 episode so far is saved as a failure, the session ends (exit code 3). It never waits
@@ -34,7 +37,7 @@ import numpy as np
 
 from robot_rl.core.clock import Clock
 from robot_rl.core.robot_io import RobotFaultError
-from robot_rl.core.types import UNJUDGED, Episode, Step, VerdictSource
+from robot_rl.core.types import UNJUDGED, DetectorGuess, Episode, Step, VerdictSource
 from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.teleop import TeleopEvent, TeleopIntervention
 from robot_rl.hardware.teleop.keys import KeySource, NoKeys
@@ -58,6 +61,13 @@ class SessionResult:
     estopped: bool = False
     fault: str | None = None  # what stopped the robot, if a fault did
     outcomes: list[str] = field(default_factory=list)
+    asked: int = 0  # verdicts the operator was asked for (the detector was unsure, or had no guess)
+    detector_verdicts: int = 0  # verdicts the detector gave, sure, without asking anyone
+
+    @property
+    def asked_fraction(self) -> float:
+        """The share of the session's verdicts (rerecords included) the operator was asked for."""
+        return self.asked / len(self.outcomes) if self.outcomes else 0.0
 
     @property
     def exit_code(self) -> int:
@@ -115,10 +125,18 @@ class OperatorSession:
         self.status.say(
             f"session over: {self.result.episodes_recorded} episodes recorded{self._where()}, "
             f"{self.result.successes} successes, {self.result.rerecorded} rerecorded"
+            + self._asked_summary()
             + ("  (E-STOP)" if self.result.estopped else "")
             + (f"  (ROBOT FAULT: {self.result.fault})" if self.result.fault else "")
         )
         return self.result
+
+    def _asked_summary(self) -> str:
+        result = self.result
+        if not result.asked and not result.detector_verdicts:
+            return ""
+        return (f"; operator asked for {result.asked} of {len(result.outcomes)} verdicts "
+                f"({100 * result.asked_fraction:.0f} %), {result.detector_verdicts} given by the success detector")
 
     def _episode_with_rerecords(self, episode: int) -> str | None:
         """Episode ``episode``, attempted again in the same scene for as long as the operator says rerecord."""
@@ -215,16 +233,17 @@ class OperatorSession:
             self.estop(steps, episode, instruction)
             return "estop"
         self._hold_arm()
-        verdict, source = said if said is not None else self._ask_verdict(episode)
+        verdict, source, confidence = said if said is not None else self._verdict_at_the_end(episode)
         if verdict == "estop":
             self.estop(steps, episode, instruction)
             return "estop"
-        self._write(episode, instruction, steps, verdict, source)
+        self._write(episode, instruction, steps, verdict, source, confidence)
         return verdict
 
-    def _tick_until_verdict(self, episode: int, steps: list[Step]) -> tuple[str, str] | None:
-        """Tick until the operator's verdict, an e-stop ("estop"), the task's success, or the
-        episode's last tick (None: no verdict yet). Returns the verdict and who gave it."""
+    def _tick_until_verdict(self, episode: int, steps: list[Step]) -> tuple[str, str, float] | None:
+        """Tick until the operator's verdict, an e-stop ("estop"), the task's success, the detector's
+        sure success, or the episode's last tick (None: no verdict yet). Returns the verdict, who gave
+        it and how sure."""
         for tick in range(self.config.max_episode_steps):
             for command in self._commands(episode, tick):
                 self._apply(command)
@@ -232,13 +251,19 @@ class OperatorSession:
             steps.append(step)
             events = self.hook.drain_events()
             if TeleopEvent.ESTOP in events:
-                return "estop", VerdictSource.operator
+                return "estop", VerdictSource.operator, 1.0
             verdict = next((_VERDICTS[e] for e in events if e in _VERDICTS), None)
             self._show(episode, tick)
             if verdict is not None:
-                return verdict, VerdictSource.operator
+                return verdict, VerdictSource.operator, 1.0
             if step.success:
-                return "success", VerdictSource.task
+                return "success", VerdictSource.task, 1.0
+            guess = self.runtime.detector_guess() if self.config.end_on_detected_success else None
+            if guess is not None and guess.sure and guess.success:
+                self.result.detector_verdicts += 1
+                self.status.say(f"episode {episode + 1}: the success detector is sure it succeeded "
+                                f"(confidence {guess.confidence:.2f}); ending it at tick {tick}")
+                return _from_detector(guess)
         return None
 
     def _hold_arm(self) -> None:
@@ -277,27 +302,40 @@ class OperatorSession:
             self._quit = True
             self.status.say("quitting after this episode")
 
-    def _ask_verdict(self, episode: int) -> tuple[str, str]:
-        """Time ran out without a verdict: ask for a key, or judge from the task if nobody can answer.
-        A robot without a task oracle (a real arm) and nobody to ask leaves the episode unjudged: it is
-        sent as a failure nobody vouched for (``UNJUDGED``), which the learner's detector may judge."""
+    def _verdict_at_the_end(self, episode: int) -> tuple[str, str, float]:
+        """Time ran out without a verdict. The learner's success detector gives it when it is sure;
+        else the operator is asked (shown the detector's guess, if any); with nobody to ask, the task
+        judges. A robot without a task oracle (a real arm) and nobody to ask leaves the episode
+        unjudged: it is sent as a failure nobody vouched for (``UNJUDGED``), which the learner's
+        detector judges once it has all of it."""
+        guess = self.runtime.detector_guess(self.config.detector_wait_s)
+        if guess is not None and guess.sure:
+            self.result.detector_verdicts += 1
+            self.status.say(f"episode {episode + 1} over: the success detector is sure of a "
+                            f"{_word(guess)} (confidence {guess.confidence:.2f}); nobody asked")
+            return _from_detector(guess)
         if not self.config.ask_outcome or not getattr(self.keys, "interactive", False):
             is_success = getattr(self.robot, "is_success", None)
             if is_success is None:
-                return "failure", UNJUDGED
-            return ("success" if is_success() else "failure"), VerdictSource.task
-        self.status.say(f"episode {episode + 1} over: [s] success  [f] failure  [r] rerecord  [e] e-stop")
+                return "failure", UNJUDGED, 0.0
+            return ("success" if is_success() else "failure"), VerdictSource.task, 1.0
+        self.result.asked += 1
+        hint = "" if guess is None else (f" (the success detector guesses {_word(guess)}, confidence "
+                                         f"{guess.confidence:.2f}, unsure)")
+        self.status.say(f"episode {episode + 1} over{hint}: [s] success  [f] failure  [r] rerecord  [e] e-stop")
         while True:
             for command in self._commands(episode, -1):
                 if command in ("success", "failure", "rerecord", "estop"):
-                    return command, VerdictSource.operator
+                    return command, VerdictSource.operator, 1.0
             time.sleep(0.05)
 
     # -- saving --------------------------------------------------------------------------
 
-    def _write(self, episode: int, instruction: str, steps: list[Step], verdict: str, source: str) -> None:
-        """Record locally and send the verdict and who gave it (``source``: a ``VerdictSource``, or
-        ``UNJUDGED``) on the last step, then wait (bounded) for the learner's ack."""
+    def _write(self, episode: int, instruction: str, steps: list[Step], verdict: str, source: str,
+               confidence: float = 1.0) -> None:
+        """Record locally and send the verdict, who gave it (``source``: a ``VerdictSource``, or
+        ``UNJUDGED``) and how sure (``confidence``) on the last step, then wait (bounded) for the
+        learner's ack."""
         self.result.outcomes.append(verdict)
         if verdict == "rerecord":
             self.runtime.discard_episode()
@@ -309,7 +347,7 @@ class OperatorSession:
         steps[-1].done = True
         steps[-1].success = success
         steps[-1].success_source = str(source)
-        steps[-1].success_confidence = 0.0 if source == UNJUDGED else 1.0
+        steps[-1].success_confidence = 0.0 if source == UNJUDGED else float(confidence)
         seed = steps[0].scene_seed
         record = Episode(getattr(self.robot, "name", "robot"), episode, instruction, steps=steps, success=success,
                          seed=seed if seed >= 0 else None)
@@ -350,6 +388,7 @@ class OperatorSession:
             "intervention_steps": sum(s.is_intervention for s in steps), "dataset_index": index,
             "scene_seed": steps[0].scene_seed if steps and steps[0].scene_seed >= 0 else None,
             "policy_versions": versions, "learner": delivery, "time": time.time(),
+            "source": steps[-1].success_source if steps and verdict != "rerecord" else None,
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as out:
@@ -364,3 +403,12 @@ class OperatorSession:
             latencies[-1] * 1000.0 if latencies else None, self.node.delay.estimate(),
             self.node.policy_version, self.hook.intervening,
         ))
+
+
+def _word(guess: DetectorGuess) -> str:
+    return "success" if guess.success else "failure"
+
+
+def _from_detector(guess: DetectorGuess) -> tuple[str, str, float]:
+    """A detector's guess as the session's (verdict, source, confidence)."""
+    return _word(guess), VerdictSource.detector.value, guess.confidence

@@ -1,7 +1,8 @@
 """Wire an edge session from the configuration: robot, policy, teleop hook, keys, and the edge runtime.
 
 Both commands, ``robot-rl session`` (an operator at the keys, a leader arm or a gamepad) and
-``robot-rl edge`` (unattended: no teleop, no keys, verdicts from the task), build the robot from
+``robot-rl edge`` (unattended: no teleop, no keys, verdicts from the task or the learner's success
+detector), build the robot from
 ``robot=`` (the sim, a LeRobot robot, a ROS 2 arm) and run it through the one edge runtime
 (``robot_rl.edge.runtime.EdgeRuntime``: node, learner link, local recorder) the main job's robots
 run through too.
@@ -61,7 +62,7 @@ def check_policy_choice(cfg: RobotRLConfig) -> None:
 
 
 def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
-    """``cfg`` for ``robot-rl edge``: no teleop device, no keys, verdicts from the task."""
+    """``cfg`` for ``robot-rl edge``: no teleop device, no keys, verdicts from the task or the detector."""
     session = dataclasses.replace(cfg.session, keys="none", key_script=[], ask_outcome=False)
     return dataclasses.replace(cfg, teleop=NoTeleopConfig(), session=session)
 
