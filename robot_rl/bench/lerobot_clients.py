@@ -46,7 +46,7 @@ class _CountingStub:
         self._stub = stub
         self.bytes_sent = 0
         self.observations_sent = 0
-        self.empty_replies = 0
+        self.empty_replies: list[float] = []  # time.time() of each GetActions answered with nothing
 
     def SendObservations(self, messages: Iterator[Any], *args: Any, **kwargs: Any) -> Any:  # noqa: N802  # gRPC's name
         def counted() -> Iterator[Any]:
@@ -58,7 +58,8 @@ class _CountingStub:
 
     def GetActions(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802  # gRPC's name
         reply = self._stub.GetActions(*args, **kwargs)
-        self.empty_replies += len(reply.data) == 0
+        if len(reply.data) == 0:
+            self.empty_replies.append(time.time())
         return reply
 
     def __getattr__(self, name: str) -> Any:
@@ -76,9 +77,12 @@ class MeasuredRobotClient(RobotClient):
     """LeRobot's RobotClient, its behaviour untouched; it records each chunk's arrival, its latency
     and whether it came from this robot's own observation, and each action it executes."""
 
+    stub: Any  # LeRobot's gRPC stub (untyped there), replaced by its counting wrapper
+
     def __init__(self, config: RobotClientConfig) -> None:
         super().__init__(config)
-        self.stub = _CountingStub(self.stub)
+        self.counted = _CountingStub(self.stub)
+        self.stub = self.counted
         self.log = _ClientLog()
 
     def send_observation(self, obs: TimedObservation) -> bool:
@@ -105,7 +109,7 @@ def _summary(clients: list[MeasuredRobotClient], since: float, until: float, fps
     chunks = [sum(since <= t < until for (t, _, _) in c.log.arrivals) for c in clients]
     foreign = sum(since <= t < until and not mine for c in clients for (t, _, mine) in c.log.arrivals)
     acted = [sum(since <= t < until for t in c.log.acted) for c in clients]
-    sent = sum(c.stub.observations_sent for c in clients)
+    sent = sum(c.counted.observations_sent for c in clients)
     return {
         "latency_p50_s": float(np.percentile(own, 50)) if own else None,
         "latency_p95_s": float(np.percentile(own, 95)) if own else None,
@@ -113,9 +117,9 @@ def _summary(clients: list[MeasuredRobotClient], since: float, until: float, fps
         "own_chunks_per_s": len(own) / seconds,
         "chunks_per_robot": chunks,
         "foreign_chunks": foreign,
-        "empty_replies": sum(c.stub.empty_replies for c in clients),
+        "empty_replies": sum(since <= t < until for c in clients for t in c.counted.empty_replies),
         "stall_s": sum(max(seconds - n / fps, 0.0) for n in acted),
-        "bytes_per_request": sum(c.stub.bytes_sent for c in clients) / max(sent, 1),
+        "bytes_per_request": sum(c.counted.bytes_sent for c in clients) / max(sent, 1),
     }
 
 
