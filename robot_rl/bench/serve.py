@@ -20,7 +20,10 @@ JPEG-encoded on its I/O thread). Per robot count, side by side in one run:
   batched and serial: what batching adds when demand is not the limit (on the default schedule 16
   robots ask for fewer chunks than even one-at-a-time serving can make on a GPU);
 * ``bytes_per_request``: two cameras at 224x224 (the input of SmolVLA and pi0) and at the served
-  policy's own input size.
+  policy's own input size;
+* ``lerobot_baseline`` (``bench.lerobot_baseline=true``; ``bench.fleet=false`` skips the cells
+  above): LeRobot's own PolicyServer and RobotClients, then our server, on one tiny ACT saved
+  locally, for ``bench.lerobot_robots`` robots (``robot_rl.bench.serve_lerobot``).
 """
 
 from __future__ import annotations
