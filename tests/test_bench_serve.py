@@ -21,6 +21,8 @@ def test_bench_settings_are_typed_and_the_server_settings_are_serve():
 def test_bad_settings_are_refused_before_anything_runs():
     with pytest.raises(ConfigError, match="robots >= 1"):
         load_config(["+bench=serve", "bench.robots=[0]"])
+    with pytest.raises(ConfigError, match="lerobot_robots >= 1"):
+        load_config(["+bench=serve", "bench.lerobot_robots=[]"])
 
 
 @pytest.mark.slow(order=1)
@@ -38,3 +40,23 @@ def test_two_robots_are_served_in_one_forward_and_a_published_version_reaches_th
     assert report["hot_swap"]["swaps"] == 1 and report["hot_swap_p95_s"] > 0
     print_table(report)
     assert "| 2 | batched |" in capsys.readouterr().out
+
+
+@pytest.mark.slow(order=1)
+def test_lerobot_baseline_runs_lerobots_server_and_clients_and_ours_on_the_same_act(capsys):
+    cfg = load_config(["+bench=serve", "bench.fleet=false", "bench.lerobot_baseline=true",
+                       "bench.lerobot_robots=[1,2]", "bench.lerobot_seconds=1.5"])
+    report = run_serve_bench(cfg, cfg.bench)
+    assert report["robots"] == {} and report["serial"] == {}  # only the baseline ran
+    baseline = report["lerobot_baseline"]
+    alone = baseline["lerobot"][1]
+    assert "error" not in alone, alone.get("error")
+    assert alone["chunks_per_s"] > 0 and alone["foreign_chunks"] == 0  # one robot: its own chunks only
+    assert alone["latency_p95_s"] >= alone["latency_p50_s"] > 0
+    # LeRobot's request is the raw frames pickled; ours the same frames as JPEG
+    assert alone["bytes_per_request"] > baseline["raw_frames_bytes"] > baseline["ours"][1]["bytes_per_request"]
+    shared = baseline["lerobot"][2]
+    assert "error" not in shared and len(shared["chunks_per_robot"]) == 2  # two clients, measured, not hung
+    assert baseline["ours"][1]["chunks_per_s"] > 0 and baseline["ours"][2]["chunks_per_s"] > 0
+    print_table(report)
+    assert "| 2 | lerobot |" in capsys.readouterr().out

@@ -20,11 +20,15 @@ JPEG-encoded on its I/O thread). Per robot count, side by side in one run:
   batched and serial: what batching adds when demand is not the limit (on the default schedule 16
   robots ask for fewer chunks than even one-at-a-time serving can make on a GPU);
 * ``bytes_per_request``: two cameras at 224x224 (the input of SmolVLA and pi0) and at the served
-  policy's own input size.
+  policy's own input size;
+* ``lerobot_baseline`` (``bench.lerobot_baseline=true``; ``bench.fleet=false`` skips the cells
+  above): LeRobot's own PolicyServer and RobotClients, then our server, on one tiny ACT saved
+  locally, for ``bench.lerobot_robots`` robots (``robot_rl.bench.serve_lerobot``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import multiprocessing as mp
 import tempfile
@@ -54,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SERVER_START_S = 300.0  # the child builds the policy (a checkpoint from disk)
+_BASELINE_CHUNK = 20  # the LeRobot baseline's ACT: actions per chunk
 
 
 # ---------------------------------------------------------------- the server's process
@@ -158,14 +163,15 @@ def _edge(policy: RemotePolicy, frames: dict[str, np.ndarray], fps: int, margin:
 # ---------------------------------------------------------------- cells
 
 
-def _sim_frames(cfg: RobotRLConfig) -> dict[str, np.ndarray]:
-    """One observation of the simulated SO-101's cameras (what a robot sends, before resizing)."""
+def _sim_frames(cfg: RobotRLConfig) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """One observation of the simulated SO-101's cameras (what a robot sends, before resizing), and
+    its joints."""
     from robot_rl.core.registry import ROBOTS
 
     robot = ROBOTS.build(cfg.robot)
     robot.connect()
     try:
-        return dict(robot.get_observation()["images"])
+        return dict(robot.get_observation()["images"]), tuple(robot.joint_names)
     finally:
         robot.disconnect()
 
@@ -282,12 +288,43 @@ def _bytes_per_request(frames: dict[str, np.ndarray], sizes: list[int]) -> dict[
     return out
 
 
+def _lerobot_baseline(cfg: RobotRLConfig, bench: ServeBenchConfig, frames: dict[str, np.ndarray],
+                      joints: tuple[str, ...], serve: ServeConfig) -> dict[str, Any]:
+    """LeRobot's PolicyServer and RobotClients (``robot_rl.bench.serve_lerobot``), then our server,
+    on the same tiny ACT (random weights: the cost of serving, not what it does, is compared)."""
+    if importlib.util.find_spec("grpc") is None:
+        return {"skipped": "LeRobot's async inference needs its gRPC transport (the dev extra lerobot[async])"}
+    # LeRobot: the checkpoint's classes and its async inference, only where the baseline runs.
+    from robot_rl.bench.lerobot_checkpoint import tiny_act_dir
+    from robot_rl.bench.serve_lerobot import measure_lerobot_async
+    from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
+
+    image_size = next(iter(frames.values())).shape[0]  # the policy's input: the cameras' own size
+    report: dict[str, Any] = {"policy": f"ACT, ResNet-18, {image_size}x{image_size} x {len(frames)} cameras, "
+                                        f"chunk {_BASELINE_CHUNK}", "seconds": bench.lerobot_seconds, "ours": {},
+                              "raw_frames_bytes": sum(frame.nbytes for frame in frames.values())}
+    with tempfile.TemporaryDirectory(prefix="bench-serve-lerobot-") as workdir:
+        checkpoint = tiny_act_dir(Path(workdir) / "act", cameras=tuple(frames), image_size=image_size,
+                                  joints=len(joints), chunk_size=_BASELINE_CHUNK)
+        report["lerobot"] = measure_lerobot_async(checkpoint, frames, joints, bench.lerobot_robots, _BASELINE_CHUNK,
+                                                  cfg.edge.fps, bench.lerobot_seconds, Path(workdir))
+        # the edges send frames at the policy's input size, as LeRobot's server resizes them to
+        ours = replace(serve, image_size=image_size)  # (our server reads a FlowVLA's from its config only)
+        server = _ServerProcess(replace(cfg, policy=LeRobotPolicyConfig(path=str(checkpoint), device="cpu")), ours)
+        try:
+            for n in bench.lerobot_robots:
+                report["ours"][n] = _cell(server, n, bench.lerobot_seconds, frames, cfg)
+        finally:
+            server.close()
+    return report
+
+
 def run_serve_bench(cfg: RobotRLConfig, bench: ServeBenchConfig) -> dict[str, Any]:
-    frames = _sim_frames(cfg)
+    frames, joints = _sim_frames(cfg)
     report: dict[str, Any] = {"robots": {}, "serial": {}, "capacity": {}, "seconds": bench.seconds}
     serve = replace(cfg.serve, endpoint="tcp://127.0.0.1:*")  # a free loopback port
     arms = [("robots", serve)] + ([("serial", replace(serve, max_batch=1))] if bench.serial else [])
-    for arm, arm_serve in arms:
+    for arm, arm_serve in arms if bench.fleet else []:
         server = _ServerProcess(cfg, arm_serve)
         try:
             for n in bench.robots:
@@ -304,6 +341,8 @@ def run_serve_bench(cfg: RobotRLConfig, bench: ServeBenchConfig) -> dict[str, An
         finally:
             server.close()
     report["bytes_per_request"] = _bytes_per_request(frames, [224])
+    if bench.lerobot_baseline:
+        report["lerobot_baseline"] = _lerobot_baseline(cfg, bench, frames, joints, serve)
     return report
 
 
@@ -326,6 +365,25 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"publish to first chunk of the new version: p95 {report['swap_to_serve_p95_s'] * 1e3:.0f} ms served in "
               f"place, {report['hot_swap_p95_s'] * 1e3:.0f} ms over the network to an edge's policy process")
     print(f"bytes per request, two cameras: {report['bytes_per_request']}")
+    if "lerobot_baseline" in report:
+        _print_baseline(report["lerobot_baseline"])
+
+
+def _print_baseline(baseline: dict[str, Any]) -> None:
+    if "skipped" in baseline:
+        print(f"LeRobot baseline skipped: {baseline['skipped']}")
+        return
+    print(f"\nLeRobot's async inference against ours, {baseline['policy']}, {baseline['seconds']:.0f} s a cell:")
+    print("| robots | server | latency p50 | p95 | chunks/s | stall s | bytes/request | chunks from another robot |")
+    print("|---|---|---|---|---|---|---|---|")
+    for server in ("lerobot", "ours"):
+        for n, row in baseline[server].items():
+            if "error" in row:
+                print(f"| {n} | {server} | {row['error']} |")
+                continue
+            p50, p95 = (float("nan") if row[k] is None else row[k] * 1e3 for k in ("latency_p50_s", "latency_p95_s"))
+            print(f"| {n} | {server} | {p50:.0f} ms | {p95:.0f} ms | {row['chunks_per_s']:.1f} | "
+                  f"{row['stall_s']:.1f} | {row['bytes_per_request'] / 1e3:.1f} KB | {row.get('foreign_chunks', 0)} |")
 
 
 def run_from_cli(cfg: RobotRLConfig) -> dict[str, Any]:
