@@ -52,6 +52,7 @@ from robot_rl.bridges.zmq.codec import BusyError
 from robot_rl.bridges.zmq.protocol import ProtocolError, Segment, encode_message
 from robot_rl.bridges.zmq.segments import OPTIONAL_ARRAYS, decode_segment
 from robot_rl.bridges.zmq.spool import Spool
+from robot_rl.core.heap import map_big_blocks
 from robot_rl.core.types import Step
 from robot_rl.data.validation import check_dataset
 from robot_rl.learner.commit import Committer, WriterBacklog
@@ -97,6 +98,7 @@ class ReplayStore:
         judge that learns from judged episodes and judges the others before they are stored (None: none)."""
         self.config = config
         self.judging = judging
+        map_big_blocks()  # the decode threads turn robots' JPEGs into 640x480 frames by the hundred a second
         root = self.root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         self.dataset_root = root / "dataset"

@@ -36,6 +36,7 @@ import numpy as np
 
 from robot_rl.bridges.zmq.protocol import Segment, decode_message
 from robot_rl.bridges.zmq.segments import decode_segment
+from robot_rl.core.heap import map_big_blocks
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.core.priority import lower_own_priority
 from robot_rl.core.types import EpisodeVerdict, Step
@@ -277,6 +278,7 @@ def _serve(conn, spec: RecorderSpec, nice: int) -> None:
                         force=True)
     exit_when_parent_dies("the dataset writer")  # mid-write too: a restarted learner rolls the torn write back
     lower_own_priority(nice)
+    map_big_blocks()  # it decodes every staged 640x480 frame
     try:
         recorder = spec.open()
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it

@@ -19,7 +19,6 @@ episode out of training, where a bare decoder error would stop the trainer for g
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import io
 import json
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from robot_rl.core.errors import CorruptFileError
+from robot_rl.core.heap import map_big_blocks, release_free_heap
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.data.reader import IMAGE_PREFIX
 from robot_rl.policies.trainable import InputFrames
@@ -267,14 +267,7 @@ def _read_on_worker(episode: StoredEpisode, wanted: FrameRequest,
     finally:
         _reads += 1
         if _reads % TRIM_EVERY_READS == 0:
-            _release_free_heap()
-
-
-def _release_free_heap() -> None:
-    """glibc's ``malloc_trim``: its free pages back to the system (a no-op where the C library has none)."""
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+            release_free_heap()
 
 
 def _ready() -> int:
@@ -283,6 +276,7 @@ def _ready() -> int:
     import torchcodec.decoders  # noqa: F401 - torchcodec: LeRobot's video dependency
     from PIL import Image  # noqa: F401 - pillow: LeRobot's image dependency
 
+    map_big_blocks()  # the decoded 640x480 frames
     return os.getpid()
 
 
