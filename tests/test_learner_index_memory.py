@@ -166,6 +166,27 @@ def test_a_full_spill_hands_its_oldest_stored_episodes_back_to_the_dataset(tmp_p
         assert_same_batches(store.index, reference, range(3))
 
 
+def test_a_spill_whose_disk_fills_says_so_once_and_frames_leave_for_the_dataset_instead(tmp_path, monkeypatch,
+                                                                                          caplog):
+    import errno
+
+    import robot_rl.learner.frame_spill as frame_spill
+
+    def full_disk(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(frame_spill, "_write_all", full_disk)
+    reference = SamplingIndex(CAMERAS)
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0)) as store:
+        for ep, steps in enumerate(fill_store(store, 6)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+            assert store.index.frame_bytes <= store.index.memory_budget
+        assert store.index.entries_spilled == 0 and store.index.entries_on_disk >= 4
+        assert_same_batches(store.index, reference, range(2))
+    said = [r.getMessage() for r in caplog.records if "frame spill" in r.getMessage()]
+    assert len(said) == 1 and "No space left" in said[0] and "\n" not in said[0]
+
+
 def test_a_batch_whose_spill_file_was_dropped_since_its_plan_is_drawn_again_the_same(tmp_path, monkeypatch):
     import robot_rl.learner.index as index_module
 
