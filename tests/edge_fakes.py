@@ -88,6 +88,7 @@ class PastEchoPolicy:
     value): joint 0 the earlier observation's (-1 without one), joint 1 the request's own."""
 
     chunk_size, action_dim = 8, 6
+    cameras = ("front",)  # served: the edge sends the cameras a policy names, no others
     observation_history = ObservationHistory(steps=2)
 
     def predict_chunk(self, observation: dict, state: np.ndarray, instruction: str) -> np.ndarray:

@@ -135,7 +135,7 @@ def test_a_served_diffusion_policy_predicts_from_the_past_observation_sent_as_it
         policy = remote(server, "arm-a")
         try:
             assert policy.observation_history.steps == 2  # announced in policy_info: the node keeps one
-            size = policy.info.image_size
+            size = policy.info.frames["front"].height
             past_image, image, past_state = frame(1, size), frame(2, size), STATE + 0.3
             runner = runner_of(policy)
             past = PastObservation({"front": past_image}, past_state)

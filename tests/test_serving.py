@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from robot_rl.bridges.zmq.codec import ProtocolError, decode_frames
+from robot_rl.bridges.zmq.inference_wire import FrameSize, PolicyInfo, decode_info, encode_info
 from robot_rl.bridges.zmq.keys import ClientCurve, generate_keypair
 from robot_rl.bridges.zmq.link import LinkConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding, decode_image, encode_image
@@ -19,6 +21,7 @@ from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.inference import InferenceRequest, make_worker
 from robot_rl.edge.remote_runner import RemoteInferenceConfig, RemotePolicy, RemoteRunner
 from robot_rl.learner.serving import PolicyServer, ServeConfig, robot_noise_seed
+from robot_rl.policies.trainable import InputFrames
 from tests.learner_helpers import IMG, tiny_policy, wait_for
 
 STATE = np.linspace(-0.5, 0.5, 6).astype(np.float32)
@@ -101,6 +104,34 @@ def test_a_served_edge_gets_the_chunk_its_local_policy_computes_for_the_same_req
         assert result.error is None
         np.testing.assert_allclose(result.chunk.actions, local_chunk(frame(1), "arm-a"), atol=1e-5)
         assert result.policy_version == 0 and result.chunk.chunk_id == 1
+    finally:
+        policy.close()
+
+
+class FrameShapePolicy:
+    """Reads one camera at 96x96 with pi0's resize (bars centred); each chunk reports the frame it was given:
+    its height and width, a corner's pixel and the centre's."""
+
+    chunk_size, action_dim = 4, 6
+    cameras = ("front",)
+    input_frames = {"front": InputFrames(96, 96, "pad_center")}
+
+    def predict_chunk(self, observation: dict, state: np.ndarray, instruction: str) -> np.ndarray:
+        image = observation["front"]
+        return np.tile(np.array([*image.shape[:2], image[0, 0, 0], image[48, 48, 0], 0, 0], np.float32), (4, 1))
+
+
+def test_a_served_edge_sends_each_camera_fitted_as_the_policy_fits_it(served):
+    """A policy that pads its frames (SmolVLA, pi0) must see its bars: a square stretch of a 640x480 scene is
+    not what it was trained on. The edge fits with the policy's own resize, at the size it declares."""
+    policy = remote(served(FrameShapePolicy()), "arm-a")
+    try:
+        assert policy.info.frames == {"front": FrameSize(96, 96, "pad_center")}
+        runner = runner_of(policy)
+        runner.submit(request(1, np.full((480, 640, 3), 200, np.uint8)))
+        height, width, corner, centre = wait_result(runner).chunk.actions[0, :4]
+        assert (height, width) == (96, 96)  # 640x480 -> 96x72, bars of 12 rows above and below
+        assert corner <= 3 and abs(centre - 200) <= 3  # the bar is black, the scene as it was (JPEG's rounding)
     finally:
         policy.close()
 
@@ -347,3 +378,15 @@ def test_an_edge_runtime_served_remotely_holds_while_the_server_is_killed_and_re
         policy.close()
         first.process.kill()
         second.process.kill()
+
+
+@pytest.mark.parametrize("frames", [{"front": [0, 96, "stretch"]}, {"front": [96, 96]}, {"front": [96, 5000, "pad"]},
+                                    {"front": "96x96"}, {7: [96, 96, "stretch"]}])
+def test_a_policy_info_whose_frames_are_malformed_is_refused_naming_the_camera(frames):
+    info = PolicyInfo(action_dim=6, state_dim=6, chunk_size=4, cameras=("front",),
+                      frames={"front": FrameSize(96, 128, "pad_top_left")}, config_hash="h", version=3)
+    assert decode_info(decode_frames(encode_info(info))) == info  # round trip
+    raw = decode_frames(encode_info(info))
+    raw.body["frames"] = frames
+    with pytest.raises(ProtocolError, match=r"policy_info: frames\[.*\] must be \[height, width, fit\]"):
+        decode_info(raw)

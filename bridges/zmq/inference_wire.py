@@ -4,12 +4,14 @@ Same framing and security as the learner link (``codec``: a msgpack envelope plu
 array; CURVE with the robot's key bound to its id, ``keys``): nothing on it can execute code on
 decode. The edge (a DEALER) sends:
 
-* ``infer_hello`` {robot_id}: answered ``policy_info`` (what the policy reads and writes, how many
-  observations it reads a request, and the version served now), so the edge sizes its frames to the
-  policy's input and keeps as many past observations as it reads before anything moves;
+* ``infer_hello`` {robot_id}: answered ``policy_info`` (what the policy reads and writes: per camera
+  the frame it reads, ``frames`` {camera: [height, width, fit]}, with the fit that brings a camera
+  frame to it, a stretch or the policy's own resize with bars; how many observations it reads a
+  request; the version served now), so the edge brings its frames to the policy's input as the policy
+  would and keeps as many past observations as it reads before anything moves;
 * ``infer`` {robot_id, request_id, tick, instruction, deadline_s, pinned_version, cameras, past} with
-  the arrays ``state`` [state_dim] f32 and ``image/<camera>`` (JPEG bytes at the policy's input size:
-  two 224x224 cameras are ~20 KB where raw frames are 300 KB), and for each of the ``past``
+  the arrays ``state`` [state_dim] f32 and ``image/<camera>`` (JPEG bytes of that frame: two 224x224
+  cameras are ~20 KB where raw frames are 300 KB), and for each of the ``past``
   observations of the ticks before (a policy with ``n_obs_steps > 1``; oldest first, fewer at an
   episode's start) ``past/<i>/state`` and ``past/<i>/image/<camera>`` for the same cameras. A
   request with more past observations than the served policy reads is refused: its size stays
@@ -41,6 +43,19 @@ MAX_ID_CHARS = 128  # robot ids and camera names: a bound before anything is sto
 MAX_INSTRUCTION_CHARS = 4096
 
 
+MAX_FRAME_SIDE = 4096  # pixels: a bound on what a policy_info may ask the edge to send
+
+
+@dataclass(frozen=True)
+class FrameSize:
+    """The frame a policy reads from one camera and how a camera frame is brought to it (its ``fit``:
+    ``robot_rl.policies.trainable.FRAME_FITS``, checked where the frame is fitted)."""
+
+    height: int
+    width: int
+    fit: str = "stretch"
+
+
 @dataclass(frozen=True)
 class PolicyInfo:
     """What the served policy reads and writes: the edge checks its robot against it and resizes frames."""
@@ -49,7 +64,7 @@ class PolicyInfo:
     state_dim: int
     chunk_size: int
     cameras: tuple[str, ...]
-    image_size: int  # frames are sent image_size x image_size, the policy's input
+    frames: Mapping[str, FrameSize]  # per camera: the frame the policy reads, sent at that size
     config_hash: str
     version: int  # served now
     observation_steps: int = 1  # observations read a request, the current one last (LeRobot's n_obs_steps)
@@ -96,7 +111,8 @@ def encode_hello(robot_id: str) -> list[Any]:
 
 def encode_info(info: PolicyInfo) -> list[Any]:
     body = {"action_dim": info.action_dim, "state_dim": info.state_dim, "chunk_size": info.chunk_size,
-            "cameras": list(info.cameras), "image_size": info.image_size, "config_hash": info.config_hash,
+            "cameras": list(info.cameras), "config_hash": info.config_hash,
+            "frames": {cam: [size.height, size.width, size.fit] for cam, size in info.frames.items()},
             "version": info.version, "observation_steps": info.observation_steps}
     return encode_frames(POLICY_INFO, body, {})
 
@@ -148,10 +164,22 @@ def decode_info(msg: RawMessage) -> PolicyInfo:
                       state_dim=_field(body, "state_dim", int, POLICY_INFO),
                       chunk_size=_field(body, "chunk_size", int, POLICY_INFO),
                       cameras=tuple(str(c) for c in cameras),
-                      image_size=_field(body, "image_size", int, POLICY_INFO),
+                      frames=_frame_sizes(_field(body, "frames", dict, POLICY_INFO)),
                       config_hash=_field(body, "config_hash", str, POLICY_INFO),
                       version=_field(body, "version", int, POLICY_INFO),
                       observation_steps=_field(body, "observation_steps", int, POLICY_INFO))
+
+
+def _frame_sizes(frames: Mapping[Any, Any]) -> dict[str, FrameSize]:
+    sizes = {}
+    for cam, size in frames.items():
+        if (not isinstance(cam, str) or not isinstance(size, list) or len(size) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_FRAME_SIDE for v in size[:2])
+                or not isinstance(size[2], str) or len(size[2]) > 32):
+            raise ProtocolError(f"{POLICY_INFO}: frames[{cam!r}] must be [height, width, fit] with sides in "
+                                f"1..{MAX_FRAME_SIDE}, got {size!r}")
+        sizes[cam] = FrameSize(size[0], size[1], size[2])
+    return sizes
 
 
 def decode_request(msg: RawMessage, max_past: int = 0) -> ChunkRequest:

@@ -308,9 +308,8 @@ def _lerobot_baseline(cfg: RobotRLConfig, bench: ServeBenchConfig, frames: dict[
                                   joints=len(joints), chunk_size=_BASELINE_CHUNK)
         report["lerobot"] = measure_lerobot_async(checkpoint, frames, joints, bench.lerobot_robots, _BASELINE_CHUNK,
                                                   cfg.edge.fps, bench.lerobot_seconds, Path(workdir))
-        # the edges send frames at the policy's input size, as LeRobot's server resizes them to
-        ours = replace(serve, image_size=image_size)  # (our server reads a FlowVLA's from its config only)
-        server = _ServerProcess(replace(cfg, policy=LeRobotPolicyConfig(path=str(checkpoint), device="cpu")), ours)
+        # the edges send frames at the policy's input size (its config's), as LeRobot's server resizes them to
+        server = _ServerProcess(replace(cfg, policy=LeRobotPolicyConfig(path=str(checkpoint), device="cpu")), serve)
         try:
             for n in bench.lerobot_robots:
                 report["ours"][n] = _cell(server, n, bench.lerobot_seconds, frames, cfg)

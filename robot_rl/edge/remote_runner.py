@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import zmq
 
@@ -59,6 +58,7 @@ from robot_rl.core.errors import ConfigError
 from robot_rl.core.types import ActionChunk
 from robot_rl.edge.inference import InferenceRequest, InferenceResult, PolicySwap
 from robot_rl.policies.base import ChunkPolicy, InvalidChunkError, ObservationHistory, PastObservation, validate_chunk
+from robot_rl.policies.trainable import InputFrames
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class _ServerLink:
     def __init__(self, config: RemoteInferenceConfig) -> None:
         check_endpoint_security(config.endpoint, config.curve, config.allow_insecure)
         self.config = config
-        self.image_size = 0  # set from the server's policy_info before any request
+        self.fits: dict[str, InputFrames] = {}  # per camera, from the server's policy_info before any request
         self.encoding = ImageEncoding(format="jpeg", jpeg_quality=config.jpeg_quality)
         self.results: queue.SimpleQueue[tuple[InferenceRequest, ChunkReply | None]] = queue.SimpleQueue()
         self.silent = False  # the server has let a request reach its deadline; reset by the next answer
@@ -213,7 +213,11 @@ class _ServerLink:
             if isinstance(answer, str):
                 raise ConnectionError(f"the policy server at {self.config.endpoint} refused robot "
                                       f"{self.config.robot_id!r}: {answer}")
-            self.image_size = answer.image_size
+            try:
+                self.fits = {cam: InputFrames(size.height, size.width, size.fit) for cam, size in answer.frames.items()}
+            except ValueError as exc:
+                raise ConnectionError(f"the policy server at {self.config.endpoint} asks for frames this edge cannot "
+                                      f"make ({exc}): update robot_rl on the edge or the server") from exc
             return answer
         raise ConnectionError(
             f"the policy server at {self.config.endpoint} did not answer within {timeout_s:.0f} s: is `robot-rl "
@@ -282,14 +286,10 @@ class _ServerLink:
                             pinned_version=self.config.pinned_version, past=past)
 
     def _jpeg(self, images: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Frames at the policy's input size, JPEG-encoded (INTER_AREA: the least aliasing on a downscale)."""
-        size = self.image_size
-        jpeg = {}
-        for cam, frame in images.items():
-            if frame.shape[:2] != (size, size):
-                frame = cv2.resize(np.ascontiguousarray(frame), (size, size), interpolation=cv2.INTER_AREA)
-            jpeg[cam] = encode_image(frame, self.encoding)
-        return jpeg
+        """The frames the policy reads (each camera fitted as the policy itself would: ``InputFrames``),
+        JPEG-encoded. A camera the served policy does not read is not sent."""
+        return {cam: encode_image(self.fits[cam].apply(np.ascontiguousarray(frame)[None])[0], self.encoding)
+                for cam, frame in images.items() if cam in self.fits}
 
     def _receive(self) -> None:
         while True:
@@ -356,8 +356,8 @@ class RemotePolicy:
         self.version = self.info.version
         self._runner: RemoteRunner | None = None
         self._sync_ids = itertools.count(-2, -1)  # below HELLO_ID: never a chunk id
-        log.info("policy served by %s (v%d, %s frames of %dx%d)", config.endpoint, self.version,
-                 list(self.info.cameras), self.info.image_size, self.info.image_size)
+        log.info("policy served by %s (v%d, frames %s)", config.endpoint, self.version,
+                 ", ".join(f"{cam} {s.height}x{s.width} {s.fit}" for cam, s in self.info.frames.items()))
 
     @property
     def action_dim(self) -> int:

@@ -56,6 +56,7 @@ from robot_rl.bridges.zmq.inference_wire import (
     INFER_HELLO,
     ChunkReply,
     ChunkRequest,
+    FrameSize,
     PastJpeg,
     PolicyInfo,
     decode_hello,
@@ -105,10 +106,14 @@ def torch_rng_from(generator: torch.Generator, device: torch.device | None = Non
         yield
 
 
-def input_image_size(policy: Any, default: int) -> int:
-    """The side of the square frames the policy reads (FlowVLA says it in its config)."""
-    size = getattr(getattr(policy, "config", None), "image_size", None)
-    return int(size) if isinstance(size, int) else default
+def input_frame_sizes(policy: Any, default_side: int) -> dict[str, FrameSize]:
+    """Per camera, the frame the policy reads and its fit: what a trainable policy declares
+    (``input_frames``: FlowVLA's square, ACT's config shape, SmolVLA's and pi0's resize with bars), else
+    ``default_side`` square, stretched. An edge that sent a square to a policy that pads would hand it
+    a stretched scene without its bars: not what it was trained on."""
+    declared = getattr(policy, "input_frames", None) or {}
+    return {cam: FrameSize(declared[cam].height, declared[cam].width, declared[cam].fit) if cam in declared
+            else FrameSize(default_side, default_side) for cam in getattr(policy, "cameras", ())}
 
 
 @dataclass
@@ -150,6 +155,7 @@ class PolicyServer:
         # Observations read a request (the current one last); edges learn it from policy_info.
         self.observation_steps = policy.observation_history.steps if isinstance(policy, HistoryChunkPolicy) else 1
         self.config = config
+        self._frame_sizes = input_frame_sizes(policy, config.image_size)  # what edges send, per camera
         self.version = version
         self.stats = ServeStats()
         self._curve = config.curve()
@@ -200,7 +206,7 @@ class PolicyServer:
     def info(self) -> PolicyInfo:
         return PolicyInfo(action_dim=int(self.policy.action_dim), state_dim=int(getattr(self.policy, "state_dim", 0)),
                           chunk_size=int(self.policy.chunk_size), cameras=tuple(getattr(self.policy, "cameras", ())),
-                          image_size=input_image_size(self.policy, self.config.image_size),
+                          frames=self._frame_sizes,
                           config_hash=self.policy.config_hash() if hasattr(self.policy, "config_hash") else "",
                           version=self.version, observation_steps=self.observation_steps)
 
@@ -418,8 +424,12 @@ class PolicyServer:
         return np.asarray(chunk, np.float32)
 
     def _frames(self, jpeg: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        size = input_image_size(self.policy, self.config.image_size)
-        return {cam: decode_image(buf, "jpeg", (size, size, 3)) for cam, buf in jpeg.items()}
+        """Each camera's JPEG decoded, refused unless it is the frame ``policy_info`` asked for."""
+        sizes = self._frame_sizes
+        unknown = sorted(set(jpeg) - set(sizes))
+        if unknown:
+            raise ProtocolError(f"infer: cameras {unknown} are not read by the served policy ({sorted(sizes)})")
+        return {cam: decode_image(buf, "jpeg", (sizes[cam].height, sizes[cam].width, 3)) for cam, buf in jpeg.items()}
 
     def _past(self, past: PastJpeg) -> PastObservation:
         return PastObservation(self._frames(past.jpeg), np.array(past.state))
