@@ -11,9 +11,11 @@ setup: $(VENV_STAMP)
 demo: $(VENV_STAMP)
 	.venv/bin/robot-rl run
 
-# Lint and types first (seconds), then the suite.
+# Lint and types first (seconds), then the suite: files whole on two workers, in the order
+# tests/conftest.py sets (slow files first; xdist would otherwise start the files with most tests
+# first and leave the one-test end-to-end files to run alone at the end); the 20 slowest tests listed.
 test: lint
-	.venv/bin/python -m pytest -q -n 2 --dist loadfile tests
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20 tests
 
 lint: $(VENV_STAMP)
 	.venv/bin/ruff check robot_rl hardware policies bridges calibration tests setup.py

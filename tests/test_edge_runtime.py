@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from robot_rl.app import local_run, sim_edge
+from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import WallClock
 from robot_rl.core.layout import RecordedLayout
@@ -30,7 +31,7 @@ from tests.learner_helpers import IMG, client_config, learner_config, store_conf
 from tests.test_stream_edge import CameraRobot
 
 REPO = Path(__file__).resolve().parent.parent
-SEGMENT = 10  # steps per streamed segment in the kill test
+SEGMENT = 10  # steps per streamed (and journalled) segment in the kill test
 FINISHED_TICKS = 5  # the recording edge's first episode, ended and written before the one it is killed in
 
 
@@ -73,51 +74,6 @@ def test_the_main_jobs_robots_session_and_edge_all_run_the_one_edge_runtime(tmp_
     assert built == ["sim-0", "sim_so101", "unattended"]  # a session without link.learner names the robot itself
 
 
-def edge_child(endpoints: str, spool: str, progress: str) -> None:
-    """An edge process that ticks one endless episode on the wall clock, writing each finished tick's
-    count to ``progress`` (the test kills it with SIGKILL)."""
-    router, pub = json.loads(endpoints)
-    learner = SimpleNamespace(router_endpoint=router, pub_endpoint=pub)
-    runtime = EdgeRuntime(CameraRobot(), tiny_policy(), WallClock(), EdgeConfig(fps=30), robot_id="edge-k",
-                          client=client_config("edge-k", learner, Path(spool)), segment_steps=SEGMENT)
-    runtime.robot.connect()
-    runtime.start(30.0)
-    runtime.begin_episode("pick the cube")
-    with open(progress, "w") as out:
-        while True:
-            step = runtime.tick()
-            out.write(f"{step.tick + 1}\n")
-            out.flush()
-
-
-def test_an_edge_killed_mid_episode_has_streamed_all_but_at_most_one_segment_of_it(tmp_path):
-    config = learner_config(tmp_path / "learner")
-    config.store = store_config(tmp_path / "learner" / "store", background_commit=True, episode_timeout_s=1.0)
-    learner = LearnerService(config, tiny_policy(), train=False).start()
-    progress = tmp_path / "ticks"
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    code = ("import sys; from tests.test_edge_runtime import edge_child; edge_child(*sys.argv[1:])")
-    child = subprocess.Popen([sys.executable, "-c", code, json.dumps([learner.router_endpoint, learner.pub_endpoint]),
-                              str(tmp_path / "spool"), str(progress)], cwd=REPO, env=env)
-    try:
-        wait_for(lambda: progress.exists() and len(progress.read_text().split()) >= 75, timeout_s=120,
-                 what="the edge ticking mid-episode")
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(10)
-        recorded = int(progress.read_text().split()[-1])  # the edge ran at least this many ticks
-        wait_for(lambda: learner.store.stats()["episodes_stored"] == 1, timeout_s=60,
-                 what="the cut episode stored (silent past the episode timeout)")
-        assert learner.store.flush(60)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        learner.stop(checkpoint=False)
-    (stored,) = load_episode_arrays(tmp_path / "learner" / "store" / "dataset", "local/robot_rl_replay")
-    ticks = len(stored["action"])
-    assert recorded - SEGMENT <= ticks <= recorded + 1  # at most one segment lost (a tick may follow the count)
-    assert not np.asarray(stored["next.done"]).reshape(-1)[-1]  # stored as truncated: no outcome claimed
-
-
 def test_a_learner_that_refuses_the_robot_stops_the_runtime_with_one_line(tmp_path):
     learner = LearnerService(learner_config(tmp_path / "learner"), tiny_policy(), train=False).start()
     runtime = EdgeRuntime(RecordedCameraRobot(), tiny_policy(), WallClock(), EdgeConfig(fps=30), robot_id="edge-r",
@@ -131,20 +87,24 @@ def test_a_learner_that_refuses_the_robot_stops_the_runtime_with_one_line(tmp_pa
         learner.stop(checkpoint=False)
 
 
-def recording_runtime(dataset: Path) -> EdgeRuntime:
-    """A robot recording into its own dataset at ``dataset``, with no learner."""
+def recording_runtime(dataset: Path, client: ClientConfig | None = None) -> EdgeRuntime:
+    """A robot recording into its own dataset at ``dataset``, streaming to a learner if ``client`` says which."""
     robot = RecordedCameraRobot()
     layout = RecordedLayout.of_robot(robot)
     recorder = EpisodeRecorder(dataset, layout.fps, layout.joint_names, layout.camera_shapes)
-    return EdgeRuntime(robot, tiny_policy(), WallClock(), EdgeConfig(fps=30), robot_id="edge-j", recorder=recorder,
-                       segment_steps=SEGMENT, image_encoding=ImageEncoding("png"))
+    return EdgeRuntime(robot, tiny_policy(), WallClock(), EdgeConfig(fps=30), robot_id="edge-k", client=client,
+                       recorder=recorder, segment_steps=SEGMENT, image_encoding=ImageEncoding("png"))
 
 
-def recording_edge_child(dataset: str, progress: str) -> None:
-    """An edge that records one short episode to its end, then ticks an endless one, writing each
-    finished tick's count to ``progress`` (the test kills it with SIGKILL)."""
-    runtime = recording_runtime(Path(dataset))
+def killed_edge_child(endpoints: str, spool: str, dataset: str, progress: str) -> None:
+    """An edge streaming to the learner at ``endpoints`` and recording into its own dataset: one short
+    episode to its end, then an endless one on the wall clock, writing each finished tick's count to
+    ``progress`` (the test kills it with SIGKILL)."""
+    router, pub = json.loads(endpoints)
+    learner = SimpleNamespace(router_endpoint=router, pub_endpoint=pub)
+    runtime = recording_runtime(Path(dataset), client_config("edge-k", learner, Path(spool)))
     runtime.robot.connect()
+    runtime.start(30.0)
     runtime.run_episode(FINISHED_TICKS, "pick the cube")
     runtime.begin_episode("place the cube")
     with open(progress, "w") as out:
@@ -154,20 +114,37 @@ def recording_edge_child(dataset: str, progress: str) -> None:
             out.flush()
 
 
-def test_an_edge_killed_mid_episode_keeps_it_in_its_local_dataset_but_for_at_most_one_segment(tmp_path):
-    dataset, progress = tmp_path / "robots" / "edge-j", tmp_path / "ticks"
+def test_an_edge_killed_mid_episode_has_streamed_it_and_keeps_it_in_its_local_dataset_but_for_one_segment(tmp_path):
+    """One kill, both sides checked: the learner stores the cut episode once it is silent past the
+    episode timeout, and the restarted edge stores it into its own dataset from its journal; each
+    holds all of it but at most one segment, from tick 0, as truncated."""
+    config = learner_config(tmp_path / "learner")
+    config.store = store_config(tmp_path / "learner" / "store", background_commit=True, episode_timeout_s=1.0)
+    learner = LearnerService(config, tiny_policy(), train=False).start()
+    dataset, progress = tmp_path / "robots" / "edge-k", tmp_path / "ticks"
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    code = "import sys; from tests.test_edge_runtime import recording_edge_child; recording_edge_child(*sys.argv[1:])"
-    child = subprocess.Popen([sys.executable, "-c", code, str(dataset), str(progress)], cwd=REPO, env=env)
+    code = "import sys; from tests.test_edge_runtime import killed_edge_child; killed_edge_child(*sys.argv[1:])"
+    child = subprocess.Popen([sys.executable, "-c", code, json.dumps([learner.router_endpoint, learner.pub_endpoint]),
+                              str(tmp_path / "spool"), str(dataset), str(progress)], cwd=REPO, env=env)
     try:
-        wait_for(lambda: progress.exists() and len(progress.read_text().split()) >= 4 * SEGMENT + 5, timeout_s=120,
+        wait_for(lambda: progress.exists() and len(progress.read_text().split()) >= 75, timeout_s=120,
                  what="the edge ticking mid-episode")
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
+        recorded = int(progress.read_text().split()[-1])  # the edge ran at least this many ticks
+        wait_for(lambda: learner.store.stats()["episodes_stored"] == 2, timeout_s=60,
+                 what="the finished episode and the cut one stored (silent past the episode timeout)")
+        assert learner.store.flush(60)
     finally:
         if child.poll() is None:
             child.kill()
-    recorded = int(progress.read_text().split()[-1])  # the edge ran at least this many ticks
+        learner.stop(checkpoint=False)
+    streamed_finished, streamed = load_episode_arrays(tmp_path / "learner" / "store" / "dataset",
+                                                      "local/robot_rl_replay")
+    assert len(streamed_finished["action"]) == FINISHED_TICKS
+    ticks = len(streamed["action"])
+    assert recorded - SEGMENT <= ticks <= recorded + 1  # at most one segment lost (a tick may follow the count)
+    assert not np.asarray(streamed["next.done"]).reshape(-1)[-1]  # stored as truncated: no outcome claimed
 
     restarted = recording_runtime(dataset)  # the restart: the runtime stores what the crash cut short
     restarted.close()

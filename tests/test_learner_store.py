@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from robot_rl.bridges.zmq.segments import ImageEncoding, encode_segment
+from robot_rl.bridges.zmq.spool import Spool
 from robot_rl.learner.ledger import Ledger
+from robot_rl.learner.open_episodes import staging_key
+from robot_rl.learner.service import LearnerService
 from robot_rl.learner.store import ReplayStore
-from tests.learner_helpers import make_steps, store_config, stored_triples
+from tests.learner_helpers import learner_config, make_steps, store_config, stored_triples, tiny_policy
 
 PNG = ImageEncoding("png")
 
@@ -105,6 +108,27 @@ def test_the_rest_of_an_episode_after_a_silence_is_stored_when_its_last_segment_
         assert store.stats()["episodes_stored"] == 2 and store.close_stale(now_s=1e12) == 0
         assert store.flush() and store.stats()["segments_staged"] == 0
     assert sorted(stored_triples(tmp_path)) == [(0, 1, t) for t in range(16)]
+
+
+def test_a_clean_stop_stores_a_late_fragment_its_robot_has_left_and_keeps_its_current_episode_staged(tmp_path):
+    """A segment re-sent late (its robot killed and restarted, or cut off longer than episode_timeout_s,
+    after the first part of its episode was stored as truncated) opens a fragment that no newer
+    episode's start closes: a learner stopped before the timeout left it staged. A clean stop stores it;
+    the robot's current episode stays staged, for the robot to continue after the restart."""
+    old = segments("r0", 1, make_steps(12, robot=0, episode=1))
+    current = segments("r0", 3, make_steps(12, robot=0, episode=3))
+    service = LearnerService(learner_config(tmp_path), tiny_policy(), train=False).start()
+    try:
+        service.store.ingest(old[0])
+        assert service.store.close_stale(now_s=1e12) == 1  # silent: seq 0 stored as truncated
+        # Episode 2 whole, then a late seq of episode 1, then the first of the robot's current episode.
+        for segment in [*segments("r0", 2, make_steps(4, robot=0, episode=2)), old[1], current[0]]:
+            assert not service.store.ingest(segment).duplicate
+    finally:
+        service.stop(checkpoint=False)
+    with Spool(tmp_path / "store" / "staging") as staging:
+        assert staging.keys() == [staging_key("r0", 3, 0)]
+    assert sorted(stored_triples(tmp_path / "store")) == [(0, 1, t) for t in range(8)] + [(0, 2, t) for t in range(4)]
 
 
 def test_layout_mismatch_is_refused_with_a_clear_error(tmp_path):

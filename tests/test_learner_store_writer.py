@@ -38,23 +38,6 @@ def test_the_writer_process_stores_what_the_thread_writer_stores(tmp_path):
     assert sorted(stored_triples(tmp_path / "process")) == [(0, e, t) for e in (1, 2) for t in range(6)]
 
 
-def test_an_episode_the_child_cannot_decode_is_an_error_and_the_child_goes_on(tmp_path):
-    spec = RecorderSpec(str(tmp_path / "dataset"), 30, JOINTS, {cam: (IMG, IMG) for cam in CAMERAS},
-                        "local/robot_rl_replay")
-    writer = ProcessEpisodeWriter(spec)
-    try:
-        with pytest.raises(EpisodeWriteError, match="ProtocolError"):
-            writer.write("r0", 1, [[b"not a segment"]])
-        good = [[bytes(f) for f in encode_message(s)] for s in segments("r0", 2, make_steps(5, robot=0, episode=2))]
-        written = writer.write("r0", 2, good)
-        writer.finalize()
-        assert written.index == 0 and writer.num_episodes == 1
-        assert written.outcome["success"].shape == (5,)
-    finally:
-        writer.close()
-    assert sorted(stored_triples(tmp_path)) == [(0, 2, t) for t in range(5)]
-
-
 def test_a_killed_writer_process_leaves_the_episodes_staged_for_the_next_start(tmp_path):
     with ReplayStore(store_config(tmp_path, writer="process")) as store:
         ingest_episodes(store, (1,))
@@ -68,20 +51,26 @@ def test_a_killed_writer_process_leaves_the_episodes_staged_for_the_next_start(t
     assert sorted(stored_triples(tmp_path)) == [(0, e, t) for e in (1, 2, 3) for t in range(6)]
 
 
-def test_ctrl_c_leaves_the_writer_process_to_the_learner_that_stops_it(tmp_path, capfd):
+def test_a_writer_process_goes_on_after_ctrl_c_and_after_an_episode_it_cannot_decode(tmp_path, capfd):
     """Ctrl-C reaches the writer's process too (one process group): it goes on, prints nothing, and
-    stores what it is given until the learner stops it."""
+    stores what it is given until the learner stops it. An episode it cannot decode comes back as an
+    error, and it stores the next one. One child for both: each start imports LeRobot."""
     spec = RecorderSpec(str(tmp_path / "dataset"), 30, JOINTS, {cam: (IMG, IMG) for cam in CAMERAS},
                         "local/robot_rl_replay")
     writer = ProcessEpisodeWriter(spec)
     try:
         writer.finalize()  # the child is up
         os.kill(writer.pid, signal.SIGINT)
-        good = [[bytes(f) for f in encode_message(s)] for s in segments("r0", 1, make_steps(5, robot=0, episode=1))]
-        assert writer.write("r0", 1, good).index == 0
+        with pytest.raises(EpisodeWriteError, match="ProtocolError"):
+            writer.write("r0", 1, [[b"not a segment"]])
+        good = [[bytes(f) for f in encode_message(s)] for s in segments("r0", 2, make_steps(5, robot=0, episode=2))]
+        written = writer.write("r0", 2, good)
+        writer.finalize()
+        assert written.index == 0 and writer.num_episodes == 1
+        assert written.outcome["success"].shape == (5,)
     finally:
         writer.close()
-    assert sorted(stored_triples(tmp_path)) == [(0, 1, t) for t in range(5)]
+    assert sorted(stored_triples(tmp_path)) == [(0, 2, t) for t in range(5)]
     assert "KeyboardInterrupt" not in capfd.readouterr().err
 
 

@@ -188,7 +188,9 @@ class StreamingClient:
                 os.close(fd)
 
     def wait_connected(self, timeout_s: float) -> bool:
-        return self._wait_for(lambda: self.connected, timeout_s)
+        """Wait (at most ``timeout_s``) for the learner's hello; False at once if it refuses this robot
+        (config hash, key, layout: ``refusal``), which takes an operator to fix, not a longer wait."""
+        return self._wait_for(lambda: self.connected or self._refusal is not None, timeout_s) and self.connected
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything submitted so far is acked by the learner."""

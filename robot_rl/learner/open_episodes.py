@@ -16,6 +16,7 @@ the ledger it mirrors.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import Counter
@@ -112,6 +113,16 @@ class EpisodeBook:
         if done:
             episode.done_seq = seq
         return episode
+
+    def left_behind(self) -> list[EpisodeKey]:
+        """Open episodes whose robot has since sent a newer one. A fragment re-sent late (its robot was
+        killed and restarted, or cut off longer than ``episode_timeout_s``, after the store had taken the
+        episode's first part as truncated) is never its robot's current episode, so no newer episode's
+        start closes it: only a silence of ``episode_timeout_s`` does."""
+        newest: dict[str, int] = {}
+        for robot_id, episode_id in itertools.chain(self.open, self._committed):
+            newest[robot_id] = max(episode_id, newest.get(robot_id, episode_id))
+        return [key for key in self.open if key[1] < newest[key[0]]]
 
     def close(self, key: EpisodeKey) -> OpenEpisode:
         """The open episode goes to the writer: its seqs count as stored from now on, and a segment

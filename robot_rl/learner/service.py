@@ -181,6 +181,7 @@ class LearnerService(ServerHandlers):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10.0)
+        self.store.close_left_behind()  # no segment arrives any more: a late fragment waits for nothing
         self.store.flush_index(30.0)  # the final checkpoint's index manifest covers every acked segment
         if checkpoint and self.trainer.step > 0:
             self.trainer.checkpoint()

@@ -375,6 +375,14 @@ class ReplayStore:
                 self._close(key)
         return len(stale)
 
+    def close_left_behind(self) -> int:
+        """At a clean stop, store the open episodes their robots have left for a newer one (as
+        ``_close_if_left`` does; one missing a segment stays open for it); returns how many. The
+        timeout would store them seconds later: a learner stopped sooner left them staged until its
+        next start. The robots' current episodes stay staged, to be continued after the restart."""
+        with self._lock:
+            return sum(self._close_if_left(key) for key in self._episodes.left_behind())
+
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until every ingested segment is in the sampling index and every closed episode in the dataset,
         and the index knows each is stored: that is what lets an episode's frames leave its memory budget."""
@@ -447,16 +455,17 @@ class ReplayStore:
 
     # ------------------------------------------------------------ internals
 
-    def _close_if_left(self, key: EpisodeKey) -> None:
+    def _close_if_left(self, key: EpisodeKey) -> bool:
         """The episode its robot has just left for a newer one is stored as truncated, unless a segment is
         missing before its last: one re-sent late (after the robot had moved on) would then be stored
         apart, the episode in pieces out of order. With a gap it stays open for the missing segments,
         which the robot re-sends from its spool (or for ``episode_timeout_s``)."""
         episode = self._episodes.open.get(key)
         if episode is None or not episode.contiguous:
-            return
+            return False
         log.info("robot %s has left episode %d for a newer one; storing it as truncated", *key)
         self._close(key)
+        return True
 
     def _close(self, key: EpisodeKey) -> None:
         """Move an open episode to the writer; its seqs count as stored from now on."""
