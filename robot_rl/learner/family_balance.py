@@ -16,15 +16,15 @@ without balancing.
 How: the index draws batches as it always does (``SamplingIndex.sample``: the stream ratios,
 state offsets, frames, the quarantine of unreadable ones), and the sampler keeps from them each
 family's share, drawing again, at most ``max_draws`` batches in all, until every family the index
-holds has enough for its share. A family too rare to fill its share in that many draws (or held
-only in a stream the ratios leave out) keeps what was found and the others fill the batch;
-``FamilyTally`` reports the shares trained on, so that shows. With one family the index's draw is
-the batch, sample for sample the unbalanced one.
+holds has its share (balanced data: two draws a batch; a family with a twelfth of the steps: about
+five). A family too rare to fill its share in that many draws (or held only in a stream the ratios
+leave out) keeps what was found and the others fill the batch; ``FamilyTally`` reports the shares
+trained on, so that shows. With one family the index's draw is the batch, sample for sample the
+unbalanced one.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -67,17 +67,19 @@ class FamilyBalancedSampler:
         held = sorted({family_of(text) for text in self.index.instructions()}) if self.config.enabled else []
         if len(held) < 2:
             return self.index.sample(batch_size, ratios, spec, rng)
-        enough = math.ceil(batch_size / len(held))
+        quotas = family_quotas(held, batch_size, rng)
         draws: list[dict] = []
-        families: list[str] = []
+        families: list[str] = []  # of every row drawn, in draw order
         while len(draws) < self.config.max_draws:
             draws.append(self.index.sample(batch_size, ratios, spec, rng))
             families += [family_of(text) for text in draws[-1]["instruction"]]
             counts = Counter(families)
-            if all(counts[family] >= enough for family in held):
+            if all(counts[family] >= quota for family, quota in quotas.items()):
                 break
-        rows = balanced_rows(families, family_quotas(sorted(set(families)), batch_size, rng))
-        return take_rows(draws, rows)
+        found = sorted(set(families))
+        if found != held:  # a family the draws never met (e.g. only in a stream the ratios leave out)
+            quotas = family_quotas(found, batch_size, rng)
+        return take_rows(draws, balanced_rows(families, quotas))
 
 
 def balanced_rows(families: Sequence[str], quotas: Mapping[str, int]) -> list[int]:
@@ -105,7 +107,7 @@ def take_rows(draws: Sequence[dict], rows: Sequence[int]) -> dict:
     batch: dict = {}
     for key, value in draws[0].items():
         if isinstance(value, torch.Tensor):
-            batch[key] = torch.cat([d[key] for d in draws])[picked]
+            batch[key] = torch.cat([d[key] for d in draws]).index_select(0, picked)
         else:
             joined = [item for d in draws for item in d[key]]
             batch[key] = [joined[row] for row in rows]
