@@ -61,10 +61,19 @@ class FamilyBalancedSampler:
     def __init__(self, index: SamplingIndex, config: FamilyBalanceConfig) -> None:
         self.index = index
         self.config = config
+        self._held: tuple[int, list[str]] = (-1, [])  # (entries in the index, their families) when last read
+
+    def held_families(self) -> list[str]:
+        """The families of the index's entries, read again only when its number of entries changed: reading
+        every entry's instruction under the index's lock for every batch would hold up ingest on a big store."""
+        entries = self.index.num_entries
+        if entries != self._held[0]:
+            self._held = (entries, sorted({family_of(text) for text in self.index.instructions()}))
+        return self._held[1]
 
     def sample(self, batch_size: int, ratios: Mapping[str, float], spec: SampleSpec,
                rng: np.random.Generator) -> dict:
-        held = sorted({family_of(text) for text in self.index.instructions()}) if self.config.enabled else []
+        held = self.held_families() if self.config.enabled else []
         if len(held) < 2:
             return self.index.sample(batch_size, ratios, spec, rng)
         quotas = family_quotas(held, batch_size, rng)
