@@ -1,6 +1,6 @@
 """Published versions scored while the main job runs: one child scores the newest version whenever it
 is free and the trainer is far enough past the last one scored, on the same held-out scenes each
-time, and a version it cannot score costs only its point."""
+time, and a version it cannot score costs only its point; each point scores each task family too."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_newest_version_is_scored_on_the_same_scenes_and_a_failure_costs_onl
     config.cameras = ("front", "wrist")
     FlowVLA(config).save_pretrained(tmp_path / "weights")
     trainer = PublishingTrainer(tmp_path / "weights")
-    cfg = load_config([*TINY_SIM, "robot.max_episode_steps=4"])
+    cfg = load_config([*TINY_SIM, "robot.max_episode_steps=4", "task_families=[push,pick]"])
     episodes = [0]
     monitor = HeldoutMonitor(trainer, cfg, tmp_path / "heldout", scenes=2, episodes=lambda: episodes[0],
                              every_updates=100).start()
@@ -57,3 +57,6 @@ def test_the_newest_version_is_scored_on_the_same_scenes_and_a_failure_costs_onl
     assert [(p.version, p.updates, p.episodes, p.scenes) for p in points] == [(3, 300, 12, 2), (6, 600, 30, 2)]
     assert all(p.success == 0.0 and p.ci95[0] == 0.0 < p.ci95[1] for p in points)  # untrained: 0 of 2
     assert points[0].wall_s <= points[1].wall_s
+    # the families rotate over the scenes: one each, scored on its own
+    assert all(p.by_family == {f: {"success": 0.0, "ci95": [0.0, 0.793], "scenes": 1} for f in ("push", "pick")}
+               for p in points)

@@ -66,11 +66,12 @@ class RunConfig:
     operator: ScriptedOperatorConfig | None = field(default_factory=ScriptedOperatorConfig)
     curve_window: int = 20  # rolling window of the learning-curve plot (episodes)
     # At the end, the start's and the final weights' success alone on this many unseen scenes
-    # (paired, in a fresh process, ~1 min for 40); 0 = off.
+    # (paired, in a fresh process, ~1 min for 40); 0 = off. The task families rotate over them
+    # (scored per family too): 40 per family over three families is 120.
     eval_episodes: int = 40
     # While the run goes, the newest published weights are scored alone on the first this-many of
-    # those scenes whenever the scorer is free (a child process at nice 19, so the robots are not
-    # slowed); the learning curve and the fleet console show these points. 0 = off.
+    # those scenes (the families rotating) whenever the scorer is free (a child process at nice 19,
+    # so the robots are not slowed); the learning curve and the fleet console show these points. 0 = off.
     heldout_scenes: int = 10
     # ... no more often than this many updates apart: points spread over the run (4,000 updates: 16),
     # and the scorer leaves the dataset writer, which shares its spare CPU, most of it.

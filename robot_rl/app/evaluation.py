@@ -341,7 +341,8 @@ def evaluate_weights(weights: Path, job: HeldoutJob, desc: str) -> dict[str, Any
     finally:
         robot.disconnect()
     return {"success": result.success_rate, "ci95": [round(c, 3) for c in result.ci95], "episodes": len(job.seeds),
-            "weights": str(weights), "per_episode_success": [bool(e.success) for e in result.episodes]}
+            "weights": str(weights), "per_episode_success": [bool(e.success) for e in result.episodes],
+            "per_episode_family": [e.task_family for e in result.episodes]}
 
 
 def heldout_eval(weights: Path, cfg: RobotRLConfig, episodes: int, desc: str,
@@ -389,6 +390,44 @@ def paired_scores(result: dict | None, baseline: dict | None) -> dict | None:
     if not mine or not theirs or len(mine) != len(theirs):
         return None
     return compare_paired(mine, theirs).as_dict()
+
+
+def successes_by_family(result: dict | None) -> dict[str, list[bool]]:
+    """``evaluate_weights``' per-scene successes grouped by the scenes' task family, in the order the
+    families first come ({} for a result without per-scene families)."""
+    if not result or not result.get("per_episode_family"):
+        return {}
+    grouped: dict[str, list[bool]] = {}
+    for family, success in zip(result["per_episode_family"], result["per_episode_success"], strict=True):
+        grouped.setdefault(family, []).append(bool(success))
+    return grouped
+
+
+def family_scores(result: dict | None) -> dict[str, dict]:
+    """``evaluate_weights``' result per task family: {family: {success, ci95, scenes}}."""
+    scores = {}
+    for family, wins in successes_by_family(result).items():
+        low, high = wilson_interval(sum(wins), len(wins))
+        scores[family] = {"success": sum(wins) / len(wins), "ci95": [round(low, 3), round(high, 3)],
+                          "scenes": len(wins)}
+    return scores
+
+
+def paired_by_family(final: dict | None, start: dict | None) -> dict[str, dict]:
+    """``final`` against ``start`` per task family on the same held-out scenes: {family: {start, final,
+    start_ci, final_ci, n, p}}, ``p`` the exact McNemar test of ``compare_paired`` (as ``paired_scores``
+    over all scenes); {} unless both were scored scene by scene on the same scenes."""
+    before, after = successes_by_family(start), successes_by_family(final)
+    if not before or before.keys() != after.keys() or any(len(before[f]) != len(after[f]) for f in before):
+        return {}
+    out = {}
+    for family, wins in after.items():
+        comparison = compare_paired(wins, before[family])
+        out[family] = {"start": comparison.b_success, "final": comparison.a_success,
+                       "start_ci": list(wilson_interval(sum(before[family]), len(wins))),
+                       "final_ci": list(wilson_interval(sum(wins), len(wins))), "n": len(wins),
+                       "p": comparison.p_value}
+    return out
 
 
 def format_paired(paired: dict | None, missing: str = "-") -> str:

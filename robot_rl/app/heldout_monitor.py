@@ -23,11 +23,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from robot_rl.app.evaluation import HeldoutJob
+from robot_rl.app.evaluation import HeldoutJob, family_scores
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig
@@ -49,6 +49,8 @@ class HeldoutPoint:
     success: float
     ci95: tuple[float, float]  # Wilson 95 % interval
     scenes: int
+    # per task family (the families rotate over the scenes): {family: {success, ci95, scenes}}
+    by_family: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,4 +158,4 @@ class HeldoutMonitor:
             return version, None
         low, high = result["ci95"]
         return version, HeldoutPoint(version, updates, episodes, round(wall_s, 1), float(result["success"]),
-                                     (float(low), float(high)), int(result["episodes"]))
+                                     (float(low), float(high)), int(result["episodes"]), family_scores(result))

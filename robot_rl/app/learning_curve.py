@@ -19,6 +19,8 @@ import numpy as np
 from robot_rl.core.statistics import wilson_interval
 from robot_rl.replay.report import pyplot
 
+FAMILY_COLOURS = {"pick": "tab:orange", "push": "tab:cyan", "place": "tab:olive"}  # the sim's task families
+
 
 @dataclass(frozen=True)
 class EpisodeRecord:
@@ -157,9 +159,14 @@ class LearningCurve:
             points = [p for p in heldout if p.label == label]
             success = np.array([p.success for p in points])
             errors = np.array([[p.success - p.ci95[0] for p in points], [p.ci95[1] - p.success for p in points]])
-            marker, colour = ("s", "black") if points[0].endpoints else ("o", "tab:purple")
+            marker = "s" if points[0].endpoints else "o"
+            family = points[0].family
+            overall = "black" if points[0].endpoints else "tab:purple"
+            colour = FAMILY_COLOURS.get(family, "tab:gray") if family else overall
+            style = f"{marker}:" if family else marker  # a family's points joined by a dotted line
             for ax, xs in ((axes[0], [float(p.episodes) for p in points]), (axes[1], [p.wall_s / 60 for p in points])):
-                ax.errorbar(xs, success, yerr=errors, fmt=marker, color=colour, capsize=3, markersize=5, label=label)
+                ax.errorbar(xs, success, yerr=errors, fmt=style, color=colour, capsize=3, markersize=5, label=label,
+                            alpha=0.7 if family else 1.0)
         axes[0].set_xlabel("episodes (all robots)")
         axes[1].set_xlabel("wall-clock minutes")
         axes[0].set_ylabel("rate")
@@ -186,7 +193,8 @@ class CurvePoint:
     wall_s: float
     success: float
     ci95: tuple[float, float]
-    endpoints: bool = False  # the start's and the final weights' scores (drawn as black squares)
+    endpoints: bool = False  # the start's and the final weights' scores (drawn as squares)
+    family: str | None = None  # one task family's scenes (a colour per family); None: all scenes
 
 
 def _rates(records: Sequence[EpisodeRecord]) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class LocalRunResult:
     per_version: dict[int, VersionStats] = field(default_factory=dict)  # stored episodes' outcomes by weights
     checkpoint: Path | None = None  # the learner's final checkpoint (None when it did not train)
     updates_with_robots: int | None = None  # updates made while robots acted (the rest: min_updates)
+    family_shares: dict[str, float] = field(default_factory=dict)  # each task family's share of the samples trained on
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,7 @@ def collect_result(learner: LearnerService, results: list[tuple[int, int, int]],
         episodes=sum(r[0] for r in results), steps=sum(r[1] for r in results), successes=sum(r[2] for r in results),
         updates=learner.trainer.step, weights_version=learner.trainer.version, robot_versions=versions,
         store=learner.store.stats(), per_version=learner.store.outcomes.per_version(),
+        family_shares=learner.trainer.family_samples.shares(),
         checkpoint=latest_checkpoint(learner.config.trainer.checkpoint_dir) if trained else None)
 
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from robot_rl.app import behaviour_cloning, evaluation
 from robot_rl.app.config import LocalRunConfig
+from robot_rl.app.family_check import check_task_families
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.app.local_run import make_sim_robot_factory, run_local
@@ -205,6 +206,7 @@ def local_run_config(cfg: RobotRLConfig, run_dir: Path, viewer: Any = None) -> L
 def run_main_job(cfg: RobotRLConfig) -> dict:
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
     families = task_families(cfg)  # a bad value fails now, not after a BC start was trained
+    check_task_families(cfg, families)
     checkpoint = ensure_bc_checkpoint(cfg)
     share_cpu_with_robots(cfg)
     policy = run_policy(cfg, checkpoint)
@@ -278,14 +280,8 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
     run_dir.mkdir(parents=True, exist_ok=True)
     learner = learner or algorithm
     episodes = len(curve.records)
-    drawn = [CurvePoint(f"held-out per version ({p.scenes} scenes)", p.episodes, p.wall_s, p.success, p.ci95)
-             for p in heldout_points]
-    if heldout and heldout.get("start") and heldout.get("final"):
-        label = f"held-out start and final ({heldout['episodes']} scenes)"
-        for scored, at_episodes, at_s in ((heldout["start"], 0, 0.0),
-                                          (heldout["final"], episodes, ended_s or curve.elapsed_s())):
-            drawn.append(CurvePoint(label, at_episodes, at_s, scored["success"], tuple(scored["ci95"]),
-                                    endpoints=True))
+    by_family = evaluation.paired_by_family(heldout["final"], heldout["start"]) if heldout else {}
+    drawn = heldout_curve_points(heldout, heldout_points, by_family, episodes, ended_s or curve.elapsed_s())
     png = curve.plot(run_dir / "learning_curve.png", window=window, title=f"robot-rl run ({learner})",
                      heldout=drawn)
     summary = {
@@ -304,11 +300,39 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
         "curve_png": str(png),
         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
         "heldout": heldout,  # ``start_vs_final``: None when off or not trained
+        # per task family, on the same scenes: {family: {start, final, start_ci, final_ci, n, p}}
+        "heldout_by_family": by_family,
         "heldout_per_version": [p.to_dict() for p in heldout_points],
+        "family_shares": result.family_shares,  # each task family's share of the samples trained on
         "episodes_log": curve.to_json(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def heldout_curve_points(heldout: dict | None, points: Sequence[HeldoutPoint], by_family: dict[str, dict],
+                         episodes: int, ended_s: float) -> list[CurvePoint]:
+    """What the learning curve draws of the held-out scores: each version scored while running and
+    the start and final weights, over all scenes and, with more than one task family, per family."""
+    drawn = [CurvePoint(f"held-out per version ({p.scenes} scenes)", p.episodes, p.wall_s, p.success, p.ci95)
+             for p in points]
+    for p in points:
+        if len(p.by_family) > 1:
+            drawn += [CurvePoint(f"held-out per version: {family} ({score['scenes']} scenes)", p.episodes, p.wall_s,
+                                 score["success"], tuple(score["ci95"]), family=family)
+                      for family, score in p.by_family.items()]
+    if heldout and heldout.get("start") and heldout.get("final"):
+        label = f"held-out start and final ({heldout['episodes']} scenes)"
+        for scored, at_episodes, at_s in ((heldout["start"], 0, 0.0), (heldout["final"], episodes, ended_s)):
+            drawn.append(CurvePoint(label, at_episodes, at_s, scored["success"], tuple(scored["ci95"]),
+                                    endpoints=True))
+    if len(by_family) > 1:
+        for family, score in by_family.items():
+            label = f"held-out start and final: {family} ({score['n']} scenes)"
+            drawn += [CurvePoint(label, at_episodes, at_s, score[k], tuple(score[f"{k}_ci"]), endpoints=True,
+                                 family=family)
+                      for k, at_episodes, at_s in (("start", 0, 0.0), ("final", episodes, ended_s))]
+    return drawn
 
 
 def print_summary(summary: dict) -> None:
@@ -354,6 +378,16 @@ def print_summary(summary: dict) -> None:
         if paired:
             comparison = PairedComparison.from_dict(paired)
             print(f"final against start, scene by scene: {comparison.describe('the final', 'the start')}")
+    by_family = summary.get("heldout_by_family") or {}
+    if len(by_family) > 1:  # one family's line would repeat the line above
+        for family, score in by_family.items():
+            start, final = (evaluation.format_score({"success": score[k], "ci95": score[f"{k}_ci"]})
+                            for k in ("start", "final"))
+            print(f"  {family}: start {start} -> final {final} on {score['n']} scenes, final against start exact "
+                  f"McNemar p = {score['p']:.2g}")
+    shares = summary.get("family_shares") or {}
+    if len(shares) > 1:
+        print("samples trained on per task family: " + ", ".join(f"{f} {share:.0%}" for f, share in shares.items()))
     print(f"learning curve: {summary['curve_png']}; everything above: {Path(summary['curve_png']).parent}/summary.json")
 
 

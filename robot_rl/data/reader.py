@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 IMAGE_PREFIX = "observation.images."
 
@@ -75,6 +76,12 @@ def recorded_joint_names(root: str | Path) -> tuple[str, ...]:
     """The joints a dataset's ``observation.state`` names, in its order."""
     features = json.loads((Path(root) / "meta" / "info.json").read_text())["features"]
     return vector_names(features.get("observation.state", {}))
+
+
+def recorded_tasks(root: str | Path) -> tuple[str, ...]:
+    """The tasks (instructions) a dataset's episodes were recorded with (``meta/tasks.parquet``)."""
+    tasks = Path(root) / "meta" / "tasks.parquet"
+    return tuple(pq.read_table(tasks, columns=["task"]).column("task").to_pylist()) if tasks.exists() else ()
 
 
 def _episode_dict(columns: dict, tasks: dict[int, str]) -> dict:

@@ -183,6 +183,7 @@ def _learner(service: FleetSource, update_rate: UpdateRate) -> dict[str, Any]:
         "failure": trainer.failure,
         "stream_mix": {"online": config.trainer.online_ratio, "corrections": config.trainer.intervention_ratio,
                        "demonstrations": config.trainer.demonstration_ratio},
+        "family_shares": trainer.family_samples.shares(),  # each task family's share of the samples trained on
         "stream_steps": {stream: store.get(f"{stream}_steps", 0) for stream in ("online", "intervention",
                                                                                 "demonstration")},
         "staleness": ({"mean": round(float(staleness.mean()), 2), "max": int(staleness.max())}

@@ -31,6 +31,7 @@ from robot_rl.learner.algorithms.base import Algorithm, NonFiniteUpdateError
 from robot_rl.learner.algorithms.config import ALGORITHMS
 from robot_rl.learner.averaging import WeightAverage
 from robot_rl.learner.config import TrainerConfig
+from robot_rl.learner.family_balance import FamilyBalancedSampler, FamilyTally
 from robot_rl.learner.index import SampleSpec, SamplingIndex
 from robot_rl.learner.metrics import LearningLogger
 from robot_rl.learner.prefetch import BatchPrefetcher
@@ -94,9 +95,11 @@ class Trainer:
         offsets = policy.state_offsets
         self._spec = SampleSpec(policy.training_horizon, policy.cameras, offsets.max_offset, offsets.weights,
                                 config.rewards, policy.observation_history)
+        sampler = FamilyBalancedSampler(index, config.family_balance)
+        self.family_samples = FamilyTally()  # each task family's share of what was trained on
         # The next batch is drawn (frames read back, pinned on CUDA) while an update runs.
         self._prefetch = BatchPrefetcher(
-            lambda rng: self.index.sample(config.batch_size, config.stream_ratios, self._spec, rng), self.rng,
+            lambda rng: sampler.sample(config.batch_size, config.stream_ratios, self._spec, rng), self.rng,
             pin=self.device.type == "cuda")
         self._lock = threading.Lock()  # one update / checkpoint / publish at a time
         self._said_unused_streams = False  # ready(): said once why stored steps do not count
@@ -163,6 +166,7 @@ class Trainer:
         metrics = self.update_or_skip(batch)
         if metrics is None:
             return {"skipped_nonfinite": 1.0}
+        metrics = {**metrics, **self.family_samples.add(batch["instruction"])}
         if self.average is not None:
             self.average.update(self.policy)
         self.step += 1
