@@ -167,13 +167,6 @@ class FamilyBalanceConfig:
     each family's share of the stored steps."""
 
     enabled: bool = True
-    # Batches the index draws at most for one batch, to fill the rarest family's share: a family with
-    # a twelfth of the steps fills its third of a batch in about five, and within 16 in 500 of 500.
-    max_draws: int = 16
-
-    def __post_init__(self) -> None:
-        if self.max_draws < 1:
-            raise ValueError(f"FamilyBalanceConfig: max_draws must be >= 1, got {self.max_draws}")
 
 
 @dataclass

@@ -13,18 +13,18 @@ words each family's instructions its own way); an instruction that is not one of
 counts as ``OTHER_FAMILY``, so a real robot's single task is one family, sampled exactly as
 without balancing.
 
-How: the index draws batches as it always does (``SamplingIndex.sample``: the stream ratios,
-state offsets, frames, the quarantine of unreadable ones), and the sampler keeps from them each
-family's share, drawing again, at most ``max_draws`` batches in all, until every family the index
-holds has its share (balanced data: two draws a batch; a family with a twelfth of the steps: about
-five). A family too rare to fill its share in that many draws (or held only in a stream the ratios
-leave out) keeps what was found and the others fill the batch; ``FamilyTally`` reports the shares
-trained on, so that shows. With one family the index's draw is the batch, sample for sample the
-unbalanced one.
+How: each family's share is drawn by the index from that family's entries alone
+(``SamplingIndex.sample`` with ``keep``: the stream ratios, state offsets, frames and the quarantine
+of unreadable ones as always, within the family), and the shares are laid end to end: exact shares,
+and no sample drawn (its frames read back) only to be thrown away. A family the index holds only in
+streams the ratios leave out has no share; the others divide the batch. ``FamilyTally`` reports the
+shares trained on. With one family the index's draw is the batch, sample for sample the unbalanced
+one.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -40,6 +40,7 @@ OTHER_FAMILY = "other"  # the family of every instruction that is not one of the
 SHARE_METRIC = "family_share/"  # prefix of each family's share of a batch in the learning metrics
 
 
+@functools.lru_cache(maxsize=4096)  # few distinct instructions, asked of every entry for every share drawn
 def family_of(instruction: str) -> str:
     """The sim task family an instruction asks for, else ``OTHER_FAMILY``."""
     try:
@@ -73,54 +74,36 @@ class FamilyBalancedSampler:
 
     def sample(self, batch_size: int, ratios: Mapping[str, float], spec: SampleSpec,
                rng: np.random.Generator) -> dict:
-        held = self.held_families() if self.config.enabled else []
-        if len(held) < 2:
+        families = self.held_families() if self.config.enabled else []
+        if len(families) < 2:
             return self.index.sample(batch_size, ratios, spec, rng)
-        quotas = family_quotas(held, batch_size, rng)
-        draws: list[dict] = []
-        families: list[str] = []  # of every row drawn, in draw order
-        while len(draws) < self.config.max_draws:
-            draws.append(self.index.sample(batch_size, ratios, spec, rng))
-            families += [family_of(text) for text in draws[-1]["instruction"]]
-            counts = Counter(families)
-            if all(counts[family] >= quota for family, quota in quotas.items()):
-                break
-        found = sorted(set(families))
-        if found != held:  # a family the draws never met (e.g. only in a stream the ratios leave out)
-            quotas = family_quotas(found, batch_size, rng)
-        return take_rows(draws, balanced_rows(families, quotas))
+        while True:
+            quotas = family_quotas(families, batch_size, rng)
+            shares, empty = [], []
+            for family, quota in quotas.items():
+                if quota == 0:  # a batch smaller than the number of families
+                    continue
+                try:
+                    keep = functools.partial(in_family, family)
+                    shares.append(self.index.sample(quota, ratios, spec, rng, keep=keep))
+                except LookupError:  # none of its steps is in a stream the ratios draw from
+                    empty.append(family)
+            if not empty:
+                return join_batches(shares)
+            families = [family for family in families if family not in empty]
+            if not families:
+                raise LookupError(f"no task family holds steps in the streams with a positive ratio ({dict(ratios)})")
 
 
-def balanced_rows(families: Sequence[str], quotas: Mapping[str, int]) -> list[int]:
-    """Which of the drawn rows (``families[i]``: row i's family) make the batch: each family's first
-    ``quotas[family]`` rows, and where a family has fewer, the next rows of the others in draw
-    order; in draw order."""
-    taken: Counter[str] = Counter()
-    chosen, spare = [], []
-    for row, family in enumerate(families):
-        if taken[family] < quotas.get(family, 0):
-            taken[family] += 1
-            chosen.append(row)
-        else:
-            spare.append(row)
-    short = sum(quotas.values()) - len(chosen)
-    return sorted(chosen + spare[:short])
+def in_family(family: str, instruction: str) -> bool:
+    return family_of(instruction) == family
 
 
-def take_rows(draws: Sequence[dict], rows: Sequence[int]) -> dict:
-    """The batch of ``rows`` of the ``draws`` laid end to end (tensors by their first dimension,
-    lists such as the instructions item by item)."""
-    if len(draws) == 1 and list(rows) == list(range(len(draws[0]["instruction"]))):
-        return draws[0]
-    picked = torch.as_tensor(rows, dtype=torch.int64)
-    batch: dict = {}
-    for key, value in draws[0].items():
-        if isinstance(value, torch.Tensor):
-            batch[key] = torch.cat([d[key] for d in draws]).index_select(0, picked)
-        else:
-            joined = [item for d in draws for item in d[key]]
-            batch[key] = [joined[row] for row in rows]
-    return batch
+def join_batches(batches: Sequence[dict]) -> dict:
+    """The batches laid end to end (tensors along their first dimension, lists such as the
+    instructions item by item)."""
+    return {key: torch.cat([b[key] for b in batches]) if isinstance(value, torch.Tensor)
+            else [item for b in batches for item in b[key]] for key, value in batches[0].items()}
 
 
 class FamilyTally:

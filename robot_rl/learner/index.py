@@ -39,7 +39,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -480,7 +480,7 @@ class SamplingIndex:
     def counts(self) -> dict[str, int]:
         """Steps per stream."""
         with self._lock:
-            cumulative = self._cumulative_locked()
+            cumulative, _ = self._cumulative_locked()
             return {s: int(cumulative[s][-1]) if len(cumulative[s]) else 0 for s in STREAMS}
 
     def held_steps(self) -> int:
@@ -499,7 +499,7 @@ class SamplingIndex:
             return [[*key, self._entries[key].length] for key in self._keys]
 
     def sample(self, batch_size: int, ratios: Mapping[str, float], spec: SampleSpec,
-               rng: np.random.Generator) -> dict:
+               rng: np.random.Generator, keep: Callable[[str], bool] | None = None) -> dict:
         """A training batch (torch tensors, FlowVLA layout) mixing streams by ``ratios``.
 
         Ratios are renormalised over the streams that hold data, so an empty
@@ -509,11 +509,12 @@ class SamplingIndex:
         ``spec.rewards``), for algorithms that need them.
 
         A stored episode whose frames do not decode is quarantined (left out of sampling from then
-        on, said in one line) and the batch drawn again without it.
+        on, said in one line) and the batch drawn again without it. ``keep``: draw only from the entries
+        whose instruction it keeps (a task family's share of a batch: ``robot_rl.learner.family_balance``).
         """
         while True:
             state = rng.bit_generator.state
-            plan = self.plan(batch_size, ratios, spec, rng)
+            plan = self.plan(batch_size, ratios, spec, rng, keep)
             try:
                 return self.fill(plan)
             except UnreadableFramesError as exc:
@@ -545,12 +546,16 @@ class SamplingIndex:
         return bool(keys)
 
     def plan(self, batch_size: int, ratios: Mapping[str, float], spec: SampleSpec,
-             rng: np.random.Generator) -> BatchPlan:
+             rng: np.random.Generator, keep: Callable[[str], bool] | None = None) -> BatchPlan:
         """Which steps a batch holds, with every column but the frames; each frame as (entry, camera,
         frame number) and, while the entry holds them, its frames in memory. ``fill`` completes it."""
         self._whole()
         with self._lock:
-            cumulative = self._cumulative_locked()
+            if keep is None:
+                cumulative, stream_keys = self._cumulative_locked()
+            else:  # counted for this draw only: a filter's entries change as episodes arrive
+                cumulative, stream_keys = self._cumulative_of_locked(
+                    [k for k in self._keys if keep(self._entries[k].instruction)])
             totals = np.array([cumulative[s][-1] if len(cumulative[s]) else 0 for s in STREAMS], dtype=np.int64)
             weights = np.array([ratios.get(s, 0.0) if totals[i] > 0 else 0.0 for i, s in enumerate(STREAMS)])
             if weights.sum() <= 0:
@@ -563,7 +568,7 @@ class SamplingIndex:
                 stream = STREAMS[stream_index]
                 pick = int(rng.integers(0, totals[stream_index]))
                 slot = int(np.searchsorted(cumulative[stream], pick, side="right"))
-                key = self._stream_keys[stream][slot]
+                key = stream_keys[stream][slot]
                 before = int(cumulative[stream][slot - 1]) if slot else 0
                 t = int(self._positions[(key, stream)][pick - before])
                 entry = self._entries[key]
@@ -643,11 +648,18 @@ class SamplingIndex:
         self._rewards[key] = (length, config, rewards)
         return rewards
 
-    def _cumulative_locked(self) -> dict[str, np.ndarray]:
+    def _cumulative_locked(self) -> tuple[dict[str, np.ndarray], dict[str, list[EntryKey]]]:
+        """Per stream, the cumulative step counts of the entries holding its steps, and those entries
+        (kept until the content changes)."""
         if self._cumulative is None:
-            self._cumulative, self._stream_keys = {}, {}
-            for stream in STREAMS:
-                keys = [k for k in self._keys if len(self._positions[(k, stream)])]
-                self._stream_keys[stream] = keys
-                self._cumulative[stream] = np.cumsum([len(self._positions[(k, stream)]) for k in keys], dtype=np.int64)
-        return self._cumulative
+            self._cumulative, self._stream_keys = self._cumulative_of_locked(self._keys)
+        return self._cumulative, self._stream_keys
+
+    def _cumulative_of_locked(self, keys: Sequence[EntryKey]) -> tuple[dict[str, np.ndarray],
+                                                                        dict[str, list[EntryKey]]]:
+        cumulative, stream_keys = {}, {}
+        for stream in STREAMS:
+            held = [k for k in keys if len(self._positions[(k, stream)])]
+            stream_keys[stream] = held
+            cumulative[stream] = np.cumsum([len(self._positions[(k, stream)]) for k in held], dtype=np.int64)
+        return cumulative, stream_keys
