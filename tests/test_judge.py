@@ -12,7 +12,7 @@ from tests.detector_helpers import episodes, one_torch_thread  # noqa: F401 (a f
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CONFIG = DetectorConfig(cameras=("front",), epochs=20, heldout_fraction=0.25, min_labelled=12, min_per_outcome=3,
+CONFIG = DetectorConfig(cameras=("front",), epochs=20, calibration_folds=4, min_labelled=12, min_per_outcome=3,
                         retrain_every=4)
 
 
