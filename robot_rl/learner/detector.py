@@ -358,9 +358,9 @@ class TaskDetector:
         return bool(self.models) and self.calibration is not None
 
     def fit(self, episodes: Sequence[LabelledEpisode | PreparedEpisode]) -> Calibration:
-        """Calibrate on out-of-fold scores, then fit the judging head on all the episodes (module doc)."""
+        """Calibrate on out-of-fold scores, then fit a head on all the episodes too (module doc)."""
         if len(episodes) < 2:
-            raise ValueError(f"the success detector needs two or more labelled episodes to learn from, got {len(episodes)}")
+            raise ValueError(f"the success detector needs two or more labelled episodes, got {len(episodes)}")
         config = self.config
         prepared = [e if isinstance(e, PreparedEpisode) else prepare(e, config) for e in episodes]
         outcomes = np.array([e.success for e in prepared])
