@@ -21,14 +21,14 @@ from tests.detector_helpers import episodes, one_torch_thread, synthetic_episode
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CONFIG = DetectorConfig(cameras=("front",), epochs=20, calibration_folds=4)
+CONFIG = DetectorConfig(cameras=("front",), epochs=15, calibration_folds=3)
 
 
 def test_a_detector_trained_on_a_handful_of_episodes_separates_held_out_ones():
     detector = TaskDetector(CONFIG)
     calibration = detector.fit(episodes(0, 32))
     # Every episode is scored out of fold, then the judging head learns from all of them.
-    assert calibration.heldout_episodes == calibration.trained_episodes == 32 and calibration.folds == 4
+    assert calibration.heldout_episodes == calibration.trained_episodes == 32 and calibration.folds == 3
     unseen = episodes(1, 40)
     verdicts = [detector.predict(e.frames) for e in unseen]
     right = [v.success == e.success for v, e in zip(verdicts, unseen, strict=True)]
@@ -74,6 +74,29 @@ def test_folds_deal_each_outcome_round_so_every_folds_head_learns_both():
         assert trained.any() and not trained.all()  # the head scoring this fold saw both outcomes
     few = calibration_folds([True, False, True], DetectorConfig(calibration_folds=5))
     assert sorted(few.tolist()) == [0, 1, 2]  # fewer episodes than folds: one fold each
+
+
+def test_the_threshold_is_set_on_scores_from_heads_that_never_saw_the_episode():
+    labelled = episodes(0, 24)
+    detector = TaskDetector(CONFIG)
+    calibration = detector.fit(labelled)
+    outcomes = np.array([e.success for e in labelled])
+    folds = calibration_folds(outcomes, CONFIG)
+    assert len(detector.models) == calibration.folds + 1  # one head per fold, then one on all
+    # Fold f's head, fit without fold f, scored fold f's episodes: the threshold is the best on those.
+    out_of_fold = np.array([_single_head_score(detector, detector.models[fold], e) for e, fold in
+                            zip(labelled, folds, strict=True)])
+    assert calibration.threshold == pytest.approx(best_threshold(out_of_fold, outcomes), abs=1e-5)
+    # A verdict's score is the heads' mean.
+    unseen = episodes(1, 1)[0]
+    assert detector.score(unseen.frames) == pytest.approx(
+        np.mean([_single_head_score(detector, head, unseen) for head in detector.models]), abs=1e-6)
+
+
+def _single_head_score(detector: TaskDetector, head, episode) -> float:
+    alone = TaskDetector(detector.config)
+    alone.models, alone._preprocess, alone.calibration = [head], detector._preprocess, detector.calibration
+    return alone.score(episode.frames)
 
 
 def test_the_reported_accuracy_judges_each_fold_at_a_threshold_set_without_its_verdicts():

@@ -25,7 +25,8 @@ operators already give:
   and shared by the folds, so a fold costs one head fit. A head is then fit on all labelled
   episodes, and a verdict's score is the mean of its probability and the fold heads': that head
   alone scores on another scale than the fold heads the threshold was set on (trained on a fifth
-  more, it is surer), and on the push bench it misjudged up to 8 % of the episodes the mean judged right.
+  more, it is surer): on the push bench at 50 labelled episodes it alone judged 91.7 % of the test
+  scenes right, the mean 100 %.
 
     >>> detector = TaskDetector(DetectorConfig())
     >>> calibration = detector.fit(labelled_episodes)        # LabelledEpisode(task, frames, success)
@@ -70,7 +71,7 @@ class Verdict:
     success: bool
     confidence: float  # 0.5..1: how far the score lies on its side of the threshold (1: at 0 or 1)
     sure: bool  # outside the calibrated margin: may stand in for a person's verdict
-    score: float  # the classifier's probability of success (mean over the last frames)
+    score: float  # the classifier's probability of success (mean over its heads and the last frames)
 
 
 @dataclass
@@ -300,7 +301,7 @@ def sure_margin(scores: np.ndarray, outcomes: np.ndarray, threshold: float, conf
     return math.inf
 
 
-def calibration_folds(outcomes: Sequence[bool], config: DetectorConfig) -> np.ndarray:
+def calibration_folds(outcomes: Sequence[bool] | np.ndarray, config: DetectorConfig) -> np.ndarray:
     """Each episode's fold (int [N]): ``calibration_folds`` folds, or one per episode when there are
     fewer. Each outcome is dealt round the folds in an order drawn with ``config.seed``, so no fold
     holds all of an outcome's episodes while it has two or more: every fold's head learns both."""
@@ -392,7 +393,7 @@ class TaskDetector:
         return self.calibration
 
     def score(self, frames: Mapping[str, np.ndarray]) -> float:
-        """The classifier's probability of success, averaged over the episode's last frames."""
+        """The heads' probability of success, averaged over the heads and the episode's last frames."""
         return self._score_inputs(verdict_inputs(frames, self.config))
 
     def _score_inputs(self, images: Mapping[str, np.ndarray]) -> float:
