@@ -14,12 +14,14 @@ SIZE = 48  # camera frames (resized to the detector's input size)
 TICKS = 12
 
 
-def synthetic_episode(rng: np.random.Generator, success: bool, takeover_at: int | None = None) -> LabelledEpisode:
+def synthetic_episode(rng: np.random.Generator, success: bool, takeover_at: int | None = None,
+                      near_miss: bool = False) -> LabelledEpisode:
     """A "cube" (bright square) starts at a random spot on the left and is carried right: in a success
-    into the "bowl" strip at the right edge, in a failure only part of the way (a near miss), as a
-    place task's frames would show."""
+    into the "bowl" strip at the right edge, in a failure only part of the way, as a place task's
+    frames would show; a ``near_miss`` failure stops just short of the bowl."""
     start = np.array([rng.integers(4, 36), rng.integers(2, 12)])
-    end = np.array([rng.integers(4, 36), rng.integers(34, 38) if success else rng.integers(14, 26)])
+    reach = (34, 38) if success else (27, 31) if near_miss else (14, 26)
+    end = np.array([rng.integers(4, 36), rng.integers(*reach)])
     frames = np.full((TICKS, SIZE, SIZE, 3), 40, dtype=np.uint8)
     frames += rng.integers(0, 20, size=frames.shape, dtype=np.uint8)  # sensor noise
     for t in range(TICKS):

@@ -1,5 +1,5 @@
 """The success detector (robot_rl.learner.detector): trained on a handful of labelled episodes, it
-judges held-out ones; its threshold and sure-margin come from held-out episodes."""
+judges held-out ones; its threshold and sure-margin come from every labelled episode's out-of-fold score."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from robot_rl.learner.detector import (
     TaskDetector,
     best_threshold,
-    heldout_split,
+    calibration_folds,
+    cross_validated_accuracy,
     sure_margin,
     training_samples,
 )
@@ -20,13 +21,14 @@ from tests.detector_helpers import episodes, one_torch_thread, synthetic_episode
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CONFIG = DetectorConfig(cameras=("front",), epochs=20, heldout_fraction=0.25)
+CONFIG = DetectorConfig(cameras=("front",), epochs=15, calibration_folds=3)
 
 
 def test_a_detector_trained_on_a_handful_of_episodes_separates_held_out_ones():
     detector = TaskDetector(CONFIG)
     calibration = detector.fit(episodes(0, 32))
-    assert calibration.trained_episodes + calibration.heldout_episodes == 32
+    # Every episode is scored out of fold, then the judging head learns from all of them.
+    assert calibration.heldout_episodes == calibration.trained_episodes == 32 and calibration.folds == 3
     unseen = episodes(1, 40)
     verdicts = [detector.predict(e.frames) for e in unseen]
     right = [v.success == e.success for v, e in zip(verdicts, unseen, strict=True)]
@@ -63,9 +65,50 @@ def test_the_threshold_and_margin_come_from_the_held_out_scores():
     assert math.isinf(sure_margin(np.array([0.6]), np.array([False]), 0.5, config))
 
 
-def test_the_held_out_split_keeps_each_outcome_on_both_sides():
-    held = heldout_split([True] * 2 + [False] * 8, DetectorConfig(heldout_fraction=0.3))
-    assert held[:2].sum() == 1 and 1 <= held[2:].sum() <= 7
+def test_folds_deal_each_outcome_round_so_every_folds_head_learns_both():
+    outcomes = [True] * 10 + [False] * 2
+    folds = calibration_folds(outcomes, DetectorConfig(calibration_folds=5))
+    assert sorted(np.bincount(folds)) == [2, 2, 2, 3, 3]  # 12 episodes, as even as they go
+    for fold in range(5):
+        trained = np.array(outcomes)[folds != fold]
+        assert trained.any() and not trained.all()  # the head scoring this fold saw both outcomes
+    few = calibration_folds([True, False, True], DetectorConfig(calibration_folds=5))
+    assert sorted(few.tolist()) == [0, 1, 2]  # fewer episodes than folds: one fold each
+
+
+def test_the_threshold_is_set_on_scores_from_heads_that_never_saw_the_episode():
+    labelled = episodes(0, 24)
+    detector = TaskDetector(CONFIG)
+    calibration = detector.fit(labelled)
+    outcomes = np.array([e.success for e in labelled])
+    folds = calibration_folds(outcomes, CONFIG)
+    assert len(detector.models) == calibration.folds + 1  # one head per fold, then one on all
+    # Fold f's head, fit without fold f, scored fold f's episodes: the threshold is the best on those.
+    out_of_fold = np.array([_single_head_score(detector, detector.models[fold], e) for e, fold in
+                            zip(labelled, folds, strict=True)])
+    assert calibration.threshold == pytest.approx(best_threshold(out_of_fold, outcomes), abs=1e-5)
+    # A verdict's score is the heads' mean.
+    unseen = episodes(1, 1)[0]
+    assert detector.score(unseen.frames) == pytest.approx(
+        np.mean([_single_head_score(detector, head, unseen) for head in detector.models]), abs=1e-6)
+
+
+def _single_head_score(detector: TaskDetector, head, episode) -> float:
+    alone = TaskDetector(detector.config)
+    alone.models, alone._preprocess, alone.calibration = [head], detector._preprocess, detector.calibration
+    return alone.score(episode.frames)
+
+
+def test_the_reported_accuracy_judges_each_fold_at_a_threshold_set_without_its_verdicts():
+    # Two folds separate at 0.5; the third holds a failure at 0.3 and a success at 0.35. Tuned on all
+    # six, a threshold between them judges every one right; the third fold's threshold, set on the other
+    # two, is 0.5 and misjudges its success: the estimate does not credit the tuning.
+    scores = np.array([0.1, 0.9, 0.2, 0.8, 0.3, 0.35])
+    outcomes = np.array([False, True, False, True, False, True])
+    folds = np.array([0, 0, 1, 1, 2, 2])
+    tuned = best_threshold(scores, outcomes)
+    assert ((scores >= tuned) == outcomes).all()
+    assert cross_validated_accuracy(scores, outcomes, folds) == pytest.approx(5 / 6)
 
 
 def test_an_untrained_detector_refuses_to_judge():

@@ -12,7 +12,7 @@ from tests.detector_helpers import episodes, one_torch_thread  # noqa: F401 (a f
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CONFIG = DetectorConfig(cameras=("front",), epochs=20, heldout_fraction=0.25, min_labelled=12, min_per_outcome=3,
+CONFIG = DetectorConfig(cameras=("front",), epochs=15, calibration_folds=3, min_labelled=12, min_per_outcome=3,
                         retrain_every=4)
 
 
@@ -22,7 +22,8 @@ def test_operators_verdicts_train_the_detector_that_then_judges_unjudged_episode
     assert judge.judge("place", unseen[0].frames) is None  # no verdicts yet: nothing to judge with
     fits = [judge.learn(episode, VerdictSource.operator) for episode in episodes(0, 32)]
     assert [i for i, fit in enumerate(fits) if fit is not None] == [11, 15, 19, 23, 27, 31]  # at 12, then every 4 more
-    assert judge.calibrations()["place"].trained_episodes + judge.calibrations()["place"].heldout_episodes == 32
+    calibration = judge.calibrations()["place"]  # the last fit: every verdict scored out of fold, then learned
+    assert calibration.heldout_episodes == calibration.trained_episodes == 32
     verdicts = [judge.judge("place", e.frames) for e in unseen]
     assert all(v is not None for v in verdicts)
     # Far above chance, not an exact score: the fit's float sums differ between CPUs, and a detector

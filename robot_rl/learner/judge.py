@@ -5,11 +5,13 @@ Verdicts come from three sources (``VerdictSource``): an operator (a person said
 a detector that learned from its own verdicts would only grow surer of its mistakes. Each task's
 detector is fit once the task has ``min_labelled`` verdicts with ``min_per_outcome`` of each
 outcome, and fit again from scratch after every ``retrain_every`` new ones (a fresh fit calibrates
-its threshold on held-out episodes that include the newest). An episode nobody judged gets the
-detector's verdict with its confidence, or none while its task's detector is not trained.
+its threshold on every labelled episode's out-of-fold score, the newest's among them). An episode
+nobody judged gets the detector's verdict with its confidence, or none while its task's detector is
+not trained.
 
-Fitting takes seconds to a minute on a CPU; ``learn`` fits on the calling thread, so the learner
-calls it from a thread that may wait (never the one that acks robots).
+Fitting takes seconds to a minute or two on a CPU (``calibration_folds`` + 1 head fits); ``learn``
+fits on the calling thread, so the learner calls it from a thread that may wait (never the one that
+acks robots).
 """
 
 from __future__ import annotations
@@ -73,10 +75,9 @@ class SuccessJudge:
             calibration = detector.fit(episodes)
             with self._lock:
                 task.detector, task.received_at_fit = detector, task.received
-        log.info("success detector for %r fit on %d labelled episodes: held-out accuracy %.1f%% on %d, threshold "
-                 "%.2f, sure beyond +-%.2f", episode.task, calibration.trained_episodes,
-                 100 * calibration.heldout_accuracy, calibration.heldout_episodes, calibration.threshold,
-                 calibration.margin)
+        log.info("success detector for %r fit on %d labelled episodes: %d-fold cross-validated accuracy %.1f%%, "
+                 "threshold %.2f, sure beyond +-%.2f", episode.task, calibration.trained_episodes, calibration.folds,
+                 100 * calibration.heldout_accuracy, calibration.threshold, calibration.margin)
         return calibration
 
     def _fit_due(self, task: _Task, episodes: list[PreparedEpisode]) -> bool:
