@@ -462,8 +462,11 @@ class SamplingIndex:
 
     @property
     def frame_bytes(self) -> int:
-        """Bytes of camera frames held in memory (what ``memory_budget`` bounds, with the open episodes)."""
-        return self._frame_bytes
+        """Bytes of camera frames held in memory (what ``memory_budget`` bounds, with the open episodes).
+        Read under the lock: between an append and the eviction it brings about the count is over the
+        budget for a moment, and the store would hold robots back for nothing."""
+        with self._lock:
+            return self._frame_bytes
 
     @property
     def entries_on_disk(self) -> int:
