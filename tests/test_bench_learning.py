@@ -107,7 +107,7 @@ def test_heldout_evaluation_runs_in_a_fresh_process_and_a_failure_costs_no_resul
     cfg = load_config([*TINY_SIM, "robot.max_episode_steps=4"])
     heldout = heldout_eval(tmp_path / "weights", cfg, 1, "child")
     assert heldout == {"success": 0.0, "ci95": heldout["ci95"], "episodes": 1, "weights": str(tmp_path / "weights"),
-                       "per_episode_success": [False]}
+                       "per_episode_success": [False], "per_episode_family": ["push"]}
     assert heldout_eval(tmp_path / "missing", cfg, 1, "child") is None  # logged, not raised
     # Several weights in one child: a missing one costs only its own score.
     FlowVLA(config).save_pretrained(tmp_path / "later")

@@ -187,6 +187,32 @@ def test_a_spill_whose_disk_fills_says_so_once_and_frames_leave_for_the_dataset_
     assert len(said) == 1 and "No space left" in said[0] and "\n" not in said[0]
 
 
+def test_an_episode_closed_early_takes_its_re_sent_steps_after_its_frames_went_to_the_spill(tmp_path):
+    """A robot held back re-sends an episode's last segments after it has started the next one: the store
+    closed that episode early and its frames left for the spill. The late steps join it; none is lost."""
+    from robot_rl.learner.frame_spill import FrameSpill
+    from robot_rl.learner.stored_frames import FrameReader
+
+    spill = FrameSpill(tmp_path / "spill", 1 << 20)
+    index = SamplingIndex(CAMERAS, memory_budget=int(BUDGET_MB * (1 << 20)), reader=FrameReader({}, 0), spill=spill)
+    reference = SamplingIndex(CAMERAS)
+    steps = {ep: camera_steps(40, ep, IMG, IMG) for ep in range(4)}
+    first, late = steps[0][:24], steps[0][24:]
+    for target in (index, reference):
+        target.append(("r0", 0, 0), steps_to_columns(first, CAMERAS), "pick the cube")
+    for target in (index, reference):
+        target.mark_finished(("r0", 0, 0))  # closed early: its robot started episode 1
+    for ep in (1, 2, 3):
+        index.append(("r0", ep, 0), steps_to_columns(steps[ep], CAMERAS), "pick the cube")
+        reference.append(("r0", ep, 0), steps_to_columns(steps[ep], CAMERAS), "pick the cube")
+    assert ("r0", 0, 0) in index._spilled
+    index.append(("r0", 0, 0), steps_to_columns(late, CAMERAS), "pick the cube")  # the re-sent segments
+    reference.append(("r0", 0, 0), steps_to_columns(late, CAMERAS), "pick the cube")
+    assert sum(index.counts().values()) == 4 * 40 and index.frame_bytes <= index.memory_budget
+    assert_same_batches(index, reference, range(3))
+    spill.close()
+
+
 def test_a_batch_whose_spill_file_was_dropped_since_its_plan_is_drawn_again_the_same(tmp_path, monkeypatch):
     import robot_rl.learner.index as index_module
 

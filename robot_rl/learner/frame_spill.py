@@ -80,19 +80,19 @@ class FrameSpill:
     def has_room(self, nbytes: int) -> bool:
         return self.failed is None and self.bytes + nbytes <= self.max_bytes
 
-    def oldest_keys(self) -> list[Hashable] | None:
-        """The entries in the oldest file (what ``drop_oldest`` would drop), or None with no file."""
+    def oldest(self) -> tuple[str, list[Hashable]] | None:
+        """The oldest file (what ``drop_oldest`` would drop) and the entries written to it (some may have
+        been written again since, elsewhere), or None with no file."""
         for spill_file in self._files.values():
-            return list(spill_file.keys)
+            return str(spill_file.path), list(spill_file.keys)
         return None
 
-    def drop_oldest(self) -> list[Hashable]:
-        """Delete the oldest file; the entries whose frames it held."""
+    def drop_oldest(self) -> None:
+        """Delete the oldest file."""
         _, spill_file = self._files.popitem(last=False)
         os.close(spill_file.fd)
         spill_file.path.unlink(missing_ok=True)
         self.bytes -= spill_file.size
-        return spill_file.keys
 
     def put(self, key: Hashable, frames: Mapping[str, np.ndarray]) -> dict[str, SpilledFrames] | None:
         """Write an entry's frames (camera -> uint8 [T, ...]); where each camera's went, or None when the
@@ -135,6 +135,19 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written
+
+
+def read_all_spilled(where: SpilledFrames) -> np.ndarray:
+    """All of an entry's frames of one camera, uint8 [count, *frame_shape], in one read."""
+    frames = np.empty((where.count, *where.frame_shape), dtype=np.uint8)
+    fd = os.open(where.path, os.O_RDONLY)
+    try:
+        got = os.preadv(fd, [frames], where.offset)
+    finally:
+        os.close(fd)
+    if got != frames.nbytes:
+        raise OSError(f"{where.path}: {got} of {frames.nbytes} bytes of a spilled entry (a spill file cut short)")
+    return frames
 
 
 def read_spilled(wanted: Sequence[tuple[SpilledFrames, int]]) -> list[np.ndarray]:

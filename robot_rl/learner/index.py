@@ -48,7 +48,7 @@ import torch
 
 from robot_rl.core.types import EpisodeVerdict, Step, source_code
 from robot_rl.learner.config import RewardConfig
-from robot_rl.learner.frame_spill import FrameSpill, SpilledFrames, read_spilled
+from robot_rl.learner.frame_spill import FrameSpill, SpilledFrames, read_all_spilled, read_spilled
 from robot_rl.learner.rewards import TASK_CODE, EpisodeRewards, episode_rewards, transition_fields
 from robot_rl.learner.stored_frames import FrameReader, StoredEpisode, UnreadableFramesError
 from robot_rl.learner.streams import STREAMS
@@ -108,6 +108,10 @@ class GrowingEpisode:
     def drop_frames(self) -> None:
         """Let the camera frames go (the dataset holds them); every other column stays."""
         self._arrays = {name: buf for name, buf in self._arrays.items() if not name.startswith(IMAGES)}
+
+    def restore_frames(self, frames: Mapping[str, np.ndarray]) -> None:
+        """Hold ``images.<cam>`` -> frames [length, ...] again (they were let go), to take more steps."""
+        self._arrays.update(frames)
 
     def frames(self, name: str) -> np.ndarray | None:
         """The ``images.<cam>`` frames held in memory, or None once they were let go."""
@@ -367,8 +371,10 @@ class SamplingIndex:
                 entry = GrowingEpisode(instruction, is_demonstration=key[0] == DEMO_ROBOT)
                 self._entries[key] = entry
                 bisect.insort(self._keys, key)
-            if key in self._spilled or key in self._on_disk:
-                raise ValueError(f"entry {key} was finished and its frames left memory: it takes no more steps")
+            if key in self._spilled:
+                self._unspill_locked(key, entry)  # more of an episode closed early (re-sent segments)
+            elif key in self._on_disk:
+                raise ValueError(f"entry {key} is in the dataset and its frames left memory: it takes no more steps")
             before = entry.frame_bytes()
             entry.append(columns)
             self._frame_bytes += entry.frame_bytes() - before
@@ -433,15 +439,22 @@ class SamplingIndex:
             return False
         entry = self._entries[key]
         frames = entry.frame_columns()
+        if not frames:
+            return False
         nbytes = sum(f.nbytes for f in frames.values())
         while not self.spill.has_room(nbytes):
-            oldest = self.spill.oldest_keys()
-            if self.spill.failed is not None or oldest is None or any(
-                    k in self._entries and k not in self._dataset for k in oldest):
+            oldest = self.spill.oldest()
+            if self.spill.failed is not None or oldest is None:
+                return False
+            path, written = oldest
+            held = [k for k in map(_entry_key, written)  # those whose frames are there now
+                    if k in self._spilled and next(iter(self._spilled[k].values())).path == path]
+            if any(k not in self._dataset for k in held):
                 return False  # only episodes the dataset holds may leave the spill
-            for dropped in map(_entry_key, self.spill.drop_oldest()):
-                if self._spilled.pop(dropped, None) is not None and dropped in self._entries:
-                    self._on_disk[dropped] = self._dataset[dropped]
+            self.spill.drop_oldest()
+            for dropped in held:
+                del self._spilled[dropped]
+                self._on_disk[dropped] = self._dataset[dropped]
         where = self.spill.put(key, frames)
         if where is None:
             return False
@@ -449,6 +462,13 @@ class SamplingIndex:
         entry.drop_frames()
         self._spilled[key] = where
         return True
+
+    def _unspill_locked(self, key: EntryKey, entry: GrowingEpisode) -> None:
+        """Entry ``key``'s frames back from the spill into memory (it takes more steps): read whole, as
+        the steps to come are appended to them. Its copy in the spill is dropped with its file."""
+        frames = {name: read_all_spilled(where) for name, where in self._spilled.pop(key).items()}
+        entry.restore_frames(frames)
+        self._frame_bytes += entry.frame_bytes()
 
     def _leave_to_dataset_locked(self, key: EntryKey) -> bool:
         episode = self._dataset.get(key)
