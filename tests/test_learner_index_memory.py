@@ -213,6 +213,17 @@ def test_an_episode_closed_early_takes_its_re_sent_steps_after_its_frames_went_t
     spill.close()
 
 
+def test_a_spill_file_deleted_under_the_learner_is_one_clear_error_not_an_endless_redraw(tmp_path):
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=0)) as store:
+        list(fill_store(store, 5))
+        assert store.index.entries_spilled >= 3
+        for path in (tmp_path / "index_spill").iterdir():
+            path.unlink()
+        with pytest.raises(RuntimeError, match="frame spill lost a file .* restart the learner"):
+            for seed in range(8):  # some batch draws a spilled episode
+                store.index.sample(32, RATIOS, SPEC, np.random.default_rng(seed))
+
+
 def test_a_batch_whose_spill_file_was_dropped_since_its_plan_is_drawn_again_the_same(tmp_path, monkeypatch):
     import robot_rl.learner.index as index_module
 

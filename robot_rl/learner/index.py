@@ -535,6 +535,7 @@ class SamplingIndex:
         on, said in one line) and the batch drawn again without it. ``keep``: draw only from the entries
         whose instruction it keeps (a task family's share of a batch: ``robot_rl.learner.family_balance``).
         """
+        missing: str | None = None  # a spill file the last draw found gone
         while True:
             state = rng.bit_generator.state
             plan = self.plan(batch_size, ratios, spec, rng, keep)
@@ -543,9 +544,15 @@ class SamplingIndex:
             except UnreadableFramesError as exc:
                 if not self._quarantine(exc):
                     raise
-            except SpillFileDroppedError:
+            except SpillFileDroppedError as exc:
                 # A spill file was dropped between plan and fill: the same draw again finds those frames
-                # in the dataset (only episodes it holds leave the spill), so the batch is unchanged.
+                # in the dataset (only episodes it holds leave the spill), so the batch is unchanged. Gone
+                # twice, it was not dropped by the index but deleted under it: drawing again would loop.
+                if str(exc) == missing:
+                    raise RuntimeError(f"the sampling index's frame spill lost a file it still reads from ({exc}); "
+                                       "something deleted it under the running learner: restart the learner "
+                                       "(the spill is rebuilt from the dataset)") from exc
+                missing = str(exc)
                 rng.bit_generator.state = state
 
     def _quarantine(self, exc: UnreadableFramesError) -> bool:
