@@ -3,10 +3,14 @@ frames thinned), and its ROC-AUC."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from robot_rl.app.config import VerdictMode
 from robot_rl.bench.detector import Attempt, record_episode, roc_auc
+from robot_rl.bench.detector_main_job import arm_configs
 from robot_rl.config import ConfigError, load_config
 
 
@@ -51,3 +55,20 @@ def test_roc_auc_is_the_chance_a_success_scores_above_a_failure():
     assert roc_auc(np.array([0.9, 0.1, 0.5, 0.2]), outcomes) == 0.5
     assert roc_auc(np.array([0.5, 0.5, 0.5, 0.5]), outcomes) == 0.5
     assert np.isnan(roc_auc(np.array([0.9]), np.array([True])))
+
+
+def test_the_main_job_arms_differ_only_in_who_judges_and_a_bad_learner_fails_before_anything_runs(tmp_path):
+    base = ["+bench=detector", "bench.main_job=true", "seed=3"]
+
+    def compose(more: list[str]):
+        return load_config([*base, *more])
+
+    bench = compose([]).bench
+    configs = arm_configs(compose, bench, tmp_path)
+    oracle, detector = configs["oracle"], configs["detector"]
+    assert (oracle.run.verdicts, detector.run.verdicts) == (VerdictMode.task, VerdictMode.detector)
+    assert oracle.learner.name == detector.learner.name == "rwr"  # a learner that weighs outcomes
+    assert oracle.seed == detector.seed == 3 and oracle.run.time_budget_min is None  # same scenes, all of them
+    assert oracle.run.dir != detector.run.dir
+    with pytest.raises(ConfigError, match="nonexistent"):
+        arm_configs(compose, replace(bench, main_job_learner="nonexistent"), tmp_path)

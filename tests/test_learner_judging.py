@@ -23,7 +23,7 @@ from robot_rl.learner.detector import LabelledEpisode
 from robot_rl.learner.detector_config import DetectorConfig
 from robot_rl.learner.index import SampleSpec
 from robot_rl.learner.judge import SuccessJudge
-from robot_rl.learner.judging import EpisodeJudging
+from robot_rl.learner.judging import EpisodeJudging, task_of
 from robot_rl.learner.rewards import episode_rewards
 from robot_rl.learner.store import ReplayStore
 from tests.detector_helpers import SIZE, episodes, one_torch_thread  # noqa: F401 (a fixture)
@@ -176,3 +176,9 @@ def test_who_judged_crosses_the_wire_and_a_segment_without_it_decodes_as_before(
     segment.columns["success_source"] = ["someone"] * len(steps)
     with pytest.raises(ProtocolError, match="success_source"):
         decode_segment(segment)
+
+
+def test_the_sims_instructions_share_their_familys_detector_and_any_other_instruction_has_its_own():
+    assert {task_of("push the red cube to the left"), task_of("push the blue cube to the right")} == {"push"}
+    assert task_of("put the green cube in the bowl") == "place"
+    assert task_of("fold the towel") == "fold the towel"  # a real arm's task, as its operator words it

@@ -207,8 +207,9 @@ def test_the_summary_groups_versions_and_ends_with_lines_that_agree(tmp_path, ca
 
     curve = LearningCurve()
     for i in range(50):  # versions 0..9, five episodes each; later versions succeed more
-        curve.add(f"sim-{i % 2}", SimpleNamespace(num_steps=100, intervention_steps=20 * (i < 10),
-                                                  success=i % 5 < i // 10), i // 5)
+        success = i % 5 < i // 10
+        curve.add(f"sim-{i % 2}", SimpleNamespace(num_steps=100, intervention_steps=20 * (i < 10), success=success,
+                                                  verdict_source="task", verdict_success=success, asked=False), i // 5)
     points = [HeldoutPoint(v, 100 * v, 5 * v, 30.0 * v, 0.1 * v, (0.0, 0.2 * v), 10) for v in (3, 6, 9)]
     heldout = {"episodes": 40, "start": {"success": 0.55, "ci95": [0.4, 0.7]},
                "final": {"success": 0.9, "ci95": [0.77, 0.96]}, "final_vs_start": None}

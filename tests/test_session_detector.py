@@ -19,10 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from robot_rl.app.unattended_verdicts import UnattendedVerdicts, run_judged_episode
 from robot_rl.bridges.zmq.protocol import Ack, ProtocolError, decode_message, encode_message, guess_of
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import VirtualClock
-from robot_rl.core.types import SUCCESS_SOURCES, VerdictSource
+from robot_rl.core.types import SUCCESS_SOURCES, Episode, VerdictSource
 from robot_rl.data.reader import load_episode_arrays
 from robot_rl.edge.config import EdgeConfig
 from robot_rl.edge.runtime import EdgeRuntime
@@ -147,6 +148,25 @@ def run_session(learner: LearnerService, robot_id: str, shown: LabelledEpisode, 
     return result, said.read_text()
 
 
+def run_unattended(learner: LearnerService, robot_id: str, shown: LabelledEpisode, truth: bool,
+                   plan: UnattendedVerdicts, tmp_path: Path, episode_id: int = 0) -> Episode:
+    """One episode judged as the main job's ``run.verdicts=detector`` judges it, in front of ``shown``;
+    ``truth``: what the sim's ground truth says (only the operator reads it)."""
+    robot = SceneArm(shown)
+    client = client_config(robot_id, learner, tmp_path / "spool", features={
+        "fps": 30, "joint_names": list(JOINTS), "cameras": {"front": [SIZE, SIZE]}})
+    runtime = EdgeRuntime(robot, EncodingPolicy(), VirtualClock(), EdgeConfig(fps=30), robot_id=robot_id,
+                          client=client, segment_steps=SEGMENT, image_encoding=ImageEncoding("png"))
+    try:
+        assert runtime.start(10.0)
+        episode = run_judged_episode(runtime, lambda: truth, plan, MAX_TICKS, "place", episode_id=episode_id,
+                                     seed=None)
+        assert runtime.wait_acked(10.0)
+    finally:
+        runtime.close(ack_timeout_s=10.0)
+    return episode
+
+
 def stored(learner: LearnerService, robot_id: str) -> list[tuple[int, bool, str, float]]:
     """(ticks, success, who judged, confidence) of each episode the learner stored for ``robot_id``."""
     assert learner.store.flush(60)
@@ -179,6 +199,22 @@ def test_a_sure_detector_gives_the_verdict_at_the_end_and_nobody_is_asked(learne
     assert ticks == MAX_TICKS and success and source == VerdictSource.detector and 0.5 <= confidence <= 1.0
 
 
+def test_an_unattended_robots_first_episodes_are_labelled_by_the_operator_from_the_ground_truth(learner, tmp_path):
+    episode = run_unattended(learner, "sim-labelled", scene(learner, success=True), True,
+                             UnattendedVerdicts(labelled=1, wait_s=2.0), tmp_path)
+    assert episode.success and not episode.asked and episode.num_steps == 1  # the operator saw it done at once
+    assert stored(learner, "sim-labelled") == [(1, True, VerdictSource.operator, 1.0)]
+
+
+def test_an_unattended_robot_ends_on_the_detectors_sure_success_and_stores_its_verdict_not_the_sims(learner,
+                                                                                                 tmp_path):
+    episode = run_unattended(learner, "sim-unattended", scene(learner, success=True), False,
+                             UnattendedVerdicts(labelled=1, wait_s=2.0), tmp_path, episode_id=1)
+    assert not episode.success and episode.verdict_success and not episode.asked  # the sim says otherwise
+    [(ticks, success, source, confidence)] = stored(learner, "sim-unattended")
+    assert ticks < MAX_TICKS and success and source == VerdictSource.detector and 0.5 <= confidence <= 1.0
+
+
 def test_an_unsure_detector_asks_shows_its_guess_and_the_operators_answer_is_stored_and_teaches_it(tmp_path):
     learner = start_learner(tmp_path / "unsure", NEVER_SURE)
     try:
@@ -192,6 +228,13 @@ def test_an_unsure_detector_asks_shows_its_guess_and_the_operators_answer_is_sto
         assert stored(learner, "arm-asked") == [(MAX_TICKS, False, VerdictSource.operator, 1.0)]
         judging.wait_fits()
         assert judging.judge.labelled("place") == 13  # the operator's answer is in the detector's training set
+        # A robot left alone asks its operator too, who answers from the sim's ground truth.
+        episode = run_unattended(learner, "sim-asked", scene(learner, success=True), False,
+                                 UnattendedVerdicts(labelled=0, wait_s=2.0), tmp_path)
+        assert episode.asked and not episode.verdict_success and episode.num_steps == MAX_TICKS
+        assert stored(learner, "sim-asked") == [(MAX_TICKS, False, VerdictSource.operator, 1.0)]
+        judging.wait_fits()
+        assert judging.judge.labelled("place") == 14
     finally:
         learner.stop(checkpoint=False)
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from robot_rl.core.statistics import wilson_interval
+from robot_rl.core.types import VerdictSource
 from robot_rl.replay.report import pyplot
 
 FAMILY_COLOURS = {"pick": "tab:orange", "push": "tab:cyan", "place": "tab:olive"}  # the sim's task families
@@ -32,6 +33,9 @@ class EpisodeRecord:
     intervened: bool  # the operator took over at least once
     intervention_frac: float  # share of the episode's ticks driven by the operator
     steps: int
+    verdict_source: str = VerdictSource.task.value  # who judged it as stored
+    verdict_success: bool = False  # that verdict (``success`` is what the sim says happened)
+    asked: bool = False  # the operator was asked: the success detector was unsure
 
     @property
     def autonomous(self) -> bool:
@@ -68,6 +72,9 @@ class LearningCurve:
                 intervened=episode.intervention_steps > 0,
                 intervention_frac=episode.intervention_steps / steps,
                 steps=episode.num_steps,
+                verdict_source=str(episode.verdict_source),
+                verdict_success=bool(episode.verdict_success),
+                asked=bool(episode.asked),
             )
             self._records.append(record)
         return record
@@ -122,6 +129,21 @@ class LearningCurve:
         driven = sum(round(r.intervention_frac * r.steps) for r in recs)
         return {"episodes_taken_over": sum(r.intervened for r in recs), "steps_driven": driven,
                 "share_of_steps": driven / steps if steps else 0.0}
+
+    def verdicts(self) -> dict[str, Any]:
+        """Who judged the episodes: counts per source (``labelled``: the operator's, not asked), and
+        where the success detector judged, how often the operator was asked (``asked_fraction``, of the
+        episodes after the labelled ones) and how often the detector's own verdicts were right."""
+        recs = self.records
+        by_detector = [r for r in recs if r.verdict_source == VerdictSource.detector]
+        asked = sum(r.asked for r in recs)
+        labelled = sum(r.verdict_source == VerdictSource.operator and not r.asked for r in recs)
+        judged_unattended = len(by_detector) + asked
+        return {"task": sum(r.verdict_source == VerdictSource.task for r in recs), "labelled": labelled,
+                "detector": len(by_detector), "asked": asked,
+                "asked_fraction": asked / judged_unattended if judged_unattended else None,
+                "detector_accuracy": (sum(r.verdict_success == r.success for r in by_detector) / len(by_detector)
+                                      if by_detector else None)}
 
     def to_json(self) -> list[dict]:
         return [asdict(r) | {"autonomous": r.autonomous} for r in self.records]

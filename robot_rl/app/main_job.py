@@ -28,13 +28,14 @@ from rich.table import Table
 from tqdm import tqdm
 
 from robot_rl.app import behaviour_cloning, evaluation
-from robot_rl.app.config import LocalRunConfig
+from robot_rl.app.config import LocalRunConfig, VerdictMode
 from robot_rl.app.family_check import check_task_families
 from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.app.local_run import make_sim_robot_factory, run_local
 from robot_rl.app.policies import shipped_bc_checkpoint
 from robot_rl.app.sim import demo_expert, sim_config, task_families
+from robot_rl.app.unattended_verdicts import UnattendedVerdicts
 from robot_rl.core.registry import POLICIES
 from robot_rl.core.statistics import PairedComparison
 from robot_rl.edge.rerun_view import start_viewer
@@ -196,11 +197,15 @@ def local_run_config(cfg: RobotRLConfig, run_dir: Path, viewer: Any = None) -> L
     ``run_dir`` (``spool/``, ``robots/ROBOT_ID``, as a real robot keeps them); ``viewer``: what the
     robots log a live view to (``rerun_view.start_viewer``; None: ``cfg.viewer``)."""
     budget = cfg.run.time_budget_min
+    verdicts = None
+    if cfg.run.verdicts == VerdictMode.detector:
+        verdicts = UnattendedVerdicts(labelled=-(-cfg.run.labelled_episodes // cfg.run.num_robots),
+                                      wait_s=cfg.session.detector_wait_s)
     return LocalRunConfig(num_robots=cfg.run.num_robots, episodes_per_robot=cfg.run.episodes,
                           max_steps=cfg.run.max_episode_steps, spool_dir=str(run_dir / "spool"), edge=cfg.edge,
                           time_budget_s=budget * 60.0 if budget else None, robots=cfg.run.robots,
                           min_updates=cfg.run.min_updates or None, record_dir=str(run_dir / "robots"),
-                          viewer=cfg.viewer if viewer is None else viewer)
+                          viewer=cfg.viewer if viewer is None else viewer, verdicts=verdicts)
 
 
 def run_main_job(cfg: RobotRLConfig) -> dict:
@@ -297,6 +302,7 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
         "per_version_groups": curve.per_version_groups(VERSION_ROW_EPISODES),
         "first_vs_last": curve.first_vs_last(),
         "operator": curve.operator_effort(),
+        "verdicts": curve.verdicts(),  # who judged the live episodes, and how often the operator was asked
         "curve_png": str(png),
         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
         "heldout": heldout,  # ``start_vs_final``: None when off or not trained
@@ -358,6 +364,11 @@ def print_summary(summary: dict) -> None:
     if operator and operator["episodes_taken_over"]:
         print(f"the operator took over in {operator['episodes_taken_over']} episodes and drove "
               f"{operator['steps_driven']} steps ({operator['share_of_steps']:.1%} of all)")
+    verdicts = summary.get("verdicts") or {}
+    if verdicts.get("detector"):
+        print(f"verdicts: the success detector gave {verdicts['detector']} ({verdicts['detector_accuracy']:.0%} "
+              f"right against the sim), the operator was asked for {verdicts['asked']} "
+              f"({verdicts['asked_fraction']:.0%} of the episodes after the {verdicts['labelled']} labelled)")
     first, last = summary["first_vs_last"]["first"], summary["first_vs_last"]["last"]
     print(f"live, with the operator watching (a window of {last['episodes']} episodes moves by +-17 points on its "
           f"own): autonomous success {_rate(first)} in the first {first['episodes']} -> {_rate(last)} in the last; "

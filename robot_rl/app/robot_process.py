@@ -55,6 +55,9 @@ class EpisodeSummary:
     success: bool
     intervention_steps: int
     stall_steps: int
+    verdict_source: str  # who judged it as stored (``Episode.verdict_source``)
+    verdict_success: bool  # the verdict stored, which may differ from ``success`` (what the sim says)
+    asked: bool  # the operator was asked: the success detector was unsure
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,9 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
         def on_episode(rid: str, episode, version: int) -> None:
             send({"kind": "episode", "episode_id": int(episode.episode_id), "num_steps": int(episode.num_steps),
                   "success": bool(episode.success), "intervention_steps": int(episode.intervention_steps),
-                  "stall_steps": int(episode.stall_steps), "version": int(version)})
+                  "stall_steps": int(episode.stall_steps), "verdict_source": str(episode.verdict_source),
+                  "verdict_success": bool(episode.verdict_success), "asked": bool(episode.asked),
+                  "version": int(version)})
 
         def started() -> None:
             send({"kind": "ready"})

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from robot_rl.app.unattended_verdicts import run_judged_episode
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.bridges.zmq.segments import ImageEncoding
 from robot_rl.core.clock import WallClock
@@ -84,8 +85,13 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
                                    layout.camera_shapes, repo_id=f"local/{robot_id}",
                                    robot_type=str(getattr(robot, "name", "robot")),
                                    finalize_every=RECORD_FINALIZE_EVERY)
+    judged_unattended = run.verdicts is not None  # then the task's ground truth goes to the operator only
+    if judged_unattended and task is None:
+        raise ValueError(f"{robot_id}: judging its episodes as an unattended arm's needs a robot whose task "
+                         "knows the ground truth, for the operator who labels them (the sim's)")
     runtime = EdgeRuntime(robot, own_policy, WallClock(), run.edge, robot_id=robot_id, client=client,
-                          recorder=recorder, task=task, intervention=operator, segment_steps=run.segment_steps,
+                          recorder=recorder, task=None if judged_unattended else task, intervention=operator,
+                          segment_steps=run.segment_steps,
                           image_encoding=ImageEncoding(run.image_format),
                           view=VIEWERS.build(run.viewer, robot_id=robot_id, joint_names=tuple(robot.joint_names)),
                           record_behind=True)
@@ -102,8 +108,12 @@ def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
             instruction = reset(episode)
             if operator is not None:
                 operator.begin_episode(episode)
-            result = runtime.run_episode(run.max_steps, instruction, episode_id=episode,
-                                         seed=getattr(robot, "scene_seed", None))
+            seed = getattr(robot, "scene_seed", None)
+            if judged_unattended:
+                result = run_judged_episode(runtime, task.is_success, run.verdicts, run.max_steps, instruction,
+                                            episode_id=episode, seed=seed)
+            else:
+                result = runtime.run_episode(run.max_steps, instruction, episode_id=episode, seed=seed)
             if on_episode is not None:
                 on_episode(robot_id, result, runtime.policy_version)
             episodes += 1

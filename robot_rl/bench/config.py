@@ -296,6 +296,10 @@ class DetectorBenchConfig:
     stop_ticks: list[int] = field(default_factory=lambda: [20, 120])  # a stopped expert's last own tick: [lo, hi]
     noise_deg: float = 10.0  # a noisy expert's command noise (std, degrees / gripper units)
     frame_stride: int = 10  # ticks between kept frames (the last ones are always kept)
+    # Then the main job twice, judged by the sim and by the detector (robot_rl.bench.detector_main_job):
+    # ~1 hour on a 2-core CPU, so off unless asked for.
+    main_job: bool = False
+    main_job_learner: str = "rwr"  # the learner preset both main jobs train with (one that weighs outcomes)
 
     def __post_init__(self) -> None:
         if not self.labelled or min(self.labelled) < 4:

@@ -12,6 +12,9 @@ accuracy of the sure ones.
 
     robot-rl bench detector --json bench_results/detector.json
 
+``bench.main_job=true`` then runs the main job judged by the sim and by the detector and compares their
+final weights on held-out scenes (``robot_rl.bench.detector_main_job``).
+
 Frames are kept at every ``bench.frame_stride``-th tick plus the last ``verdict_frames`` ones:
 the detector reads only the first frame, a few early ones and the last ones.
 """
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from robot_rl.bench.config import DetectorBenchConfig
+from robot_rl.bench.detector_main_job import arm_configs, compare_main_jobs, print_comparison
 from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.hardware.sim.tasks import TASK_FAMILIES
 from robot_rl.learner.detector import LabelledEpisode, PreparedEpisode, TaskDetector, prepare
@@ -183,7 +189,17 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"asked after {report['asked_after']} labelled: {report['asked_fraction']:.0%} of verdicts")
 
 
-def run_from_cli(cfg: RobotRLConfig) -> dict[str, Any]:
+def run_from_cli(cfg: RobotRLConfig, compose: Callable[[list[str]], RobotRLConfig] | None = None) -> dict[str, Any]:
+    """``compose(overrides)``: this command line with more settings (``bench.main_job``'s two main jobs)."""
+    main_jobs = None
+    if cfg.bench.main_job:
+        if compose is None:
+            raise ValueError("bench detector's main jobs compose their configs: give it compose")
+        out_dir = Path(cfg.output_dir) / "bench_detector" / time.strftime("%Y%m%d-%H%M%S")
+        main_jobs = arm_configs(compose, cfg.bench, out_dir)
     report = run_detector_bench(cfg)
     print_table(report)
+    if main_jobs is not None:
+        report.update(compare_main_jobs(main_jobs, out_dir))
+        print_comparison(report)
     return report

@@ -119,10 +119,22 @@ class Episode:
     steps: list[Step] = field(default_factory=list)
     success: bool = False
     seed: int | None = None
+    # The operator was asked for the verdict because the learner's success detector was unsure of it.
+    asked: bool = False
 
     @property
     def num_steps(self) -> int:
         return len(self.steps)
+
+    @property
+    def verdict_source(self) -> str:
+        """Who judged the episode as stored (its last step's ``success_source``; ``UNJUDGED``: nobody)."""
+        return self.steps[-1].success_source if self.steps else UNJUDGED
+
+    @property
+    def verdict_success(self) -> bool:
+        """The verdict stored on its last step, which may differ from ``success`` where the sim knows better."""
+        return bool(self.steps[-1].success) if self.steps else False
 
     @property
     def intervention_steps(self) -> int:

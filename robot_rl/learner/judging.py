@@ -21,9 +21,10 @@ Every stored robot episode passes here on its way to the dataset (``ReplayStore`
 * **Before it is written** the commit thread takes that verdict (``verdict``) and puts it on the
   episode's last step, in the dataset and in the sampling index.
 
-A task is an episode's instruction: the only name of what was attempted that travels with its
-steps. An episode whose frames are not all here (its first segments were staged before a restart,
-and read back by recovery, not by the decode threads) is neither judged nor learnt from.
+A task is named by an episode's instruction (``task_of``: a sim instruction by its family), the only
+name of what was attempted that travels with its steps. An episode whose frames are not all here
+(its first segments were staged before a restart, and read back by recovery, not by the decode
+threads) is neither judged nor learnt from.
 
 An operator's verdict always wins: it is on the episode's last step, which has arrived before the
 episode closes, and the detector judges only an episode that carries no verdict at all.
@@ -42,12 +43,24 @@ import numpy as np
 from robot_rl.core.types import UNJUDGED, DetectorGuess, EpisodeVerdict, Step, VerdictSource
 from robot_rl.learner.detector import Calibration, LabelledEpisode, resize
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.family_balance import OTHER_FAMILY, family_of
 from robot_rl.learner.index import EntryKey
 from robot_rl.learner.judge import SuccessJudge
 
 log = logging.getLogger(__name__)
 
 JUDGE_WAIT_S = 60.0  # the commit thread's bound on waiting for one verdict (judging takes milliseconds)
+
+
+def task_of(instruction: str) -> str:
+    """The task whose detector judges an episode with this instruction. A sim instruction names its task
+    family: the sim words each family's instructions with a cube colour and, for push, a direction,
+    details of one task a detector learns to judge from the scene, not the words (one detector per
+    instruction would spread 50 labelled push episodes over six detectors, few of them with a failure
+    to learn from). Any other instruction is a task of its own: a real arm's tasks are what its
+    operators ask for."""
+    family = family_of(instruction)
+    return instruction if family == OTHER_FAMILY else family
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,7 @@ class Piece:
 
     frames: dict[str, np.ndarray]  # camera -> uint8 [N, S, S, 3]
     is_intervention: np.ndarray  # bool [N]
-    instruction: str
+    task: str  # ``task_of`` its instruction
     verdict: EpisodeVerdict
 
 
@@ -96,7 +109,7 @@ class EpisodeJudging:
             return None
         size = self.judge.config.image_size
         frames = {cam: resize(np.stack([s.images[cam] for s in steps]), size) for cam in self.cameras}
-        return Piece(frames, np.array([s.is_intervention for s in steps], dtype=bool), steps[0].instruction,
+        return Piece(frames, np.array([s.is_intervention for s in steps], dtype=bool), task_of(steps[0].instruction),
                      EpisodeVerdict.of(list(steps)))
 
     def add(self, key: EntryKey, seq: int, piece: Piece | None) -> None:
@@ -110,7 +123,7 @@ class EpisodeJudging:
             # A later piece of an episode lacks its first frames; one guess waiting reads the newest pieces.
             if key[2] != 0 or 0 not in collected.pieces or key in self._guessing:
                 return
-            if self.judge.detector(piece.instruction) is None:
+            if self.judge.detector(piece.task) is None:
                 return
             self._guessing.add(key)
         if self._judging is not None:
@@ -180,7 +193,7 @@ class EpisodeJudging:
 
     def _judge(self, key: EntryKey, pieces: list[Piece]) -> EpisodeVerdict | None:
         said = pieces[-1].verdict
-        task = pieces[0].instruction
+        task = pieces[0].task
         frames = {cam: np.concatenate([p.frames[cam] for p in pieces]) for cam in self.cameras}
         if said.source in (VerdictSource.operator, VerdictSource.task):
             if said.source not in self.judge.config.learn_from:
@@ -215,7 +228,7 @@ class EpisodeJudging:
         frames = {cam: np.concatenate([first.frames[cam][:1], *(p.frames[cam] for p in newest)])
                   for cam in self.cameras}
         try:
-            verdict = self.judge.judge(first.instruction, frames)
+            verdict = self.judge.judge(first.task, frames)
         except Exception:
             if not self._said_guess_failed:  # said once: the close-time verdict reports its own failures
                 self._said_guess_failed = True
