@@ -42,6 +42,7 @@ from lerobot.policies.utils import populate_queues, prepare_observation_for_infe
 from lerobot.processor import (
     DeviceProcessorStep,
     NormalizerProcessorStep,
+    TokenizerProcessorStep,
     TransitionKey,
     UnnormalizerProcessorStep,
     create_transition,
@@ -146,8 +147,14 @@ class LeRobotChunkPolicy(TrainablePolicy):
             self.joint_order = JointOrder(self.joint_names, robot_joints)
 
     def loading_options(self) -> dict[str, Any]:
+        """How a process that gets only a checkpoint directory loads it as this policy was loaded: the
+        camera and joint binding, and the tokenizer its preprocessor loaded (a local copy in place of the
+        Hub's name the checkpoint may hold)."""
+        tokenizers = [step.tokenizer_name for step in self.preprocessor.steps
+                      if isinstance(step, TokenizerProcessorStep) and step.tokenizer_name]
         return {"camera_map": dict(self.camera_map) or None,
-                "joint_names": list(self.joint_names) if self.joint_names else None}
+                "joint_names": list(self.joint_names) if self.joint_names else None,
+                "tokenizer": tokenizers[0] if tokenizers else None}
 
     def _to_policy_order[V: (np.ndarray, torch.Tensor)](self, vectors: V) -> V:
         return vectors if self.joint_order is None else self.joint_order.to_policy(vectors)
@@ -183,7 +190,7 @@ class LeRobotChunkPolicy(TrainablePolicy):
             raise ValueError("policy=lerobot needs policy.path=DIR_OR_HUB_ID (a LeRobot policy checkpoint)")
         return cls.from_pretrained(config.path, device=config.device, camera_map=config.camera_map or None,
                                    state_offsets=StateOffsets(config.max_state_offset, config.offset_weights),
-                                   lora=config, joint_names=config.joint_names)
+                                   lora=config, joint_names=config.joint_names, tokenizer=config.tokenizer)
 
     @classmethod
     def from_scratch(cls, config: LeRobotPolicyConfig, episodes: Sequence[dict]) -> LeRobotChunkPolicy:
@@ -215,7 +222,16 @@ class LeRobotChunkPolicy(TrainablePolicy):
             setattr(policy_config, backbone, None)
         stats = episode_statistics(episodes, {f"images.{c}": f"{OBS_IMAGES}.{config.camera_map.get(c, c)}"
                                               for c in cameras})
-        preprocessor, postprocessor = make_pre_post_processors(policy_config, dataset_stats=stats)
+        try:
+            preprocessor, postprocessor = make_pre_post_processors(policy_config, dataset_stats=stats)
+        except (OSError, ValueError) as error:
+            unreachable = _unreachable_file(error)
+            if unreachable is None:
+                raise
+            raise ConfigError(f"a new LeRobot {config.type} policy: its processor could not load its tokenizer "
+                              f"({_first_line(unreachable)}); offline, put the tokenizer its processor names in "
+                              "the Hub cache (HF_HUB_OFFLINE=1), or start from a checkpoint (policy.path) with "
+                              "policy.tokenizer=DIR") from error
         return cls(get_policy_class(config.type)(policy_config), preprocessor, postprocessor,
                    camera_map=config.camera_map or None,
                    state_offsets=StateOffsets(config.max_state_offset, config.offset_weights))
@@ -224,11 +240,12 @@ class LeRobotChunkPolicy(TrainablePolicy):
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device | None = None,
                         camera_map: dict[str, str] | None = None, chunk_size: int | None = None,
                         revision: str | None = None, state_offsets: StateOffsets | None = None,
-                        lora: LeRobotPolicyConfig | None = None,
-                        joint_names: Sequence[str] | None = None) -> LeRobotChunkPolicy:
+                        lora: LeRobotPolicyConfig | None = None, joint_names: Sequence[str] | None = None,
+                        tokenizer: str | None = None) -> LeRobotChunkPolicy:
         """Load policy and processors from a local directory or a Hugging Face Hub repo id; a directory
         of LoRA adapters comes with its base. ``lora`` (a config with ``lora_rank > 0``) adds new
-        adapters to a full checkpoint."""
+        adapters to a full checkpoint. ``tokenizer``: where the preprocessor's tokenizer step loads its
+        tokenizer, in place of the name saved with it (a local copy of pi0's Hub tokenizer)."""
         source = str(name_or_path)
         local = Path(source).expanduser()
         if source.startswith((".", "/", "~")) and not local.is_dir():
@@ -249,6 +266,21 @@ class LeRobotChunkPolicy(TrainablePolicy):
         _observation_history(config)  # refused before the weights load
         if device is not None:
             config.device = str(device)
+        # Before the weights: a tokenizer that cannot be found is refused in seconds, not after a 4 B model is built.
+        overrides: dict[str, dict[str, Any]] = {"device_processor": {"device": str(config.device)}}
+        if tokenizer:
+            overrides["tokenizer_processor"] = {"tokenizer_name": tokenizer}
+        try:
+            preprocessor, postprocessor = make_pre_post_processors(
+                config, pretrained_path=source, pretrained_revision=revision, preprocessor_overrides=overrides)
+        except (OSError, ValueError) as error:
+            unreachable = _unreachable_file(error)
+            named = tokenizer or (_saved_tokenizer(local) if local.is_dir() else None)
+            if unreachable is None or named is None:  # not a tokenizer's file that is missing
+                raise
+            raise ConfigError(f"{source}: the processor could not load its tokenizer {named} "
+                              f"({_first_line(unreachable)}); give policy.tokenizer=DIR, a local copy (saved on a "
+                              "machine with Internet: `hf download NAME --local-dir DIR`)") from error
         policy_class = get_policy_class(config.type)
         peft_model = None
         if local.is_dir() and is_lora_checkpoint(local):
@@ -261,12 +293,6 @@ class LeRobotChunkPolicy(TrainablePolicy):
                 base = str(local.resolve()) if local.is_dir() else source
                 peft_model = wrap_with_lora(policy, base, lora.lora_rank, lora.lora_alpha, lora.lora_targets,
                                             lora.lora_full_training)
-        preprocessor, postprocessor = make_pre_post_processors(
-            config,
-            pretrained_path=source,
-            pretrained_revision=revision,
-            preprocessor_overrides={"device_processor": {"device": str(config.device)}},
-        )
         return cls(policy, preprocessor, postprocessor, camera_map=camera_map, chunk_size=chunk_size,
                    state_offsets=state_offsets, lora=peft_model, joint_names=joint_names)
 
@@ -542,6 +568,26 @@ class LeRobotChunkPolicy(TrainablePolicy):
                 raise ValueError(f"state has {state.size} values, the LeRobot policy expects {self.state_dim}")
             frame[OBS_STATE] = self._to_policy_order(state)
         return frame
+
+
+def _saved_tokenizer(directory: Path) -> str | None:
+    """The tokenizer a checkpoint's saved preprocessor loads (its tokenizer step's ``tokenizer_name``), if any."""
+    saved = json.loads((directory / f"{POLICY_PREPROCESSOR_DEFAULT_NAME}.json").read_text())
+    names = [step.get("config", {}).get("tokenizer_name") for step in saved.get("steps", [])
+             if step.get("registry_name") == "tokenizer_processor"]
+    return names[0] if names else None
+
+
+def _unreachable_file(error: BaseException) -> OSError | None:
+    """The OSError (transformers' answer for files neither local, cached nor downloadable) behind
+    ``error``: LeRobot's pipeline loader re-raises a step's failure as a ValueError caused by it."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__  # type: ignore[assignment]
+    return error
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _observation_history(config: PreTrainedConfig) -> ObservationHistory:

@@ -28,6 +28,9 @@ class LeRobotPolicyConfig:
     options: dict[str, Any] = field(default_factory=dict)
     device: str | None = None  # null: the device the checkpoint was saved for
     camera_map: dict[str, str] = field(default_factory=dict)  # our camera -> LeRobot's image key, e.g. {wrist: gripper}
+    # The tokenizer the checkpoint's processor loads, in place of the one it names (pi0 and pi0.5 name
+    # google/paligemma-3b-pt-224 on the Hub): a local directory of it for a machine without Internet.
+    tokenizer: str | None = None
     # The checkpoint's joints in the order of its state/action vectors (its dataset's names, e.g.
     # [shoulder_pan.pos, ...]): matched to the robot's joints by name. null: the robot's own order.
     joint_names: list[str] | None = None

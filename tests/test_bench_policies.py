@@ -17,9 +17,9 @@ def quick(*overrides: str):
 
 
 def test_each_type_reports_its_costs_swaps_on_an_edge_trains_with_rl_and_lora_publishes_only_adapters():
-    report = run_policies_bench(quick("bench.types=[smolvla,smolvla+lora]"), progress=lambda msg: None)["policies"]
+    report = run_policies_bench(quick("bench.types=[smolvla,smolvla+lora,pi0]"), progress=lambda msg: None)["policies"]
     full, lora = report["smolvla"], report["smolvla+lora"]
-    for row in (full, lora):
+    for row in (full, lora, report["pi0"]):
         assert row["updates_per_s"] > 0 and row["inference_ms"] > 0 and row["params"] >= row["trainable_params"] > 0
         # An edge ran it, swapped in the published weights and ran on with them; rl distilled its own samples.
         assert row["edge_ok"] is True and row["rl_ok"] is True
@@ -37,7 +37,7 @@ def test_rl_does_not_apply_to_a_policy_without_a_flow_sampler(tmp_path):
 
 def test_settings_are_checked():
     with pytest.raises(ConfigError, match="full or tiny"):
-        load_config(["+bench=policies", "bench.smolvla_size=huge"])
+        load_config(["+bench=policies", "bench.vla_size=huge"])
     with pytest.raises(ConfigError, match="edge_ticks"):
         load_config(["+bench=policies", "bench.edge_ticks=0"])
     with pytest.raises(ValueError, match="unknown"):

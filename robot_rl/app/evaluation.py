@@ -356,7 +356,8 @@ def heldout_eval_all(weights: list[Path], cfg: RobotRLConfig, episodes: int, des
                      timeout_s: float = 1800.0, policy_options: dict[str, Any] | None = None) -> list[dict | None]:
     """``heldout_eval`` of several weights, one after the other in one child (one start-up);
     None for each one not scored (``episodes`` 0, a failed child, a missing result).
-    ``policy_options``: the saving policy's ``loading_options()`` (a LeRobot policy's camera_map, joint_names)."""
+    ``policy_options``: the saving policy's ``loading_options()`` (a LeRobot policy's camera_map,
+    joint_names, tokenizer)."""
     if episodes <= 0 or not weights:
         return [None] * len(weights)
     with tempfile.TemporaryDirectory(prefix="heldout-") as tmp:

@@ -64,7 +64,7 @@ class HeldoutMonitor:
                  clock: Callable[[], float] = time.monotonic, policy_options: dict[str, Any] | None = None) -> None:
         """``every_updates``: a version is scored only once the trainer is this many updates past the
         last one scored (the first: past the start); ``policy_options``: the trained policy's
-        ``loading_options()`` (a LeRobot policy's camera_map and joint_names), for the scorer's loads."""
+        ``loading_options()`` (a LeRobot policy's camera_map, joint_names and tokenizer), for the scorer's loads."""
         if scenes < 1 or every_updates < 1:
             raise ValueError(f"the held-out monitor needs scenes >= 1 and every_updates >= 1, got {scenes}, "
                              f"{every_updates}")

@@ -265,7 +265,8 @@ def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None,
     """The start's and the final weights' success alone (no operator) on ``run.eval_episodes``
     scenes no robot of the run saw, paired (same scenes, same flow noise): the live window of 30
     episodes, watched by the operator, moves by +-17 points on its own (BENCHMARKS.md "learning").
-    ``policy_options``: the run policy's ``loading_options()`` (a LeRobot policy's camera_map, joint_names)."""
+    ``policy_options``: the run policy's ``loading_options()`` (a LeRobot policy's camera_map,
+    joint_names, tokenizer)."""
     episodes = cfg.run.eval_episodes
     if episodes <= 0 or final is None:
         return None

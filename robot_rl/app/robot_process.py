@@ -71,8 +71,8 @@ class RobotJob:
     robot_factory: Any  # robot_rl.app.sim_edge.RobotFactory, a picklable one (e.g. SimRobotFactory)
     operator_factory: Any = None  # robot_rl.app.sim_edge.OperatorFactory or None
     torch_threads: int = 1  # one inference at a time per robot: more threads only wait on each other
-    # The policy's ``loading_options()``: what the saved weights do not say (a LeRobot policy's camera_map
-    # and joint_names), so the robot's copy reads its cameras and joints as the parent's would.
+    # The policy's ``loading_options()``: what the saved weights do not say (a LeRobot policy's camera_map,
+    # joint_names and tokenizer), so the robot's copy reads its cameras, joints and prompt as the parent's would.
     policy_options: dict[str, Any] = field(default_factory=dict)
 
 

@@ -186,8 +186,11 @@ class PoliciesBenchConfig:
     ``rl`` updates it."""
 
     types: list[str] = field(default_factory=lambda: ["flow_vla", "act", "act+lora", "diffusion", "smolvla",
-                                                      "smolvla+lora"])
-    smolvla_size: str = "full"  # SmolVLM2-500M's architecture (random weights); "tiny" for a smoke run
+                                                      "smolvla+lora", "pi0", "pi05"])
+    # The VLAs' backbones: SmolVLA's SmolVLM2-500M and pi0/pi0.5's PaliGemma at their real architectures
+    # (random weights; full pi0 trains 3.2 B parameters, ~55 GB with Adam: a GPU's job), or "tiny"
+    # stand-ins for a smoke run.
+    vla_size: str = "full"
     lora_rank: int = 16  # LeRobot's default rank
     batch_size: int = 8  # learner batch of the timed updates
     updates: int = 5
@@ -195,8 +198,8 @@ class PoliciesBenchConfig:
     edge_ticks: int = 30  # the edge runs this many ticks before the swap (a second at 30 fps), and on after it
 
     def __post_init__(self) -> None:
-        if self.smolvla_size not in ("full", "tiny"):
-            raise ValueError(f"bench.smolvla_size must be full or tiny, got {self.smolvla_size!r}")
+        if self.vla_size not in ("full", "tiny"):
+            raise ValueError(f"bench.vla_size must be full or tiny, got {self.vla_size!r}")
         if min(self.lora_rank, self.batch_size, self.updates, self.inferences, self.edge_ticks) < 1:
             raise ValueError("bench.lora_rank, batch_size, updates, inferences and edge_ticks must be >= 1")
 

@@ -12,12 +12,13 @@ with them; ``rl_ok``: one update of the ``rl`` algorithm, best-of-N candidates f
 own flow sampler, changes its weights (None for ACT and Diffusion, which have no sampler).
 
 Policies are built from scratch with random weights (nothing is downloaded): FlowVLA of the
-configured ``policy.model``; LeRobot's ACT, Diffusion and SmolVLA through
+configured ``policy.model``; LeRobot's ACT, Diffusion, SmolVLA, pi0 and pi0.5 through
 ``LeRobotChunkPolicy.from_scratch`` on synthetic episodes of the sim's layout (two 96x96 cameras,
-6 joints). SmolVLA's VLM is written to a local directory (``smolvlm_directory``):
-``bench.smolvla_size=full`` gives the architecture of SmolVLM2-500M (SmolVLA's own, ~450 M
-parameters with its action expert), ``tiny`` a 64-wide model for a CPU smoke run. Random weights
-cost what trained ones cost.
+6 joints). ``bench.vla_size=full`` gives the VLAs their real architectures: SmolVLA's VLM written to a
+local directory (``smolvlm_directory``) as SmolVLM2-500M (~450 M parameters with its action
+expert), pi0's and pi0.5's PaliGemma as LeRobot builds it (4.0 B); ``tiny`` a 64-wide SmolVLM and
+PaliGemma's tiny stand-in (``bench.paligemma``) for a CPU smoke run. pi0 and pi0.5 tokenise with a
+local word-level tokenizer in place of their Hub one. Random weights cost what trained ones cost.
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     Idefics3ImageProcessor,
     Idefics3Processor,
     LlamaConfig,
-    PreTrainedTokenizerFast,
     SmolVLMConfig,
 )
 from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfig
 
+from robot_rl.bench.paligemma import PALIGEMMA_OPTIONS, paligemma_size, paligemma_tokenizer_directory, tokenizer_from
 from robot_rl.bench.progress import timed_run
 from robot_rl.bench.transport import BenchArm
+from robot_rl.bench.word_tokenizer import word_level_tokenizer
 from robot_rl.bridges.zmq.weights import WeightsBlob, deserialize_tensors
 from robot_rl.core.clock import VirtualClock
 from robot_rl.core.errors import ConfigError
@@ -70,9 +71,6 @@ if TYPE_CHECKING:
 
 CAMERAS, IMAGE, JOINTS, CHUNK = ("front", "wrist"), 96, 6, 20
 INSTRUCTION = "push the red cube to the left"
-# Tokens the tiny tokenizer knows (whole words; anything else is <unk>).
-WORDS = ["push", "pick", "place", "the", "a", "cube", "block", "red", "green", "blue", "yellow", "to", "left",
-         "right", "front", "back", "of", "and", "on"]
 SPECIAL_TOKENS = {"fake_image_token": "<fake_token_around_image>", "image_token": "<image>",
                   "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>"}
 
@@ -97,20 +95,14 @@ def smolvlm_directory(directory: Path, size: str) -> Path:
     spec = SMOLVLM_SIZES[size]
     specials = ["<pad>", "<unk>", "<|im_start|>", "<video>", *SPECIAL_TOKENS.values()]
     specials += [f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)]
-    vocab = {token: i for i, token in enumerate(specials + WORDS)}
-    word_level = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, pad_token="<pad>", unk_token="<unk>",
-                                        bos_token="<|im_start|>", eos_token="<end_of_utterance>",
-                                        extra_special_tokens=dict(SPECIAL_TOKENS), model_max_length=512)
-    # Whole tokens, never split by the whitespace pre-tokenizer.
-    tokenizer.add_special_tokens({"additional_special_tokens": specials[2:]}, replace_extra_special_tokens=False)
+    tokenizer = word_level_tokenizer(specials, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                                     extra_special_tokens=dict(SPECIAL_TOKENS), model_max_length=512)
     # Their fields arrive through **kwargs (transformers' configs declare few in their signatures).
     text = LlamaConfig(**{"max_position_embeddings": 8192, "pad_token_id": 0, "tie_word_embeddings": False,
                           **spec["text"]})
     vision = SmolVLMVisionConfig(**spec["vision"])
     SmolVLMConfig(**{"text_config": text.to_dict(), "vision_config": vision.to_dict(),
-                     "scale_factor": spec["scale_factor"], "image_token_id": vocab["<image>"],
+                     "scale_factor": spec["scale_factor"], "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
                      "vocab_size": spec["text"]["vocab_size"], "pad_token_id": 0}).save_pretrained(directory)
     side = spec["vision"]["image_size"]
     # Idefics3's processor is SmolVLM's without its video part (which needs num2words at import).
@@ -155,10 +147,20 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
                 path=str(base), lora_rank=bench.lora_rank, lora_targets=lora_targets))
         return build
 
-    vlm = {"vlm_model_name": str(smolvlm_directory(workdir / "smolvlm", bench.smolvla_size)),
-           "load_vlm_weights": False, "num_vlm_layers": SMOLVLM_SIZES[bench.smolvla_size]["num_vlm_layers"],
-           "resize_imgs_with_padding": (SMOLVLM_SIZES[bench.smolvla_size]["vision"]["image_size"],) * 2}
-    if bench.smolvla_size == "tiny":
+    def paligemma(kind: str) -> Callable[[], TrainablePolicy]:
+        """pi0 or pi0.5, built under PaliGemma's size and over the local tokenizer (``bench.paligemma``)."""
+        new = lerobot(kind, {**chunked, **PALIGEMMA_OPTIONS[bench.vla_size]})
+
+        def build() -> TrainablePolicy:
+            tokenizer = paligemma_tokenizer_directory(workdir / "paligemma_tokenizer")
+            with paligemma_size(bench.vla_size), tokenizer_from(tokenizer):
+                return new()
+        return build
+
+    vlm = {"vlm_model_name": str(smolvlm_directory(workdir / "smolvlm", bench.vla_size)),
+           "load_vlm_weights": False, "num_vlm_layers": SMOLVLM_SIZES[bench.vla_size]["num_vlm_layers"],
+           "resize_imgs_with_padding": (SMOLVLM_SIZES[bench.vla_size]["vision"]["image_size"],) * 2}
+    if bench.vla_size == "tiny":
         vlm.update(self_attn_every_n_layers=2, expert_width_multiplier=0.75, tokenizer_max_length=16)
     act_targets = ["linear1", "linear2"]  # ACT has no LeRobot default: its transformer's feed-forward layers
     chunked = {"chunk_size": CHUNK, "n_action_steps": CHUNK}
@@ -172,6 +174,8 @@ def build_policies(cfg: RobotRLConfig, workdir: Path) -> dict[str, Callable[[], 
         "diffusion": lerobot("diffusion", diffusion),
         "smolvla": lerobot("smolvla", {**chunked, **vlm}),
         "smolvla+lora": lerobot("smolvla", {**chunked, **vlm}, lora=True),
+        "pi0": paligemma("pi0"),
+        "pi05": paligemma("pi05"),
     }
     unknown = [name for name in bench.types if name not in builders]
     if unknown:
@@ -300,7 +304,7 @@ def run_policies_bench(cfg: RobotRLConfig, progress: Callable[[str], None] = pri
             results[name] = measure(policy, cfg)
             progress(f"{name}: {results[name]}")
             del policy
-    return {"policies": results, "smolvla_size": cfg.bench.smolvla_size, "transfer_dtype":
+    return {"policies": results, "vla_size": cfg.bench.vla_size, "transfer_dtype":
             cfg.learner.trainer.transfer_dtype}
 
 
@@ -313,7 +317,7 @@ def print_table(report: dict[str, Any]) -> None:
               f"{row['inference_ms']:>10.1f}{row['publish_bytes'] / 1e6:>12.3f}"
               f"{'ok' if row['edge_ok'] else 'FAIL':>11}{rl:>6}")
     batch = next(iter(report["policies"].values()))["batch_size"]
-    print(f"(SmolVLA's VLM at size {report['smolvla_size']!r}; batch {batch}; publish at {report['transfer_dtype']})")
+    print(f"(VLAs at size {report['vla_size']!r}; batch {batch}; publish at {report['transfer_dtype']})")
 
 
 def run_from_cli(cfg: RobotRLConfig) -> dict[str, Any]:
