@@ -16,7 +16,8 @@ OUTPUT_DIR/run/TIME/learning_curve.png and summary.json (docs/live_views.md).
 
   robot-rl run
   robot-rl run learner=rwr run.episodes=50 run.num_robots=4 output_dir=/tmp/run
-  robot-rl run viewer=rerun learner.console.token_file=keys/console.token"""
+  robot-rl run viewer=rerun learner.console.token_file=keys/console.token
+  robot-rl run learner=rwr run.verdicts=detector   # judged as unattended arms are (docs/success_detector.md)"""
 GROUPS = ("robot", "viewer", "policy", "learner", "edge", "run", "demos", "bc", "seeds", "task_families")
 
 
