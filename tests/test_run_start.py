@@ -194,7 +194,7 @@ def run_result(**overrides):
     from types import SimpleNamespace
 
     base = dict(episodes=0, steps=0, updates=900, updates_with_robots=900, weights_version=9, robot_versions={},
-                checkpoint=None, family_shares={})
+                checkpoint=None, family_shares={}, served_chunks=None)
     return SimpleNamespace(**{**base, **overrides})
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from robot_rl.app.evaluation import evaluate_policy
+from robot_rl.app.evaluation import evaluate_policy, scoring_edge
 from robot_rl.app.record_demos import record_demos
 from robot_rl.app.sim import make_sim, task_families
 from robot_rl.core.errors import ConfigError
@@ -79,7 +79,7 @@ def train_bc(cfg: RobotRLConfig, progress: bool = True) -> dict:
     try:
         n = cfg.bc.eval_episodes
         evaluation = evaluate_policy(
-            robot, policy.cpu(), cfg.edge, seeds=[cfg.seeds.bc_eval + i for i in range(n)],
+            robot, policy.cpu(), scoring_edge(cfg.edge), seeds=[cfg.seeds.bc_eval + i for i in range(n)],
             families=task_families(cfg), desc="evaluating BC policy", progress=progress,
         )
     finally:

@@ -303,6 +303,13 @@ def eval_scenes(cfg: RobotRLConfig, robot: Any) -> list[Scene]:
 # ---------------------------------------------------------------- held-out scores of saved weights
 
 
+def scoring_edge(edge: EdgeConfig) -> EdgeConfig:
+    """``edge`` as a score of weights runs it: the policy on this machine, on the virtual clock. A fleet
+    served by a policy server (``inference_runner=remote``) acts on the server's chunks, but what is
+    scored is the weights, on the same scenes, noise and simulated latency whatever served the fleet."""
+    return replace(edge, inference_runner="auto") if edge.inference_runner == "remote" else edge
+
+
 @dataclass(frozen=True)
 class HeldoutJob:
     """What a held-out evaluation needs, as plain data for the child process (JSON, never pickled)."""
@@ -317,7 +324,7 @@ class HeldoutJob:
     def of(cls, cfg: RobotRLConfig, episodes: int, policy_options: dict[str, Any] | None = None) -> HeldoutJob:
         """``episodes`` scenes no robot of a run sees (``seeds.heldout`` on), families rotating."""
         first = cfg.seed + cfg.seeds.heldout
-        return cls(sim_config(cfg), cfg.edge, [first + i for i in range(episodes)], task_families(cfg),
+        return cls(sim_config(cfg), scoring_edge(cfg.edge), [first + i for i in range(episodes)], task_families(cfg),
                    dict(policy_options or {}))
 
     def to_json(self) -> str:

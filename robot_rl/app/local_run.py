@@ -7,6 +7,11 @@ service over real sockets, so what works here works across machines. The robots 
 this process (``robots: thread``, quick to start: tests) or each in a process of its own
 (``robots: process``, ``robot_rl.app.robot_process``: the learner keeps its interpreter's lock to
 itself, as on a machine of its own).
+
+With ``edge.inference_runner=remote`` the robots run no policy of their own: each asks the
+learner's policy server (``learner.serve_policy``, ``robot_rl.learner.serving``) for its chunks,
+as a robot PC without a GPU asks the learner's GPU box, and the serving copy takes every
+published version in place, so no robot downloads weights.
 """
 
 from __future__ import annotations
@@ -28,15 +33,17 @@ from robot_rl.app.config import LocalRunConfig, RobotPlacement, Seeds
 from robot_rl.app.robot_process import RobotJob, RobotProcesses
 from robot_rl.app.sim_edge import EpisodeCallback, OperatorFactory, RobotFactory, run_robot
 from robot_rl.bridges.zmq.client import ClientConfig
+from robot_rl.core.errors import ConfigError
+from robot_rl.edge.remote_runner import RemoteInferenceConfig
 from robot_rl.learner.checkpoint import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
 from robot_rl.learner.metrics import VersionStats
 from robot_rl.learner.service import LearnerService
+from robot_rl.learner.serving import PolicyServer, serve_from_learner
+from robot_rl.learner.serving_config import ServeConfig
 from robot_rl.policies.trainable import TrainablePolicy
 
 log = logging.getLogger(__name__)
-
-
 
 
 @dataclass
@@ -52,6 +59,8 @@ class LocalRunResult:
     checkpoint: Path | None = None  # the learner's final checkpoint (None when it did not train)
     updates_with_robots: int | None = None  # updates made while robots acted (the rest: min_updates)
     family_shares: dict[str, float] = field(default_factory=dict)  # each task family's share of the samples trained on
+    # The chunks the learner's policy server answered each robot (None: the robots ran their own copies).
+    served_chunks: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +116,13 @@ def run_local(
     on_episode: EpisodeCallback | None = None,
     on_start: Callable[[LearnerService], None] | None = None,
     on_robots_done: Callable[[], None] | None = None,
+    serve: ServeConfig | None = None,
 ) -> LocalRunResult:
     """Start the learner, run every robot's episodes (``run.robots``: on threads or in processes),
     stop, and summarise.
+
+    ``serve``: where and how the learner serves chunks when ``learner_config.serve_policy`` (None:
+    ``ServeConfig``'s defaults); robots with ``edge.inference_runner=remote`` ask it.
 
     ``operator_factory`` gives each robot a (simulated) operator who may take over;
     ``on_episode`` sees every finished episode (progress displays, learning curves);
@@ -121,7 +134,11 @@ def run_local(
     limit = learner_config.trainer.max_updates
     if run.until_trained and (not train or limit is None):
         raise ValueError("LocalRunConfig.until_trained needs training on and trainer.max_updates set")
-    learner = LearnerService(learner_config, copy.deepcopy(policy), resume=resume, train=train).start()
+    if run.edge.inference_runner == "remote" and not learner_config.serve_policy:
+        raise ConfigError("edge.inference_runner=remote: the robots ask the learner for their chunks, "
+                          "so it must serve them (learner.serve_policy=true)")
+    learner, serving = start_learner(learner_config, policy, resume=resume, train=train, serve=serve)
+    served = serving if run.edge.inference_runner == "remote" else None
     versions: dict[str, int] = {}
     started = [time.monotonic()]  # reset when the robots start: the budget is robot time
 
@@ -137,11 +154,11 @@ def run_local(
 
     try:
         if run.robots is RobotPlacement.process:
-            results, errors = _robots_in_processes(learner, policy, run, robot_factory, operator_factory,
+            results, errors = _robots_in_processes(learner, served, policy, run, robot_factory, operator_factory,
                                                    on_episode, versions, trained, robots_starting)
         else:
             robots_starting()
-            results, errors = _robots_on_threads(learner, policy, run, robot_factory, operator_factory,
+            results, errors = _robots_on_threads(learner, served, policy, run, robot_factory, operator_factory,
                                                  on_episode, versions, trained)
         if on_robots_done is not None:
             on_robots_done()
@@ -150,10 +167,30 @@ def run_local(
         if train and run.min_updates and not errors:
             train_on_after_robots(learner, run.min_updates)
     finally:
+        if serving is not None:
+            serving.close()
         learner.stop(checkpoint=train)
     result = collect_result(learner, results, errors, versions, trained=train)
     result.updates_with_robots = updates_with_robots
+    result.served_chunks = dict(served.stats.chunks_by_robot) if served is not None else None
     return result
+
+
+def start_learner(learner_config: LearnerConfig, policy: TrainablePolicy, *, resume: bool, train: bool,
+                  serve: ServeConfig | None) -> tuple[LearnerService, PolicyServer | None]:
+    """The running learner, and its policy server when ``learner_config.serve_policy`` (built before the
+    learner starts, so every version it publishes reaches the serving copy)."""
+    learner = LearnerService(learner_config, copy.deepcopy(policy), resume=resume, train=train)
+    serving: PolicyServer | None = None
+    try:
+        serving = serve_from_learner(learner, serve or ServeConfig()) if learner_config.serve_policy else None
+        learner.start()
+    except BaseException:
+        if serving is not None:
+            serving.close()
+        learner.stop(checkpoint=False)
+        raise
+    return learner, serving
 
 
 def write_out(learner: LearnerService, timeout_s: float, poll_s: float = 0.5) -> bool:
@@ -208,7 +245,8 @@ def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float =
                 return
 
 
-def _robots_on_threads(learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig,
+def _robots_on_threads(learner: LearnerService, serving: PolicyServer | None, policy: TrainablePolicy,
+                       run: LocalRunConfig,
                        robot_factory: RobotFactory, operator_factory: OperatorFactory | None,
                        on_episode: EpisodeCallback | None, versions: dict[str, int], stop: Callable[[], bool]
                        ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
@@ -218,7 +256,7 @@ def _robots_on_threads(learner: LearnerService, policy: TrainablePolicy, run: Lo
     def robot_thread(index: int) -> None:
         try:
             results.append(_run_robot(index, learner, policy, run, robot_factory, versions, stop,
-                                      operator_factory, on_episode))
+                                      operator_factory, on_episode, served=robot_inference(index, serving)))
         except BaseException as exc:  # reported after join
             log.exception("robot %d failed", index)
             errors.append(exc)
@@ -231,17 +269,21 @@ def _robots_on_threads(learner: LearnerService, policy: TrainablePolicy, run: Lo
     return results, errors
 
 
-def _robots_in_processes(learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig,
+def _robots_in_processes(learner: LearnerService, serving: PolicyServer | None, policy: TrainablePolicy,
+                         run: LocalRunConfig,
                          robot_factory: RobotFactory, operator_factory: OperatorFactory | None,
                          on_episode: EpisodeCallback | None, versions: dict[str, int],
                          stop: Callable[[], bool], starting: Callable[[], None]
                          ) -> tuple[list[tuple[int, int, int]], list[BaseException]]:
     """Each robot in a child process (``robot_process``); all start their first episode together,
     once every child has imported and built its robot (``starting`` is called then)."""
-    start_dir = Path(run.spool_dir) / "start_policy"  # the weights every robot starts from
-    policy.save_pretrained(start_dir)
-    jobs = [RobotJob(i, robot_client(i, learner, policy, run), str(start_dir), run, robot_factory,
-                     operator_factory, policy_options=policy.loading_options()) for i in range(run.num_robots)]
+    start_dir = None
+    if serving is None:  # a served robot loads no weights
+        start_dir = Path(run.spool_dir) / "start_policy"  # the weights every robot starts from
+        policy.save_pretrained(start_dir)
+    jobs = [RobotJob(i, robot_client(i, learner, policy, run), None if start_dir is None else str(start_dir), run,
+                     robot_factory, operator_factory, policy_options=policy.loading_options(),
+                     served=robot_inference(i, serving)) for i in range(run.num_robots)]
     robots = RobotProcesses(jobs, on_episode, versions)
     try:
         robots.start()
@@ -266,17 +308,28 @@ def collect_result(learner: LearnerService, results: list[tuple[int, int, int]],
         checkpoint=latest_checkpoint(learner.config.trainer.checkpoint_dir) if trained else None)
 
 
+def robot_id_of(index: int) -> str:
+    return f"sim-{index}"
+
+
 def robot_client(index: int, learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig) -> ClientConfig:
     """Robot ``index``'s link to ``learner``: its id, the learner's endpoints, its own spool."""
-    robot_id = f"sim-{index}"
+    robot_id = robot_id_of(index)
     return ClientConfig(robot_id=robot_id, router_endpoint=learner.router_endpoint,
                         pub_endpoint=learner.pub_endpoint, spool_dir=str(Path(run.spool_dir) / robot_id),
                         config_hash=policy.config_hash(), policy_version=0)
 
 
+def robot_inference(index: int, serving: PolicyServer | None) -> RemoteInferenceConfig | None:
+    """Where robot ``index`` asks for its chunks: the learner's policy server, at the address it bound
+    (``serve.endpoint``, on loopback as the learner's link; None: the robot runs its own copy)."""
+    return None if serving is None else RemoteInferenceConfig(serving.endpoint, robot_id_of(index))
+
+
 def _run_robot(index: int, learner: LearnerService, policy: TrainablePolicy, run: LocalRunConfig,
                robot_factory: RobotFactory, versions: dict[str, int],
                stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
-               on_episode: EpisodeCallback | None = None) -> tuple[int, int, int]:
+               on_episode: EpisodeCallback | None = None,
+               served: RemoteInferenceConfig | None = None) -> tuple[int, int, int]:
     return run_robot(index, robot_client(index, learner, policy, run), policy, run, robot_factory, versions, stop,
-                     operator_factory, on_episode)
+                     operator_factory, on_episode, served=served)

@@ -34,6 +34,7 @@ from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.app.local_run import make_sim_robot_factory, run_local
 from robot_rl.app.policies import shipped_bc_checkpoint
+from robot_rl.app.served_fleet import check_served_fleet, serves_robots
 from robot_rl.app.sim import demo_expert, sim_config, task_families
 from robot_rl.app.unattended_verdicts import UnattendedVerdicts
 from robot_rl.core.registry import POLICIES
@@ -154,9 +155,11 @@ def local_learner_config(cfg: RobotRLConfig, checkpoint: Path, run_dir: Path,
     """The learner of a run whose robots share this machine: starts from ``checkpoint``, stores what
     the simulated robots record (their cameras, image size and rate), keeps its store and
     checkpoints under ``run_dir``, and trains and stores at ``run.learner_nice`` so the robots'
-    control ticks are served first (a learner on its own GPU box needs no such thing)."""
+    control ticks are served first (a learner on its own GPU box needs no such thing). With
+    ``edge.inference_runner=remote`` it also serves the robots their chunks (``learner.serve_policy``)."""
     robot = sim_config(cfg)
     config = copy.deepcopy(cfg.learner)
+    config.serve_policy = config.serve_policy or serves_robots(cfg)
     config.init_checkpoint = str(checkpoint)
     config.store = replace(config.store, root=str(run_dir / "store"), fps=robot.fps, joint_names=JOINT_NAMES,
                            cameras=tuple(robot.cameras),
@@ -212,6 +215,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
     run_dir = Path(cfg.run.dir) / time.strftime("%Y%m%d-%H%M%S")
     families = task_families(cfg)  # a bad value fails now, not after a BC start was trained
     check_task_families(cfg, families)
+    check_served_fleet(cfg)
     checkpoint = ensure_bc_checkpoint(cfg)
     share_cpu_with_robots(cfg)
     policy = run_policy(cfg, checkpoint)
@@ -233,9 +237,10 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
             monitors.append(monitor)
             learner.heldout_points = lambda: [point.to_dict() for point in monitor.points]
 
+    served = f", chunks from the learner's server on {cfg.serve.endpoint}" if serves_robots(cfg) else ""
     print(
         f"robot-rl run: learner ({learner_label(learner_config)}) + {run.num_robots} simulated SO-101 "
-        f"+ {'scripted operator' if cfg.run.operator else 'no operator'}, loopback, CPU; output {run_dir}"
+        f"+ {'scripted operator' if cfg.run.operator else 'no operator'}, loopback, CPU{served}; output {run_dir}"
     )
     try:
         result = run_local(
@@ -246,6 +251,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
             on_episode=progress.on_episode,
             on_start=robots_starting,
             on_robots_done=progress.close,
+            serve=cfg.serve,
         )
     finally:
         progress.close()
@@ -311,6 +317,7 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
         "heldout_by_family": by_family,
         "heldout_per_version": [p.to_dict() for p in heldout_points],
         "family_shares": result.family_shares,  # each task family's share of the samples trained on
+        "served_chunks": result.served_chunks,  # per robot, from the learner's server (None: robots' own copies)
         "episodes_log": curve.to_json(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -357,6 +364,9 @@ def print_summary(summary: dict) -> None:
         f"{summary['episodes']} episodes, {summary['steps']} steps, {summary['updates']} updates, "
         f"weights v{summary['weights_version']}, robots on {summary['robot_versions']}"
     )
+    served = summary.get("served_chunks")
+    if served is not None:
+        print("chunks from the learner's policy server: " + ", ".join(f"{r} {n}" for r, n in sorted(served.items())))
     with_robots = summary.get("updates_with_robots")
     if with_robots is not None and with_robots < summary["updates"]:
         print(f"{with_robots} updates while the robots acted, {summary['updates'] - with_robots} after "

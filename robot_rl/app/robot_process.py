@@ -33,6 +33,7 @@ import msgpack
 import torch
 
 from robot_rl.app.sim_edge import run_robot
+from robot_rl.edge.remote_runner import RemoteInferenceConfig
 from robot_rl.policies.loading import load_trainable
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class RobotJob:
 
     index: int
     client: Any  # robot_rl.bridges.zmq.client.ClientConfig
-    policy_dir: str  # the starting weights, saved by the parent (each robot loads its own copy)
+    policy_dir: str | None  # the starting weights, saved by the parent (each robot loads its own copy); None: served
     run: Any  # robot_rl.app.local_run.LocalRunConfig
     robot_factory: Any  # robot_rl.app.sim_edge.RobotFactory, a picklable one (e.g. SimRobotFactory)
     operator_factory: Any = None  # robot_rl.app.sim_edge.OperatorFactory or None
@@ -74,6 +75,8 @@ class RobotJob:
     # The policy's ``loading_options()``: what the saved weights do not say (a LeRobot policy's camera_map,
     # joint_names and tokenizer), so the robot's copy reads its cameras, joints and prompt as the parent's would.
     policy_options: dict[str, Any] = field(default_factory=dict)
+    # The policy server the robot asks for its chunks instead (edge.inference_runner=remote): it loads no weights.
+    served: RemoteInferenceConfig | None = None
 
 
 class RobotProcesses:
@@ -207,7 +210,7 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
 
     try:
         torch.set_num_threads(job.torch_threads)
-        policy = load_trainable(job.policy_dir, **job.policy_options)
+        policy = None if job.policy_dir is None else load_trainable(job.policy_dir, **job.policy_options)
         robot_id = job.client.robot_id
         versions: dict[str, int] = {}
 
@@ -223,7 +226,7 @@ def _child_main(job: RobotJob, conn, go, stop) -> None:
             go.wait()
 
         totals = run_robot(job.index, job.client, policy, job.run, job.robot_factory, versions, stop.is_set,
-                           job.operator_factory, on_episode, on_ready=started)
+                           job.operator_factory, on_episode, on_ready=started, served=job.served)
         send({"kind": "done", "totals": list(totals), "version": versions.get(robot_id, 0)})
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent, which raises it
         with contextlib.suppress(OSError):

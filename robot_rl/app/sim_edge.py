@@ -2,6 +2,8 @@
 ``LocalRunConfig.episodes_per_robot`` episodes. ``run_local`` calls it on a thread of the learner's
 process or in a robot process of its own (``robot_rl.app.robot_process``); either way the robot runs
 the edge runtime a real robot runs (``robot_rl.edge.runtime``): streamed as it acts, recorded locally.
+Its chunks come from its own copy of the policy, or from a policy server (``served``) as a robot
+without a GPU gets them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from robot_rl.core.clock import WallClock
 from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.registry import VIEWERS
 from robot_rl.data.recorder import EpisodeRecorder
+from robot_rl.edge.remote_runner import RemoteInferenceConfig, RemotePolicy
 from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.policies.trainable import TrainablePolicy
 
@@ -43,40 +46,57 @@ FINAL_ACK_S = 30.0  # after its last episode, how long a robot waits for the lea
 RECORD_FINALIZE_EVERY = 20
 
 
-def run_robot(index: int, client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
+def run_robot(index: int, client: ClientConfig, policy: TrainablePolicy | None, run: LocalRunConfig,
               robot_factory: RobotFactory, versions: dict[str, int],
               stop: Callable[[], bool], operator_factory: OperatorFactory | None = None,
               on_episode: EpisodeCallback | None = None,
-              on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
+              on_ready: Callable[[], None] | None = None,
+              served: RemoteInferenceConfig | None = None) -> tuple[int, int, int]:
     """Build robot ``index`` and its operator, then ``run_edge`` (on a thread or in a robot process)."""
     parts = robot_factory(index)
     operator = operator_factory(index, parts[0]) if operator_factory is not None else None
     try:
         return run_edge(client, policy, run, parts, versions, stop, operator=operator, on_episode=on_episode,
-                        on_ready=on_ready)
+                        on_ready=on_ready, served=served)
     finally:
         # On this thread, which made its GL context: left to the garbage collector at exit,
         # EGL prints EGL_NOT_INITIALIZED tracebacks after the results.
         parts[0].disconnect()
 
 
-def run_edge(client: ClientConfig, policy: TrainablePolicy, run: LocalRunConfig,
+def run_edge(client: ClientConfig, policy: TrainablePolicy | None, run: LocalRunConfig,
              robot_parts: tuple[Any, Any, Callable[[int], str]],
              versions: dict[str, int] | None = None,
              stop: Callable[[], bool] | None = None,
              operator: Any = None,
              on_episode: EpisodeCallback | None = None,
-             on_ready: Callable[[], None] | None = None) -> tuple[int, int, int]:
+             on_ready: Callable[[], None] | None = None,
+             served: RemoteInferenceConfig | None = None) -> tuple[int, int, int]:
     """One simulated robot's ``EdgeRuntime``: run ``run.episodes_per_robot`` episodes streaming to the
     learner in ``client`` (and recording them in ``run.record_dir``, when set).
 
-    ``stop`` (checked before each episode) ends the run early; ``on_ready`` is called once the
-    runtime is built and linked, before the first episode (it may block: a start barrier).
+    The robot acts with its own copy of ``policy``, or, given ``served``, with the chunks of that
+    policy server (``edge.inference_runner=remote``; ``policy`` is then not needed). ``stop``
+    (checked before each episode) ends the run early; ``on_ready`` is called once the runtime is
+    built and linked, before the first episode (it may block: a start barrier).
     Returns (episodes, steps, successes). Used by ``run_local``, on a thread or in a robot process.
     """
+    if served is None and policy is None:
+        raise ValueError("run_edge needs a policy to copy or a policy server to ask (served)")
+    own_policy = RemotePolicy(served) if served is not None else copy.deepcopy(policy)
+    try:
+        return _run_episodes(client, own_policy, run, robot_parts, versions, stop, operator, on_episode, on_ready)
+    finally:
+        if isinstance(own_policy, RemotePolicy):
+            own_policy.close()
+
+
+def _run_episodes(client: ClientConfig, own_policy: Any, run: LocalRunConfig,
+                  robot_parts: tuple[Any, Any, Callable[[int], str]], versions: dict[str, int] | None,
+                  stop: Callable[[], bool] | None, operator: Any, on_episode: EpisodeCallback | None,
+                  on_ready: Callable[[], None] | None) -> tuple[int, int, int]:
     robot, task, reset = robot_parts
     robot_id = client.robot_id
-    own_policy = copy.deepcopy(policy)
     own_policy.bind_joints(robot.joint_names)  # a LeRobot checkpoint's joint_names: its vectors matched by name
     recorder = None
     if run.record_dir is not None:

@@ -128,7 +128,8 @@ class EdgeConfig:
     # `robot-rl session` / `robot-rl edge` build the policy there on the wall clock. "thread": a
     # thread of the control process. "virtual": computed at once, released after the simulated
     # latency (exact timing on a virtual clock). "remote": a policy server (robot-rl serve, or a
-    # serving learner) at link.policy_server computes the chunks (robot_rl.edge.remote_runner).
+    # serving learner) at link.policy_server computes the chunks (robot_rl.edge.remote_runner; in
+    # robot-rl run, the run's own learner at serve.endpoint).
     # "auto": process where the policy was built in one, remote where it is served,
     # else virtual on a virtual clock and thread on the wall clock.
     inference_runner: str = "auto"

@@ -347,7 +347,8 @@ class LearnerConfig:
     # (``policy.path``, else a new model of ``policy.model``). ``robot-rl run`` sets its BC start here.
     init_checkpoint: str | None = None
     # Also serve chunks (serve.* settings) to robots with edge.inference_runner=remote, from a copy of
-    # the published weights on the training device that takes each new version in place.
+    # the published weights on the training device that takes each new version in place (robot-rl run
+    # turns it on for its own robots with edge.inference_runner=remote).
     serve_policy: bool = False
 
     def __post_init__(self) -> None:

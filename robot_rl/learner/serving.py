@@ -132,6 +132,7 @@ class _Queued:
 class ServeStats:
     forwards: int = 0
     chunks: int = 0
+    chunks_by_robot: dict[str, int] = field(default_factory=dict)  # the chunks each robot was answered
     dropped_late: int = 0  # requests past their deadline: never answered
     refused: int = 0  # bad messages, unknown robots for a key, full queues, versions not resident
     batch_sizes: list[int] = field(default_factory=list)
@@ -391,7 +392,10 @@ class PolicyServer:
                 self.stats.dropped_late += 1
                 continue
             chunk = None if chunks is None else chunks[i]
-            self.stats.chunks += chunk is not None
+            if chunk is not None:
+                self.stats.chunks += 1
+                robot = item.request.robot_id
+                self.stats.chunks_by_robot[robot] = self.stats.chunks_by_robot.get(robot, 0) + 1
             replies.append(self._reply(item, ChunkReply(item.request.request_id, chunk, version,
                                                         started - item.received_s, done - started, len(items),
                                                         error=error)))
