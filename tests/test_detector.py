@@ -4,12 +4,14 @@ judges held-out ones; its threshold and sure-margin come from every labelled epi
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from robot_rl.learner.detector import (
     TaskDetector,
+    _Member,
     best_threshold,
     calibration_folds,
     cross_validated_accuracy,
@@ -78,24 +80,28 @@ def test_folds_deal_each_outcome_round_so_every_folds_head_learns_both():
 
 def test_the_threshold_is_set_on_scores_from_heads_that_never_saw_the_episode():
     labelled = episodes(0, 24)
-    detector = TaskDetector(CONFIG)
+    config = replace(CONFIG, backbone_seeds=(0, 1))
+    detector = TaskDetector(config)
     calibration = detector.fit(labelled)
     outcomes = np.array([e.success for e in labelled])
-    folds = calibration_folds(outcomes, CONFIG)
-    assert len(detector.models) == calibration.folds + 1  # one head per fold, then one on all
-    # Fold f's head, fit without fold f, scored fold f's episodes: the threshold is the best on those.
-    out_of_fold = np.array([_single_head_score(detector, detector.models[fold], e) for e, fold in
-                            zip(labelled, folds, strict=True)])
+    folds = calibration_folds(outcomes, config)
+    assert len(detector.members) == 2  # one per random backbone
+    assert all(len(member.heads) == calibration.folds + 1 for member in detector.members)  # a head per fold, one on all
+    # Fold f's heads (one per backbone), fit without fold f, scored fold f's episodes: the threshold is
+    # the best on their mean.
+    out_of_fold = np.array([np.mean([_single_head_score(detector, member, member.heads[fold], e)
+                                     for member in detector.members]) for e, fold in zip(labelled, folds, strict=True)])
     assert calibration.threshold == pytest.approx(best_threshold(out_of_fold, outcomes), abs=1e-5)
-    # A verdict's score is the heads' mean.
+    # A verdict's score is the mean over the backbones of their heads' mean.
     unseen = episodes(1, 1)[0]
     assert detector.score(unseen.frames) == pytest.approx(
-        np.mean([_single_head_score(detector, head, unseen) for head in detector.models]), abs=1e-6)
+        np.mean([np.mean([_single_head_score(detector, member, head, unseen) for head in member.heads])
+                 for member in detector.members]), abs=1e-6)
 
 
-def _single_head_score(detector: TaskDetector, head, episode) -> float:
+def _single_head_score(detector: TaskDetector, member: _Member, head, episode) -> float:
     alone = TaskDetector(detector.config)
-    alone.models, alone._preprocess, alone.calibration = [head], detector._preprocess, detector.calibration
+    alone.members, alone.calibration = [_Member(member.preprocess, [head])], detector.calibration
     return alone.score(episode.frames)
 
 

@@ -12,8 +12,9 @@ from tests.detector_helpers import episodes, one_torch_thread  # noqa: F401 (a f
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CONFIG = DetectorConfig(cameras=("front",), epochs=15, calibration_folds=3, min_labelled=12, min_per_outcome=3,
-                        retrain_every=4)
+# One backbone: these tests check who teaches and who is judged; averaging backbones is test_detector's.
+CONFIG = DetectorConfig(cameras=("front",), backbone_seeds=(0,), epochs=15, calibration_folds=3, min_labelled=12,
+                        min_per_outcome=3, retrain_every=4)
 
 
 def test_operators_verdicts_train_the_detector_that_then_judges_unjudged_episodes():

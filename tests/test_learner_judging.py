@@ -31,8 +31,9 @@ from tests.learner_helpers import JOINTS, store_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CONFIG = DetectorConfig(cameras=("front",), epochs=15, calibration_folds=3, min_labelled=12, min_per_outcome=3,
-                        retrain_every=4)
+# One backbone: these tests check who teaches and who is judged; averaging backbones is test_detector's.
+CONFIG = DetectorConfig(cameras=("front",), backbone_seeds=(0,), epochs=15, calibration_folds=3, min_labelled=12,
+                        min_per_outcome=3, retrain_every=4)
 PNG = ImageEncoding("png")  # lossless: the detector judges the very frames it was given
 REPO = "local/robot_rl_replay"
 

@@ -43,8 +43,9 @@ from tests.learner_helpers import JOINTS, client_config, learner_config, store_c
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DETECTOR = DetectorConfig(cameras=("front",), epochs=15, calibration_folds=3, min_labelled=12, min_per_outcome=3,
-                          retrain_every=4)
+# One backbone: these tests check who teaches and who is judged; averaging backbones is test_detector's.
+DETECTOR = DetectorConfig(cameras=("front",), backbone_seeds=(0,), epochs=15, calibration_folds=3, min_labelled=12,
+                          min_per_outcome=3, retrain_every=4)
 NEVER_SURE = DetectorConfig(**{**DETECTOR.__dict__, "min_margin": 1.0})  # no score lies 1 from its threshold
 SEGMENT = 6  # steps per streamed segment: several acks within a short episode
 MAX_TICKS = 240

@@ -1,6 +1,6 @@
 """`robot-rl bench detector`: how well the success detector judges sim episodes, against the task's ground truth.
 
-Per task family the main job runs (``task_families``), sim episodes are recorded with both cameras:
+Per task family the main job runs (``task_families``), sim episodes are recorded with the detector's cameras:
 half by the scripted expert left to finish, half by the expert stopped after a random number of
 ticks (then holding still) or with its commands shaken by noise, so the failures are near misses,
 not empty scenes. The sim's ground truth (``is_success``, checked every tick; a success ends the

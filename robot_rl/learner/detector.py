@@ -15,7 +15,9 @@ operators already give:
   Hub, which a robot cell may not reach; a small HuggingFace ResNet with seeded weights is written
   to a temporary dir instead. LeRobot's classifier runs its whole per-image encoder under
   ``no_grad``, which would leave its learned spatial embedding at its random start; here only the
-  backbone is (``_FrozenBackboneClassifier``).
+  backbone is (``_FrozenBackboneClassifier``). Random weights keep some features and lose others,
+  so a detector holds one backbone per ``backbone_seeds`` entry (a ``_Member``, with its own heads)
+  and averages their scores.
 * **Calibration.** Every labelled episode is scored by a head fit without it (``calibration_folds``-fold
   cross-validation, folds stratified by outcome): on these out-of-fold scores the threshold is set
   (best balanced accuracy) and a ``margin`` found: beyond it from the threshold, the episodes were
@@ -26,7 +28,8 @@ operators already give:
   episodes, and a verdict's score is the mean of its probability and the fold heads': that head
   alone scores on another scale than the fold heads the threshold was set on (trained on a fifth
   more, it is surer): on the push bench at 50 labelled episodes it alone judged 91.7 % of the test
-  scenes right, the mean 100 %.
+  scenes right, the mean 100 %. With several backbones, the out-of-fold scores and a verdict's
+  score are the means over them.
 
     >>> detector = TaskDetector(DetectorConfig())
     >>> calibration = detector.fit(labelled_episodes)        # LabelledEpisode(task, frames, success)
@@ -231,7 +234,7 @@ class _FrozenBackboneClassifier(Classifier):
             return BackboneFeatures(self.encoder(x).last_hidden_state)
 
 
-def build_classifier(config: DetectorConfig) -> _FrozenBackboneClassifier:
+def build_classifier(config: DetectorConfig, backbone_seed: int) -> _FrozenBackboneClassifier:
     """The classifier with a seeded small ResNet backbone, written to (and read from) a local dir."""
     # Passed as a dict: transformers' type hints do not name ResNetConfig's own keywords.
     settings: dict[str, Any] = {"num_channels": 3, "embedding_size": config.backbone_channels[0],
@@ -243,7 +246,7 @@ def build_classifier(config: DetectorConfig) -> _FrozenBackboneClassifier:
     keys = input_keys(config)
     with tempfile.TemporaryDirectory(prefix="detector-backbone-") as directory:
         with torch.random.fork_rng():
-            torch.manual_seed(config.backbone_seed)
+            torch.manual_seed(backbone_seed)
             ResNetModel(backbone).save_pretrained(directory)
         classifier_config = RewardClassifierConfig(
             model_name=directory, model_type="cnn", num_cameras=len(keys), latent_dim=config.latent_dim,
@@ -344,19 +347,60 @@ class _Features:
         return np.flatnonzero(episodes[self.episode])
 
 
+@dataclass
+class _Member:
+    """One random backbone's part of a detector: its input normalizer and the heads that read its features
+    (one per calibration fold, then the one fit on all labelled episodes)."""
+
+    preprocess: Any
+    heads: list[_FrozenBackboneClassifier]
+
+    def score(self, images: Mapping[str, np.ndarray], config: DetectorConfig) -> float:
+        """The heads' probability of success, averaged over the heads and the images' rows."""
+        index = np.arange(len(next(iter(images.values()))))
+        with torch.no_grad():
+            batch = self.preprocess(_batch(images, index))
+            # The heads share the frozen backbone: it runs once, each head reads its features.
+            features = [self.heads[0].backbone_features(batch[key]) for key in input_keys(config)]
+            return float(np.mean([head.predict(features).probabilities.mean().item() for head in self.heads]))
+
+
+def _fit_member(prepared: Sequence[PreparedEpisode], folds: np.ndarray, backbone_seed: int,
+                config: DetectorConfig) -> tuple[_Member, np.ndarray]:
+    """The heads on one random backbone, and each episode's score from the head fit without its fold."""
+    samples = _Samples.concat([e.samples for e in prepared])
+    model = build_classifier(config, backbone_seed)
+    # Normalized by the pixel statistics of all the episodes, in every fold as in the final head: they
+    # know no verdict, and one set of them lets the backbone run once for all the folds.
+    preprocess, _ = make_classifier_processor(model.config, _image_stats(samples))
+    model.eval()
+    sample_features = _backbone_features(model, preprocess, samples.images, [len(e.samples.labels) for e in prepared])
+    verdict_features = _backbone_features(model, preprocess, _concat_images([e.verdict_inputs for e in prepared]),
+                                          [len(next(iter(e.verdict_inputs.values()))) for e in prepared])
+    scores = np.zeros(len(prepared))
+    heads = []
+    for fold in [*range(folds.max() + 1), None]:  # None: the head fit on all of them
+        head = copy.deepcopy(model)  # each head starts where the untrained classifier does
+        _train_head(head, sample_features, samples.labels, np.ones(len(prepared), dtype=bool) if fold is None
+                    else folds != fold, config)
+        if fold is not None:
+            scores[folds == fold] = _episode_scores(head, verdict_features, folds == fold, config)
+        heads.append(head)
+    return _Member(preprocess, heads), scores
+
+
 class TaskDetector:
     """One task's success detector: fit on labelled episodes, then judge episodes' frames."""
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
-        # The heads that judge, averaged: the one fit on all labelled episodes and the fold heads (module doc).
-        self.models: list[_FrozenBackboneClassifier] = []
-        self._preprocess = None
+        # One per backbone in ``backbone_seeds``, each with its heads; their scores are averaged (module doc).
+        self.members: list[_Member] = []
         self.calibration: Calibration | None = None
 
     @property
     def trained(self) -> bool:
-        return bool(self.models) and self.calibration is not None
+        return bool(self.members) and self.calibration is not None
 
     def fit(self, episodes: Sequence[LabelledEpisode | PreparedEpisode]) -> Calibration:
         """Calibrate on out-of-fold scores, then fit a head on all the episodes too (module doc)."""
@@ -365,46 +409,27 @@ class TaskDetector:
         config = self.config
         prepared = [e if isinstance(e, PreparedEpisode) else prepare(e, config) for e in episodes]
         outcomes = np.array([e.success for e in prepared])
-        samples = _Samples.concat([e.samples for e in prepared])
-        model = build_classifier(config)
-        # Normalized by the pixel statistics of all the episodes, in every fold as in the final head: they
-        # know no verdict, and one set of them lets the backbone run once for all the folds.
-        preprocess, _ = make_classifier_processor(model.config, _image_stats(samples))
-        model.eval()
-        sample_features = _backbone_features(model, preprocess, samples.images,
-                                             [len(e.samples.labels) for e in prepared])
-        verdict_features = _backbone_features(model, preprocess, _concat_images([e.verdict_inputs for e in prepared]),
-                                              [len(next(iter(e.verdict_inputs.values()))) for e in prepared])
         folds = calibration_folds(outcomes, config)
-        scores = np.zeros(len(prepared))
-        models = []
-        for fold in [*range(folds.max() + 1), None]:  # None: the head fit on all of them
-            head = copy.deepcopy(model)  # each head starts where the untrained classifier does
-            _train_head(head, sample_features, samples.labels, np.ones(len(prepared), dtype=bool) if fold is None
-                        else folds != fold, config)
-            if fold is not None:
-                scores[folds == fold] = _episode_scores(head, verdict_features, folds == fold, config)
-            models.append(head)
+        members, scores = [], np.zeros(len(prepared))
+        for backbone_seed in config.backbone_seeds:
+            member, member_scores = _fit_member(prepared, folds, backbone_seed, config)
+            members.append(member)
+            scores += member_scores / len(config.backbone_seeds)
         threshold = best_threshold(scores, outcomes)
-        self.models, self._preprocess = models, preprocess
+        self.members = members
         self.calibration = Calibration(threshold, sure_margin(scores, outcomes, threshold, config),
                                        cross_validated_accuracy(scores, outcomes, folds), len(prepared),
                                        len(prepared), int(folds.max() + 1))
         return self.calibration
 
     def score(self, frames: Mapping[str, np.ndarray]) -> float:
-        """The heads' probability of success, averaged over the heads and the episode's last frames."""
+        """The probability of success, averaged over the backbones, their heads and the episode's last frames."""
         return self._score_inputs(verdict_inputs(frames, self.config))
 
     def _score_inputs(self, images: Mapping[str, np.ndarray]) -> float:
-        if not self.models or self._preprocess is None:
+        if not self.members:
             raise RuntimeError("this success detector is not trained yet")
-        index = np.arange(len(next(iter(images.values()))))
-        with torch.no_grad():
-            batch = self._preprocess(_batch(images, index))
-            # The heads share the frozen backbone: it runs once, each head reads its features.
-            features = [self.models[0].backbone_features(batch[key]) for key in input_keys(self.config)]
-            return float(np.mean([head.predict(features).probabilities.mean().item() for head in self.models]))
+        return float(np.mean([member.score(images, self.config) for member in self.members]))
 
     def score_prepared(self, episode: PreparedEpisode) -> float:
         """``score`` of an episode already prepared (its frames resized once)."""
