@@ -3,11 +3,16 @@ an episode nobody judged gets the detector's verdict once its task has one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from robot_rl.learner.detector import input_keys, prepare
 from robot_rl.learner.detector_config import DetectorConfig
 from robot_rl.learner.judge import SuccessJudge, VerdictSource
+from robot_rl.learner.judging import make_judging
+from robot_rl.learner.labelled_files import LabelledEpisodeFiles
 from tests.detector_helpers import episodes, one_torch_thread  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -45,3 +50,51 @@ def test_a_detectors_own_verdict_never_trains_it():
     with pytest.raises(ValueError, match="cannot train the detector"):
         judge.learn(episodes(0, 1)[0], VerdictSource.detector)
     assert judge.labelled("place") == 0
+
+
+def test_a_restarted_learner_s_judge_takes_back_its_labelled_episodes_and_judges_as_before(tmp_path):
+    before = make_judging(CONFIG, background=False, keep_in=tmp_path / "judged")
+    assert before is not None
+    for episode in episodes(0, 16):  # fit at 12, then on all 16
+        before.judge.learn(episode, VerdictSource.operator)
+    detector = before.judge.detector("place")
+    assert detector is not None
+    before.close()
+
+    after = make_judging(CONFIG, background=False, keep_in=tmp_path / "judged")  # the learner started again
+    assert after is not None
+    after.wait_fits()
+    restored = after.judge.detector("place")
+    assert restored is not None and after.judge.labelled("place") == 16
+    assert restored.calibration == detector.calibration  # fit on the very frames, bit for bit
+    unseen = episodes(1, 6)
+    assert [restored.score(e.frames) for e in unseen] == pytest.approx([detector.score(e.frames) for e in unseen],
+                                                                        abs=1e-6)
+    after.close()
+
+
+def test_only_the_newest_labelled_episodes_per_task_stay_on_disk(tmp_path):
+    files = LabelledEpisodeFiles(tmp_path, CONFIG, keep=3)
+    learnt = [prepare(e, CONFIG) for e in episodes(0, 5)]
+    for episode in learnt:
+        files.save("place", episode)
+    files.save("pick", learnt[0])
+    assert len(list(tmp_path.glob("*.npz"))) == 4  # three of place's five, pick's one
+    loaded = LabelledEpisodeFiles(tmp_path, CONFIG, keep=3).load()
+    assert [e.success for e in loaded["place"]] == [e.success for e in learnt[2:]]
+    frames = input_keys(CONFIG)[0]
+    assert np.array_equal(loaded["place"][-1].verdict_inputs[frames], learnt[-1].verdict_inputs[frames])
+    assert len(loaded["pick"]) == 1
+
+
+def test_a_damaged_file_or_one_prepared_for_other_settings_is_left_out_and_said(tmp_path, caplog):
+    files = LabelledEpisodeFiles(tmp_path, CONFIG, keep=10)
+    kept = [files.save("place", prepare(e, CONFIG)) for e in episodes(0, 3)]
+    kept[0].write_bytes(kept[0].read_bytes()[:100])  # a crash of the disk, not of ours: truncated
+    other = dataclasses.replace(CONFIG, backbone_channels=(16, 32, 64, 64))  # 128x128 frames
+    LabelledEpisodeFiles(tmp_path, other, keep=10).save("place", prepare(episodes(2, 1)[0], other))
+    with caplog.at_level("WARNING"):
+        loaded = LabelledEpisodeFiles(tmp_path, CONFIG, keep=10).load()
+    assert len(loaded["place"]) == 2
+    assert "do not read" in caplog.text and kept[0].name in caplog.text
+    assert "other detector settings" in caplog.text

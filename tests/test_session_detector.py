@@ -238,6 +238,12 @@ def test_an_unsure_detector_asks_shows_its_guess_and_the_operators_answer_is_sto
         assert judging.judge.labelled("place") == 14
     finally:
         learner.stop(checkpoint=False)
+    # Started again on its store, the learner's detector has every verdict it was given; nobody is asked anew.
+    with LearnerService(learner.config, tiny_policy(), train=False) as again:
+        assert again.store.judging is not None
+        again.store.judging.wait_fits()
+        assert again.store.judging.judge.labelled("place") == 14
+        assert again.store.judging.judge.detector("place") is not None
 
 
 def test_an_ack_carries_a_guess_or_none_and_a_malformed_one_is_refused():

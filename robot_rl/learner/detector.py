@@ -103,16 +103,16 @@ class Calibration:
 
 
 @dataclass
-class _Samples:
+class TrainingSamples:
     """Classifier inputs and labels, frames resized: input key -> uint8 [N, S, S, 3]; labels float [N]."""
 
     images: dict[str, np.ndarray]
     labels: np.ndarray
 
     @staticmethod
-    def concat(parts: Sequence[_Samples]) -> _Samples:
+    def concat(parts: Sequence[TrainingSamples]) -> TrainingSamples:
         keys = parts[0].images
-        return _Samples({k: np.concatenate([p.images[k] for p in parts]) for k in keys},
+        return TrainingSamples({k: np.concatenate([p.images[k] for p in parts]) for k in keys},
                         np.concatenate([p.labels for p in parts]))
 
 
@@ -164,7 +164,7 @@ def verdict_ticks(length: int, config: DetectorConfig) -> np.ndarray:
     return np.arange(max(0, length - config.verdict_frames), length)
 
 
-def training_samples(episode: LabelledEpisode, config: DetectorConfig) -> _Samples:
+def training_samples(episode: LabelledEpisode, config: DetectorConfig) -> TrainingSamples:
     """One labelled episode's samples (see the module doc): last frames labelled with its outcome,
     early frames and the frames before each takeover negative."""
     n = _episode_length(episode.frames)
@@ -185,7 +185,7 @@ def training_samples(episode: LabelledEpisode, config: DetectorConfig) -> _Sampl
     negatives = negatives[~np.isin(negatives, last)]
     ticks = np.concatenate([last, negatives]).astype(np.int64)
     labels = np.concatenate([np.full(len(last), float(episode.success)), np.zeros(len(negatives))])
-    return _Samples(_frames_at(episode.frames, ticks, config), labels.astype(np.float32))
+    return TrainingSamples(_frames_at(episode.frames, ticks, config), labels.astype(np.float32))
 
 
 def verdict_inputs(frames: Mapping[str, np.ndarray], config: DetectorConfig) -> dict[str, np.ndarray]:
@@ -199,7 +199,7 @@ class PreparedEpisode:
     learner instead of whole episodes, and fit again and again without resizing anew."""
 
     success: bool
-    samples: _Samples
+    samples: TrainingSamples
     verdict_inputs: dict[str, np.ndarray]
 
 
@@ -257,7 +257,7 @@ def build_classifier(config: DetectorConfig, backbone_seed: int) -> _FrozenBackb
             return _FrozenBackboneClassifier(classifier_config)
 
 
-def _image_stats(samples: _Samples) -> dict[str, dict[str, torch.Tensor]]:
+def _image_stats(samples: TrainingSamples) -> dict[str, dict[str, torch.Tensor]]:
     """Per-input channel mean and std of the training frames (in [0, 1]), which LeRobot's processor normalizes by."""
     stats = {}
     for key, images in samples.images.items():
@@ -368,7 +368,7 @@ class _Member:
 def _fit_member(prepared: Sequence[PreparedEpisode], folds: np.ndarray, backbone_seed: int,
                 config: DetectorConfig) -> tuple[_Member, np.ndarray]:
     """The heads on one random backbone, and each episode's score from the head fit without its fold."""
-    samples = _Samples.concat([e.samples for e in prepared])
+    samples = TrainingSamples.concat([e.samples for e in prepared])
     model = build_classifier(config, backbone_seed)
     # Normalized by the pixel statistics of all the episodes, in every fold as in the final head: they
     # know no verdict, and one set of them lets the backbone run once for all the folds.

@@ -9,6 +9,10 @@ its threshold on every labelled episode's out-of-fold score, the newest's among 
 nobody judged gets the detector's verdict with its confidence, or none while its task's detector is
 not trained.
 
+With ``files`` (``LabelledEpisodeFiles``: the store's ``judged/`` folder) every labelled episode it takes
+is written to disk as well, and ``restore`` takes them back after a restart and fits each task's detector
+on them: a restarted learner judges as it did before it stopped, without asking its operators again.
+
 Fitting takes seconds to a minute or two on a CPU (``calibration_folds`` + 1 head fits); ``learn``
 fits on the calling thread, so the learner calls it from a thread that may wait (never the one that
 acks robots).
@@ -26,10 +30,15 @@ import numpy as np
 from robot_rl.core.types import VerdictSource
 from robot_rl.learner.detector import Calibration, LabelledEpisode, PreparedEpisode, TaskDetector, Verdict, prepare
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.labelled_files import LabelledEpisodeFiles
 
 __all__ = ["SuccessJudge", "VerdictSource"]
 
 log = logging.getLogger(__name__)
+
+# Labelled episodes kept per task, the newest (in memory, and on disk with ``files``): ~250 kB each in memory
+# (a few frames at the detector's 64x64), ~100 kB on disk, and more than a fit on a CPU gets through in a minute.
+MAX_LABELLED = 500
 
 
 @dataclass
@@ -50,9 +59,11 @@ class SuccessJudge:
     >>> judge.judge("push", frames)   # a Verdict, or None while "push" has no trained detector
     """
 
-    def __init__(self, config: DetectorConfig, max_labelled: int = 500) -> None:
+    def __init__(self, config: DetectorConfig, max_labelled: int = MAX_LABELLED,
+                 files: LabelledEpisodeFiles | None = None) -> None:
         self.config = config
         self.max_labelled = max_labelled  # per task: the newest are kept (memory stays bounded)
+        self.files = files
         self._tasks: dict[str, _Task] = {}
         self._lock = threading.Lock()  # the tasks' state: judge() reads it while learn() fits
         self._fitting = threading.Lock()  # one learn() at a time, so no fit is started twice
@@ -64,6 +75,7 @@ class SuccessJudge:
             raise ValueError("a detector's verdict cannot train the detector (it would learn its own mistakes)")
         prepared = prepare(episode, self.config)
         with self._fitting:
+            self._keep(episode.task, prepared)
             with self._lock:
                 task = self._tasks.setdefault(episode.task, _Task())
                 task.episodes = [*task.episodes, prepared][-self.max_labelled:]
@@ -71,12 +83,45 @@ class SuccessJudge:
                 episodes = list(task.episodes)
             if not self._fit_due(task, episodes):
                 return None
-            detector = TaskDetector(self.config)
-            calibration = detector.fit(episodes)
-            with self._lock:
-                task.detector, task.received_at_fit = detector, task.received
+            return self._fit(episode.task, task, episodes)
+
+    def _keep(self, task: str, prepared: PreparedEpisode) -> None:
+        """Write a labelled episode to ``files``; a disk that refuses it costs a restart's memory of it, not
+        the detector's learning it now."""
+        if self.files is None:
+            return
+        try:
+            self.files.save(task, prepared)
+        except OSError as exc:
+            log.warning("success detector: a labelled episode of %r could not be kept in %s (%s); a restarted "
+                        "learner will not have it", task, self.files.folder, exc)
+
+    def restore(self) -> dict[str, Calibration]:
+        """Take back the labelled episodes ``files`` holds (a restart) and fit each task's detector that has
+        enough of them. Returns the calibrations it fit."""
+        if self.files is None:
+            return {}
+        fitted = {}
+        with self._fitting:
+            for name, stored in self.files.load().items():
+                with self._lock:
+                    task = self._tasks.setdefault(name, _Task())
+                    task.episodes = [*stored, *task.episodes][-self.max_labelled:]
+                    task.received += len(stored)
+                    episodes = list(task.episodes)
+                log.info("success detector for %r: %d labelled episodes taken back from %s", name, len(stored),
+                         self.files.folder)
+                if self._fit_due(task, episodes):
+                    fitted[name] = self._fit(name, task, episodes)
+        return fitted
+
+    def _fit(self, name: str, task: _Task, episodes: list[PreparedEpisode]) -> Calibration:
+        detector = TaskDetector(self.config)
+        calibration = detector.fit(episodes)
+        with self._lock:
+            task.detector, task.received_at_fit = detector, task.received
         log.info("success detector for %r fit on %d labelled episodes: %d-fold cross-validated accuracy %.1f%%, "
-                 "threshold %.2f, sure beyond +-%.2f", episode.task, calibration.trained_episodes, calibration.folds,
+                 "threshold %.2f, sure beyond +-%.2f", name, calibration.trained_episodes, calibration.folds,
                  100 * calibration.heldout_accuracy, calibration.threshold, calibration.margin)
         return calibration
 

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -45,7 +46,8 @@ from robot_rl.learner.detector import Calibration, LabelledEpisode, resize
 from robot_rl.learner.detector_config import DetectorConfig
 from robot_rl.learner.family_balance import OTHER_FAMILY, family_of
 from robot_rl.learner.index import EntryKey
-from robot_rl.learner.judge import SuccessJudge
+from robot_rl.learner.judge import MAX_LABELLED, SuccessJudge
+from robot_rl.learner.labelled_files import LabelledEpisodeFiles
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,8 @@ class EpisodeJudging:
         self._guessing: set[EntryKey] = set()  # open episodes with a guess waiting for the judge thread
         self._guesses: dict[str, DetectorGuess] = {}  # robot -> the newest guess on its open episode
         self._said_guess_failed = False
+        if judge.files is not None:  # a restart: the detectors start from the verdicts learnt before it
+            self._fits.append(self._fitting.submit(self._restore))
 
     def piece(self, steps: Sequence[Step]) -> Piece | None:
         """What the judge keeps of one decoded segment (its cameras' frames resized): decode threads.
@@ -242,6 +246,13 @@ class EpisodeJudging:
                 self._guesses[key[0]] = DetectorGuess(key[1], bool(verdict.success), float(verdict.confidence),
                                                       bool(verdict.sure))
 
+    def _restore(self) -> None:
+        try:
+            self.judge.restore()
+        except Exception:
+            log.exception("success detector: the labelled episodes kept before a restart could not be taken back; "
+                          "the detectors learn from new verdicts only")
+
     def _learn(self, episode: LabelledEpisode, source: VerdictSource) -> Calibration | None:
         try:
             return self.judge.learn(episode, source)
@@ -251,7 +262,11 @@ class EpisodeJudging:
 
 
 
-def make_judging(config: DetectorConfig, *, background: bool) -> EpisodeJudging | None:
-    """The learner's judge per ``learner.detector`` (None when it is off)."""
-    return EpisodeJudging(SuccessJudge(config), background=background) if config.enabled else None
+def make_judging(config: DetectorConfig, *, background: bool, keep_in: Path | None = None) -> EpisodeJudging | None:
+    """The learner's judge per ``learner.detector`` (None when it is off). ``keep_in``: the folder its labelled
+    episodes are kept in across restarts (``LabelledEpisodeFiles``); None keeps them in memory only."""
+    if not config.enabled:
+        return None
+    judge = SuccessJudge(config, MAX_LABELLED, LabelledEpisodeFiles(keep_in, config, MAX_LABELLED) if keep_in else None)
+    return EpisodeJudging(judge, background=background)
 

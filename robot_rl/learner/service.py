@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from robot_rl.bridges.zmq.keys import ServerCurve
@@ -26,6 +27,7 @@ from robot_rl.learner.ddp import DistContext, DistributedTrainer
 from robot_rl.learner.fleet import RobotStatus, status_line, stored_episodes
 from robot_rl.learner.hub import HubPusher, dataset_snapshot
 from robot_rl.learner.judging import make_judging
+from robot_rl.learner.labelled_files import JUDGED_FOLDER
 from robot_rl.learner.metrics import make_logger
 from robot_rl.learner.published import PublishedHistory, PublishedVersion
 from robot_rl.learner.store import ReplayStore
@@ -79,7 +81,8 @@ class LearnerService(ServerHandlers):
         check_layout(config, policy)
         self.state_dim = policy.state_dim
         self.store = ReplayStore(config.store, train_cameras=policy.cameras, input_frames=policy.input_frames,
-                                 judging=make_judging(config.detector, background=config.store.background_commit))
+                                 judging=make_judging(config.detector, background=config.store.background_commit,
+                                                     keep_in=Path(config.store.root) / JUDGED_FOLDER))
         self.policy = policy
         try:
             known = self.store.layout.joint_names if self.store.layout is not None else config.store.joint_names
