@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from robot_rl.app.config import VerdictMode
-from robot_rl.bench.detector import Attempt, record_episode, roc_auc
+from robot_rl.bench.detector import Attempt, record_episode, roc_auc, run_detector_bench
 from robot_rl.bench.detector_main_job import arm_configs
 from robot_rl.config import ConfigError, load_config
+from tests.detector_helpers import one_torch_thread  # noqa: F401 (a fixture)
 
 
 def test_bench_settings_are_typed_and_the_detector_is_the_learners():
@@ -72,3 +73,50 @@ def test_the_main_job_arms_differ_only_in_who_judges_and_a_bad_learner_fails_bef
     assert oracle.run.dir != detector.run.dir
     with pytest.raises(ConfigError, match="nonexistent"):
         arm_configs(compose, replace(bench, main_job_learner="nonexistent"), tmp_path)
+
+
+def write_judged(root, sources: list[str]) -> list[bool]:
+    """Synthetic "place" episodes (tests.detector_helpers) stored by the recorder a robot uses, each judged by
+    the given source; returns their outcomes."""
+    from robot_rl.core.types import Step
+    from robot_rl.data.recorder import EpisodeRecorder
+    from tests.detector_helpers import SIZE, synthetic_episode
+
+    rng = np.random.default_rng(0)
+    outcomes = []
+    with EpisodeRecorder(root, fps=30, joint_names=tuple(f"j{i}" for i in range(6)),
+                         cameras={"wrist": (SIZE, SIZE)}) as recorder:
+        for i, source in enumerate(sources):
+            episode = synthetic_episode(rng, success=bool(i % 2))
+            frames = episode.frames["front"]
+            steps = [Step(tick=t, time_s=t / 30, state=np.zeros(6, np.float32), action=np.zeros(6, np.float32),
+                          images={"wrist": frame}, instruction="put the red cube in the bowl",
+                          done=t == len(frames) - 1, success=episode.success and t == len(frames) - 1,
+                          success_source=source) for t, frame in enumerate(frames)]
+            recorder.write_steps("put the red cube in the bowl", i, steps)
+            outcomes.append(episode.success)
+    return outcomes
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_logged_dataset_s_judged_episodes_teach_and_test_the_detector_in_stored_order(tmp_path):
+    sources = ["operator"] * 16 + ["detector", ""] + ["task"] * 10
+    outcomes = write_judged(tmp_path / "ds", sources)
+    cfg = load_config(["+bench=detector", "bench.labelled=[8,16]", f"bench.episodes_from={tmp_path / 'ds'}",
+                       "learner.detector.backbone_seeds=[0]", "learner.detector.calibration_folds=3"])
+    report = run_detector_bench(cfg, progress=False)
+    assert report["families"] == ["place"]  # the sim's place wording names its family
+    place = report["per_family"]["place"]
+    # the first 16 judged teach, the 10 after them (the detector's and nobody's verdicts left out) test
+    assert place["test_episodes"] == 10 and place["test_successes"] == sum(outcomes[18:])
+    assert place["labelled_successes"] == sum(outcomes[:16])
+    assert report["accuracy"][16] >= 0.8  # the synthetic place is easy: far above the test's 50 % by chance
+
+
+def test_a_logged_dataset_without_enough_judged_episodes_is_refused_in_one_line(tmp_path):
+    write_judged(tmp_path / "ds", ["operator"] * 6)
+    cfg = load_config(["+bench=detector", "bench.labelled=[8]", f"bench.episodes_from={tmp_path / 'ds'}"])
+    with pytest.raises(ConfigError, match="has 6 judged episodes"):
+        run_detector_bench(cfg, progress=False)
+    with pytest.raises(ConfigError, match="not a LeRobotDataset"):
+        run_detector_bench(load_config(["+bench=detector", f"bench.episodes_from={tmp_path}"]), progress=False)

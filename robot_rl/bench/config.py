@@ -299,6 +299,10 @@ class DetectorBenchConfig:
     stop_ticks: list[int] = field(default_factory=lambda: [20, 120])  # a stopped expert's last own tick: [lo, hi]
     noise_deg: float = 10.0  # a noisy expert's command noise (std, degrees / gripper units)
     frame_stride: int = 10  # ticks between kept frames (the last ones are always kept)
+    # A LeRobotDataset whose episodes carry who judged them (a learner's store, a robot's own dataset): its
+    # operator- and task-judged episodes, per task in stored order, replace the sim's recorded ones (the
+    # first max(labelled) teach, the rest are the test; robot_rl.bench.detector_logged). null: the sim.
+    episodes_from: str | None = None
     # Then the main job twice, judged by the sim and by the detector (robot_rl.bench.detector_main_job):
     # ~1 hour on a 2-core CPU, so off unless asked for.
     main_job: bool = False

@@ -12,6 +12,10 @@ accuracy of the sure ones.
 
     robot-rl bench detector --json bench_results/detector.json
 
+``bench.episodes_from=DATASET`` measures the same on episodes a robot really ran (a learner's store, a
+robot's own dataset): their operator- and task-judged episodes, per task in stored order, take the place
+of the recorded ones (``robot_rl.bench.detector_logged``).
+
 ``bench.main_job=true`` then runs the main job judged by the sim and by the detector and compares their
 final weights on held-out scenes (``robot_rl.bench.detector_main_job``).
 
@@ -33,6 +37,7 @@ import torch
 from tqdm import tqdm
 
 from robot_rl.bench.config import DetectorBenchConfig
+from robot_rl.bench.detector_logged import read_judged, split
 from robot_rl.bench.detector_main_job import arm_configs, compare_main_jobs, print_comparison
 from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.hardware.sim.tasks import TASK_FAMILIES
@@ -135,7 +140,12 @@ def bench_family(family: str, base_seed: int, bench: DetectorBenchConfig, config
     labelled = record_family(family, range(base_seed, base_seed + max(bench.labelled)), bench, config, progress)
     test_start = base_seed + TEST_SEED_OFFSET
     test = record_family(family, range(test_start, test_start + bench.test_episodes), bench, config, progress)
-    record_s = time.perf_counter() - started
+    return {**fit_and_judge(labelled, test, bench, config), "record_s": time.perf_counter() - started}
+
+
+def fit_and_judge(labelled: list[PreparedEpisode], test: list[PreparedEpisode], bench: DetectorBenchConfig,
+                  config: DetectorConfig) -> dict[str, Any]:
+    """A detector fit on the first n of ``labelled`` for each n in ``bench.labelled``, judged on ``test``."""
     rows: dict[int, dict[str, float]] = {}
     for n in bench.labelled:
         detector = TaskDetector(config)
@@ -144,9 +154,20 @@ def bench_family(family: str, base_seed: int, bench: DetectorBenchConfig, config
         rows[n] = {**judge(detector, test), "heldout_accuracy": calibration.heldout_accuracy,
                    "threshold": calibration.threshold, "margin": calibration.margin,
                    "fit_s": time.perf_counter() - fit_started}
-    return {"rows": rows, "record_s": record_s,
-            "labelled_successes": int(sum(e.success for e in labelled)),
-            "test_successes": int(sum(e.success for e in test))}
+    return {"rows": rows, "labelled_successes": int(sum(e.success for e in labelled)),
+            "test_successes": int(sum(e.success for e in test)), "test_episodes": len(test)}
+
+
+def logged_families(bench: DetectorBenchConfig, config: DetectorConfig) -> dict[str, dict[str, Any]]:
+    """``bench.episodes_from``'s tasks, each fit on its first judged episodes and judged on the rest."""
+    started = time.perf_counter()
+    logged = read_judged(str(bench.episodes_from), config)
+    read_s = time.perf_counter() - started
+    print(f"{bench.episodes_from}: judged episodes per task {({t: len(e) for t, e in logged.by_task.items()})}, "
+          f"left out {dict(logged.left_out) or 'none'}")
+    most = max(bench.labelled)
+    return {task: {**fit_and_judge(*split(episodes, most, task), bench, config), "record_s": read_s}
+            for task, episodes in logged.by_task.items()}
 
 
 def run_detector_bench(cfg: RobotRLConfig, progress: bool = True) -> dict[str, Any]:
@@ -159,8 +180,12 @@ def run_detector_bench(cfg: RobotRLConfig, progress: bool = True) -> dict[str, A
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        per_family = {family: bench_family(family, base + i * cfg.seeds.stride, bench, config, progress)
-                      for i, family in enumerate(families)}
+        if bench.episodes_from:
+            per_family = logged_families(bench, config)
+            families = list(per_family)
+        else:
+            per_family = {family: bench_family(family, base + i * cfg.seeds.stride, bench, config, progress)
+                          for i, family in enumerate(families)}
     finally:
         torch.set_num_threads(threads)
 
@@ -168,14 +193,17 @@ def run_detector_bench(cfg: RobotRLConfig, progress: bool = True) -> dict[str, A
         return {n: float(np.mean([per_family[f]["rows"][n][metric] for f in families])) for n in bench.labelled}
 
     asked_at = min((n for n in bench.labelled if n >= bench.asked_after), default=max(bench.labelled))
-    return {"families": families, "labelled": list(bench.labelled), "test_episodes": bench.test_episodes,
+    return {"families": families, "labelled": list(bench.labelled), "episodes_from": bench.episodes_from,
+            "test_episodes": {f: per_family[f]["test_episodes"] for f in families},
             "accuracy": mean("accuracy"), "auc": mean("auc"), "sure_accuracy": mean("sure_accuracy"),
             "asked_fraction": mean("asked_fraction")[asked_at], "asked_after": asked_at,
             "per_family": per_family}
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"\nsuccess detector against the sim's ground truth ({report['test_episodes']} test scenes per family)")
+    logged = report["episodes_from"]
+    judged_by = f"the verdicts stored in {logged}" if logged else "the sim's ground truth"
+    print(f"\nsuccess detector against {judged_by} (test episodes per family: {report['test_episodes']})")
     print("| family | labelled | accuracy | ROC-AUC | asked | accuracy when sure | held-out acc. | fit s |")
     print("|---|---|---|---|---|---|---|---|")
     for family, result in report["per_family"].items():
@@ -184,8 +212,8 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{row['sure_accuracy']:.1%} | {row['heldout_accuracy']:.1%} | {row['fit_s']:.0f} |")
     for family, result in report["per_family"].items():
         print(f"{family}: {result['labelled_successes']} successes among the labelled, "
-              f"{result['test_successes']}/{report['test_episodes']} among the test scenes; "
-              f"recorded in {result['record_s']:.0f} s")
+              f"{result['test_successes']}/{result['test_episodes']} among the test episodes; "
+              f"recorded or read in {result['record_s']:.0f} s")
     print(f"asked after {report['asked_after']} labelled: {report['asked_fraction']:.0%} of verdicts")
 
 
