@@ -93,7 +93,7 @@ def write_judged(root, sources: list[str]) -> list[bool]:
                           images={"wrist": frame}, instruction="put the red cube in the bowl",
                           done=t == len(frames) - 1, success=episode.success and t == len(frames) - 1,
                           success_source=source) for t, frame in enumerate(frames)]
-            recorder.write_steps("put the red cube in the bowl", i, steps)
+            recorder.write_steps("put the red cube in the bowl", i, steps, finalize=False)  # once, at close
             outcomes.append(episode.success)
     return outcomes
 
