@@ -230,10 +230,3 @@ def test_the_summary_groups_versions_and_ends_with_lines_that_agree(tmp_path, ca
                          "final 90% (77%-96%)")
     assert lines[-1].startswith("learning curve: ") and str(tmp_path / "run") in lines[-1]
 
-
-def test_after_the_robots_the_trainer_leaves_the_writer_a_core_until_it_has_written_everything():
-    from robot_rl.app.local_run import training_threads
-
-    assert training_threads(cores=2, episodes_to_write=40) == 1  # a second thread would wait on the writer's core
-    assert training_threads(cores=2, episodes_to_write=0) == 2
-    assert training_threads(cores=1, episodes_to_write=40) == 1

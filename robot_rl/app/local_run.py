@@ -32,6 +32,7 @@ from tqdm import tqdm
 from robot_rl.app.config import LocalRunConfig, RobotPlacement, Seeds
 from robot_rl.app.robot_process import RobotJob, RobotProcesses
 from robot_rl.app.sim_edge import EpisodeCallback, OperatorFactory, RobotFactory, run_robot
+from robot_rl.app.training_threads import ThreadChoice, most_threads
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.core.errors import ConfigError
 from robot_rl.edge.remote_runner import RemoteInferenceConfig
@@ -211,17 +212,10 @@ def write_out(learner: LearnerService, timeout_s: float, poll_s: float = 0.5) ->
     return True
 
 
-def training_threads(cores: int, episodes_to_write: int) -> int:
-    """PyTorch threads for the trainer once the robots have stopped: every core, but one fewer while the
-    dataset writer still has episodes to write. The writer then holds a core, and a trainer thread
-    sharing it waits at every op for its slice of it, as its partner thread waits on it: on two cores
-    updates ran 10x slower than on one thread."""
-    return max(cores - (episodes_to_write > 0), 1)
-
-
 def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float = 0.5) -> None:
     """Let the trainer go on with the stored episodes until it has made ``updates`` updates
-    (``LocalRunConfig.min_updates``), on the cores the robots held (``training_threads``), showing its progress;
+    (``LocalRunConfig.min_updates``), on the cores the robots held, as many threads as train fastest
+    (``ThreadChoice``), showing its progress;
     returns early if it stops by itself (``trainer.max_updates``, or a crash, which its thread
     has logged)."""
     trainer = learner.trainer
@@ -232,10 +226,11 @@ def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float =
                     "update %d", trainer.step)
         return
     log.info("robots done at update %d; training on the stored episodes to update %d", trainer.step, updates)
-    cores, threads = len(os.sched_getaffinity(0)), 0
+    cores, threads, choice = len(os.sched_getaffinity(0)), 0, ThreadChoice()
     with tqdm(total=updates, initial=trainer.step, desc="training on (robots done)", unit="upd") as bar:
         while trainer.step < updates:
-            wanted = training_threads(cores, learner.store.stats()["episodes_to_write"])
+            most = most_threads(cores, learner.store.stats()["episodes_to_write"])
+            wanted = choice.threads(time.monotonic(), trainer.step, most)
             if wanted != threads:
                 trainer.set_threads(threads := wanted)
             ended = trainer.wait(poll_s)
