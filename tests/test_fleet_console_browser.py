@@ -36,6 +36,8 @@ def wait(predicate: Callable[[], object], timeout_s: float, what: str) -> object
     while True:
         try:
             value = predicate()
+        except AssertionError:  # the predicate saw that waiting longer cannot help
+            raise
         except Exception:  # noqa: BLE001 - the page is being redrawn between two reads
             value = None
         if value:
@@ -55,6 +57,8 @@ def start_run(tmp_path: Path, token: Path) -> tuple[subprocess.Popen[str], list[
         "run.time_budget_min=1.0", "run.min_updates=null", "run.eval_episodes=0", "run.heldout_scenes=0",
         "run.max_episode_steps=60", "learner.trainer.publish_every_updates=50", "learner.trainer.max_updates=1500",
         "learner.console.port=0", f"learner.console.token_file={token}", "learner.console.refresh_s=0.25",
+        # Ports the system picks: another learner on this machine (a run, a benchmark) may hold the defaults.
+        "learner.service.router_endpoint=tcp://127.0.0.1:0", "learner.service.pub_endpoint=tcp://127.0.0.1:0",
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", MUJOCO_GL="egl")
     run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -101,8 +105,11 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
     run, lines = start_run(tmp_path, token_file)
     browser = None
     try:
-        url = wait(lambda: next((m.group(1) for line in list(lines) if (m := CONSOLE_LINE.search(line))), None),
-                   240, "the console's address in the run's output")
+        def console_address() -> str | None:
+            assert run.poll() is None, "the run ended before its console was up:\n" + "".join(lines)[-3000:]
+            return next((m.group(1) for line in list(lines) if (m := CONSOLE_LINE.search(line))), None)
+
+        url = wait(console_address, 240, "the console's address in the run's output")
         browser = chromium()
         browser.get(str(url))
 
