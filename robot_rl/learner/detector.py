@@ -113,7 +113,7 @@ class TrainingSamples:
     def concat(parts: Sequence[TrainingSamples]) -> TrainingSamples:
         keys = parts[0].images
         return TrainingSamples({k: np.concatenate([p.images[k] for p in parts]) for k in keys},
-                        np.concatenate([p.labels for p in parts]))
+                               np.concatenate([p.labels for p in parts]))
 
 
 # ---------------------------------------------------------------- frames -> classifier inputs
