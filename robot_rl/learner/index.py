@@ -91,6 +91,13 @@ class GrowingEpisode:
             self._arrays[name] = buf
         self.length += n
 
+    def compact(self) -> None:
+        """Cut every buffer to the rows held. A finished episode takes no more steps, and the spare rows
+        that growth by doubling left (up to half of each buffer) would stay for as long as the learner
+        runs: with thousands of episodes, memory that grows with the fleet's hours."""
+        self._arrays = {name: buf[: self.length].copy() if len(buf) > self.length else buf
+                        for name, buf in self._arrays.items()}
+
     def frame_bytes(self) -> int:
         """Bytes of camera frames this entry holds in memory (its buffers, grown ahead of its length)."""
         return sum(buf.nbytes for name, buf in self._arrays.items() if name.startswith(IMAGES))
@@ -145,15 +152,20 @@ class GrowingEpisode:
         return 0 if held is None or self.is_demonstration else int(held[: self.length].sum())
 
     def stream_positions(self, stream: str) -> np.ndarray:
+        """This entry's steps in ``stream`` (int32: an episode is far shorter than 2**31 steps, and the
+        index keeps these for every step it holds)."""
         if self.is_demonstration:
-            return np.arange(self.length) if stream == "demonstration" else np.empty(0, dtype=np.int64)
-        flags = self._arrays["is_intervention"][: self.length]
-        if stream == "intervention":
-            return np.flatnonzero(flags)
-        if stream == "online":
-            held = self._arrays.get("held")
-            return np.flatnonzero(~flags if held is None else ~flags & ~held[: self.length])
-        return np.empty(0, dtype=np.int64)
+            positions = np.arange(self.length) if stream == "demonstration" else np.empty(0, dtype=np.int64)
+        else:
+            flags = self._arrays["is_intervention"][: self.length]
+            if stream == "intervention":
+                positions = np.flatnonzero(flags)
+            elif stream == "online":
+                held = self._arrays.get("held")
+                positions = np.flatnonzero(~flags if held is None else ~flags & ~held[: self.length])
+            else:
+                positions = np.empty(0, dtype=np.int64)
+        return positions.astype(np.int32)
 
 
 def held_steps(is_intervention: np.ndarray, chunk_id: np.ndarray) -> np.ndarray:
@@ -170,8 +182,8 @@ def steps_to_columns(steps: Sequence[Step], cameras: Sequence[str]) -> dict[str,
         "reward": np.array([s.reward for s in steps], dtype=np.float32),
         "success": np.array([s.success for s in steps], dtype=bool),
         "done": np.array([s.done for s in steps], dtype=bool),
-        "policy_version": np.array([s.policy_version for s in steps], dtype=np.int64),
-        "success_source": np.array([source_code(s.success_source) for s in steps], dtype=np.int64),
+        "policy_version": np.array([s.policy_version for s in steps], dtype=np.int32),
+        "success_source": np.array([source_code(s.success_source) for s in steps], dtype=np.int8),
         "success_confidence": np.array([s.success_confidence for s in steps], dtype=np.float32),
     }
     columns["held"] = held_steps(columns["is_intervention"], np.array([s.chunk_id for s in steps]))
@@ -201,9 +213,9 @@ def dataset_episode_to_columns(episode: Mapping, cameras: Sequence[str], *,
         "is_intervention": flat("is_intervention", bool, False),
         "reward": flat("next.reward", np.float32, 0.0),
         "success": flat("next.success", bool, False),
-        "policy_version": flat("policy_version", np.int64, -1),
+        "policy_version": flat("policy_version", np.int32, -1),
         "done": flat("next.done", bool, False),
-        "success_source": flat("next.success_source", np.int64, TASK_CODE),  # older datasets: the task's
+        "success_source": flat("next.success_source", np.int8, TASK_CODE),  # older datasets: the task's
         "success_confidence": flat("next.success_confidence", np.float32, 1.0),
     }
     if n:
@@ -377,6 +389,8 @@ class SamplingIndex:
                 raise ValueError(f"entry {key} is in the dataset and its frames left memory: it takes no more steps")
             before = entry.frame_bytes()
             entry.append(columns)
+            if entry.finished:
+                entry.compact()
             self._frame_bytes += entry.frame_bytes() - before
             for stream in STREAMS:
                 self._positions[(key, stream)] = entry.stream_positions(stream)
@@ -391,6 +405,9 @@ class SamplingIndex:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.mark_finished()
+                before = entry.frame_bytes()
+                entry.compact()
+                self._frame_bytes += entry.frame_bytes() - before
                 self._rewards.pop(key, None)
                 if key not in self._spilled and key not in self._on_disk:
                     self._leavable[key] = None
