@@ -34,6 +34,8 @@ def test_two_robots_are_served_in_one_forward_and_a_published_version_reaches_th
     assert row["chunks_per_s"] > 0 and row["mean_batch"] > 1.0  # the two robots shared forwards
     assert row["dropped_late"] == 0 and row["latency_p95_s"] >= row["latency_p50_s"] > 0
     assert len(report["swap_to_serve_s"]) == 1  # version 1 reached the robot
+    # what the target allows it: one forward plus that robot's request interval (NaN without chunks)
+    assert report["swap_to_serve_bound_s"] > row["compute_per_chunk_s"]
     assert report["serial"] == {} and report["bytes_per_request"]["224x224"] > 0
     assert report["capacity"][2]["robots"] > 0  # robots asking back to back were answered
     # today's network path for the same weights: the version reached an edge's policy process
