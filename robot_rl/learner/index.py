@@ -154,6 +154,7 @@ class GrowingEpisode:
     def stream_positions(self, stream: str) -> np.ndarray:
         """This entry's steps in ``stream`` (int32: an episode is far shorter than 2**31 steps, and the
         index keeps these for every step it holds)."""
+        positions: np.ndarray
         if self.is_demonstration:
             positions = np.arange(self.length) if stream == "demonstration" else np.empty(0, dtype=np.int64)
         else:
