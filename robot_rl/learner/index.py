@@ -92,11 +92,13 @@ class GrowingEpisode:
         self.length += n
 
     def compact(self) -> None:
-        """Cut every buffer to the rows held. A finished episode takes no more steps, and the spare rows
-        that growth by doubling left (up to half of each buffer) would stay for as long as the learner
-        runs: with thousands of episodes, memory that grows with the fleet's hours."""
-        self._arrays = {name: buf[: self.length].copy() if len(buf) > self.length else buf
-                        for name, buf in self._arrays.items()}
+        """Cut the buffers of its numbers to the rows held. A finished episode takes no more steps, and the
+        spare rows that growth by doubling left (up to half of each buffer) would stay for as long as the
+        learner runs: with thousands of episodes, memory that grows with the fleet's hours. Its frames
+        are left as they are: the budget counts their buffers, they leave for the spill whole, and a copy
+        of camera-size frames under the index's lock would hold up the trainer's next batch."""
+        self._arrays = {name: buf[: self.length].copy() if len(buf) > self.length and not name.startswith(IMAGES)
+                        else buf for name, buf in self._arrays.items()}
 
     def frame_bytes(self) -> int:
         """Bytes of camera frames this entry holds in memory (its buffers, grown ahead of its length)."""
@@ -406,9 +408,7 @@ class SamplingIndex:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.mark_finished()
-                before = entry.frame_bytes()
                 entry.compact()
-                self._frame_bytes += entry.frame_bytes() - before
                 self._rewards.pop(key, None)
                 if key not in self._spilled and key not in self._on_disk:
                     self._leavable[key] = None
