@@ -50,10 +50,14 @@ class _CountingStub:
 
     def SendObservations(self, messages: Iterator[Any], *args: Any, **kwargs: Any) -> Any:  # noqa: N802  # gRPC's name
         def counted() -> Iterator[Any]:
+            size = 0
             for message in messages:
-                self.bytes_sent += len(message.data)
+                size += len(message.data)
                 yield message
-        self.observations_sent += 1
+            # counted once gRPC has drained the observation's chunks, so that a summary taken while one is
+            # in flight never divides a request's count by bytes not yet sent
+            self.bytes_sent += size
+            self.observations_sent += 1
         return self._stub.SendObservations(counted(), *args, **kwargs)
 
     def GetActions(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802  # gRPC's name
