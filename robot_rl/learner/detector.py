@@ -57,6 +57,7 @@ from lerobot.rewards.classifier import RewardClassifierConfig
 from lerobot.rewards.classifier.modeling_classifier import Classifier
 from lerobot.rewards.classifier.processor_classifier import make_classifier_processor
 from lerobot.utils.constants import OBS_IMAGE, REWARD
+from scipy.special import expit
 from sklearn.linear_model import LogisticRegression
 from transformers import ResNetConfig, ResNetModel
 
@@ -294,7 +295,7 @@ def calibrated_threshold(scores: np.ndarray, outcomes: np.ndarray) -> float:
     slope, intercept = float(fit.coef_[0, 0]), float(fit.intercept_[0])
     if slope <= 0:
         return 0.5
-    return float(1.0 / (1.0 + math.exp(intercept / slope)))
+    return float(expit(-intercept / slope))  # no overflow where a near-flat fit puts it far out
 
 
 def _logit(probabilities: np.ndarray) -> np.ndarray:
