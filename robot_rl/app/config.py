@@ -130,6 +130,10 @@ class DemosConfig:
     # Demonstrator speed, a fraction of the expert's full rates (6 deg/tick, 12 mm/tick): slower,
     # smoother demonstrations are easier to imitate from images.
     expert_speed: float = 0.5
+    # DART: Gaussian noise (degrees, each arm joint, each tick) on the commands the arm executes while
+    # the expert travels between waypoints, its own commands recorded: demonstrations of coming back
+    # from a cloned policy's small errors (``robot_rl.app.demos.expert_episode``). 0: off.
+    noise_deg: float = 0.0
     # The sim and the expert in a child process while this one writes the dataset: the two cost
     # about the same per frame and overlap on two cores (240 demonstrations: 195 s against 335 s,
     # the same dataset frame for frame).
@@ -140,6 +144,8 @@ class DemosConfig:
             raise ValueError(f"demos.episodes must be >= 1, got {self.episodes}")
         if not 0 < self.expert_speed <= 1:
             raise ValueError(f"demos.expert_speed must be in (0, 1], got {self.expert_speed}")
+        if not 0 <= self.noise_deg <= 10:
+            raise ValueError(f"demos.noise_deg must be in [0, 10] degrees, got {self.noise_deg}")
 
 
 @dataclass

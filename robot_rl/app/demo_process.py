@@ -54,6 +54,7 @@ class DemoJob:
     episodes_per_family: int
     seed: int
     stride: int  # between the families' seed ranges
+    noise_deg: float = 0.0  # DART's noise (``expert_episode``)
 
 
 def record_demos_in_child(job: DemoJob, out_dir: str | Path, progress: bool = True) -> DemoSummary:
@@ -127,7 +128,8 @@ def _child_main(job: DemoJob, sender) -> None:
         robot.connect()
         send({"type": "layout", "layout": RecordedLayout.of_robot(robot).to_document()})
         expert = demo_expert(robot, job.expert_speed)
-        attempts = expert_attempts(robot, expert, job.families, job.episodes_per_family, job.seed, job.stride)
+        attempts = expert_attempts(robot, expert, job.families, job.episodes_per_family, job.seed, job.stride,
+                                   job.noise_deg)
         for family, episode in attempts:
             _send_episode(send, sender, family, episode)
         send({"type": "done"})

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from robot_rl.app.config import Seeds
@@ -21,6 +22,7 @@ from robot_rl.core.layout import RecordedLayout
 from robot_rl.core.types import Episode, Step
 from robot_rl.data.recorder import EpisodeRecorder
 
+ARM_JOINTS = 5  # the SO-101's arm joints, before the gripper: DART's noise moves these only
 # Ticks recorded after success so the policy also learns to settle instead of drifting.
 SETTLE_TICKS = 5
 
@@ -33,15 +35,30 @@ class DemoSummary:
     per_family: dict[str, tuple[int, int]]  # family -> (stored, attempted)
 
 
-def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int) -> Episode:
-    """One scripted-expert attempt: observation, expert action, executed action, every tick."""
+def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int, noise_deg: float = 0.0) -> Episode:
+    """One scripted-expert attempt: observation and the expert's command, every tick.
+
+    With ``noise_deg`` > 0 (DART: Laskey et al., 2017) the command the arm executes while the expert
+    travels between waypoints carries Gaussian noise of that many degrees on each arm joint, and the
+    expert's own command is what is recorded: the arm drifts as a cloned policy's would, and the
+    demonstration shows the way back. The expert plans each tick from the command executed, so
+    one tick's noise is corrected the next; near the cube it works undisturbed (``moving_freely``).
+    """
     instruction = robot.reset(seed=seed, family=family)
     expert.reset()
+    noise = np.random.default_rng(seed) if noise_deg > 0 else None  # one stream per scene: reproducible
     episode = Episode(robot.name, episode_id, instruction, task_family=robot.task.family, seed=seed)
     settle_left = None
     for tick in range(robot.config.max_episode_steps):
         obs = robot.get_observation()
-        executed = robot.send_action(expert.act())
+        command = expert.act()
+        if noise is not None and expert.moving_freely():
+            disturbed = command.copy()
+            disturbed[:ARM_JOINTS] += noise.normal(0.0, noise_deg, ARM_JOINTS).astype(np.float32)
+            robot.send_action(disturbed)
+            recorded = command  # the label is the expert's command; the noise only moved the arm
+        else:
+            recorded = robot.send_action(command)
         success = robot.is_success()
         if success and settle_left is None:
             settle_left = SETTLE_TICKS
@@ -51,10 +68,10 @@ def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int
                 tick=tick,
                 time_s=tick / robot.fps,
                 state=obs["state"],
-                action=executed,
+                action=recorded,
                 images=obs["images"],
                 instruction=instruction,
-                policy_action=executed,
+                policy_action=recorded,
                 reward=robot.reward(),
                 success=success,
                 done=done,
@@ -69,17 +86,19 @@ def expert_episode(robot, expert, seed: int, family: str | None, episode_id: int
 
 
 def expert_attempts(
-    robot, expert, families: Iterable[str], episodes_per_family: int, seed: int = 0, stride: int = Seeds.stride
+    robot, expert, families: Iterable[str], episodes_per_family: int, seed: int = 0, stride: int = Seeds.stride,
+    noise_deg: float = 0.0,
 ) -> Iterator[tuple[str, Episode]]:
     """Scripted-expert attempts, family by family in seed order, until each family has
-    ``episodes_per_family`` successes (at most three times as many tries): (family, episode)."""
+    ``episodes_per_family`` successes (at most three times as many tries): (family, episode).
+    ``noise_deg``: see ``expert_episode``."""
     attempted = 0
     for f_index, family in enumerate(families):
         ok = tries = 0
         # Each family gets its own seed range so adding a family changes no other demo.
         episode_seed = seed + stride * f_index
         while ok < episodes_per_family and tries < 3 * episodes_per_family:
-            episode = expert_episode(robot, expert, episode_seed, family, attempted)
+            episode = expert_episode(robot, expert, episode_seed, family, attempted, noise_deg)
             episode_seed += 1
             tries += 1
             attempted += 1

@@ -24,13 +24,13 @@ def record_demos(cfg: RobotRLConfig, progress: bool = True) -> DemoSummary:
     seed = cfg.seed + cfg.seeds.demos
     if cfg.demos.sim_process:
         job = DemoJob(sim_config(cfg), cfg.demos.expert_speed, tuple(families), cfg.demos.episodes, seed,
-                      cfg.seeds.stride)
+                      cfg.seeds.stride, cfg.demos.noise_deg)
         summary = record_demos_in_child(job, cfg.demos.dir, progress=progress)
     else:
         robot = make_sim(cfg)
         try:
             attempts = expert_attempts(robot, demo_expert(robot, cfg.demos.expert_speed), families,
-                                       cfg.demos.episodes, seed, cfg.seeds.stride)
+                                       cfg.demos.episodes, seed, cfg.seeds.stride, cfg.demos.noise_deg)
             summary = store_demos(attempts, RecordedLayout.of_robot(robot), cfg.demos.dir, families,
                                   cfg.demos.episodes, progress)
         finally:
