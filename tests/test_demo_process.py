@@ -17,9 +17,9 @@ def _config(directory, *overrides):
                         *overrides])
 
 
-def test_child_recording_equals_the_serial_one(tmp_path):
-    serial = record_demos(_config(tmp_path / "serial", "demos.sim_process=false"), progress=False)
-    child = record_demos(_config(tmp_path / "child"), progress=False)
+def test_child_recording_equals_the_serial_one_dart_noise_included(tmp_path):
+    serial = record_demos(_config(tmp_path / "serial", "demos.sim_process=false", "demos.noise_deg=2"), progress=False)
+    child = record_demos(_config(tmp_path / "child", "demos.noise_deg=2"), progress=False)
     assert child == serial and serial.stored == EPISODES
     ours, theirs = load_episode_arrays(tmp_path / "child"), load_episode_arrays(tmp_path / "serial")
     assert len(ours) == len(theirs) == EPISODES

@@ -132,7 +132,8 @@ class DemosConfig:
     expert_speed: float = 0.5
     # DART: Gaussian noise (degrees, each arm joint, each tick) on the commands the arm executes while
     # the expert travels between waypoints, its own commands recorded: demonstrations of coming back
-    # from a cloned policy's small errors (``robot_rl.app.demos.expert_episode``). 0: off.
+    # from a cloned policy's small errors (``robot_rl.app.demos.expert_episode``). 0: off; at 2 the
+    # three-family start scored worse (docs/history/benchmarks.md, "train-bc").
     noise_deg: float = 0.0
     # The sim and the expert in a child process while this one writes the dataset: the two cost
     # about the same per frame and overlap on two cores (240 demonstrations: 195 s against 335 s,
