@@ -117,10 +117,10 @@ class ScriptedExpert:
         return self._rate_limit(reference, target)
 
     def moving_freely(self) -> bool:
-        """Whether the gripper is travelling between waypoints, not working near a cube or the bowl
-        (descending, closing, pushing, carrying, releasing: the goals it moves slowly to). A
-        disturbance while travelling costs a correction; one while working can knock a cube away or
-        close the jaws on air."""
+        """Whether the gripper is travelling between waypoints (a held cube's way over to the bowl
+        included), not working near a cube or the bowl (descending, closing, pushing, lifting,
+        lowering, releasing: the goals it moves slowly to). A disturbance while travelling costs a
+        correction; one while working can knock a cube away or close the jaws on air."""
         return not self._plan(self.robot.world(), self.robot.data).careful
 
     def plan_chunk(self, start: np.ndarray, horizon: int) -> np.ndarray:
