@@ -55,12 +55,11 @@ from lerobot.utils.constants import (
     POLICY_PREPROCESSOR_DEFAULT_NAME,
 )
 from peft import PeftModel
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from robot_rl.core.errors import ConfigError, CorruptFileError
+from robot_rl.core.errors import ConfigError
 from robot_rl.policies.base import ObservationHistory, PastObservation, validate_chunk
-from robot_rl.policies.flow_vla.checkpoint import RESTORE
+from robot_rl.policies.checkpoint_files import check_checkpoint_files
 from robot_rl.policies.joint_order import JointOrder
 from robot_rl.policies.lerobot_config import LeRobotPolicyConfig
 from robot_rl.policies.lerobot_lora import (
@@ -693,21 +692,3 @@ def _native_chunk_size(config: PreTrainedConfig) -> int:
         if getattr(config, name, None):
             return int(getattr(config, name))
     raise ValueError(f"cannot tell the chunk length of LeRobot policy type {config.type!r}; pass chunk_size=")
-
-
-def check_checkpoint_files(directory: Path) -> None:
-    """Read each file of a local LeRobot checkpoint as LeRobot will (its JSON files parsed, its
-    safetensors files' headers against their sizes) and raise ``CorruptFileError`` naming the first
-    that fails: LeRobot itself reports a garbled config.json as a decoding traceback naming no file,
-    and a truncated model.safetensors as a Rust error from deep inside ``from_pretrained``."""
-    for path in sorted(directory.glob("*.json")):
-        try:
-            json.loads(path.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptFileError(path, f"not valid JSON ({exc})", RESTORE) from exc
-    for path in sorted(directory.glob("*.safetensors")):
-        try:
-            with safe_open(str(path), "pt"):
-                pass
-        except (SafetensorError, OSError) as exc:
-            raise CorruptFileError(path, f"not a readable safetensors file ({exc})", RESTORE) from exc

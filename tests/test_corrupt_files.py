@@ -130,6 +130,36 @@ def test_a_damaged_file_is_one_line_and_exit_2_and_the_store_is_untouched(stored
     assert digests(tmp_path / "store") == before
 
 
+PREFLIGHT = """import sys
+from robot_rl.config import load_config
+from robot_rl.core.errors import CorruptFileError
+from robot_rl.learner.preflight import check_learner_files
+try:
+    check_learner_files(load_config(sys.argv[2:]), resume=sys.argv[1] == "--resume")
+except CorruptFileError as exc:
+    print(exc.path)
+print(sorted(name for name in ('lerobot', 'transformers') if name in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("case", ["stats.json garbled", "checkpoint pointer garbled", "init checkpoint truncated"])
+def test_the_learner_names_a_damaged_file_before_it_imports_lerobot(stored, tmp_path, case):
+    """The ~10 s of LeRobot's imports come after the check: a damaged file is said at once."""
+    damaged, damage, args, _ = CASES[case]
+    shutil.copytree(stored / "store", tmp_path / "store")
+    tiny_policy().save_pretrained(tmp_path / "init")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest").write_text("step-00000001\n")
+    damage(tmp_path / damaged)
+    overrides = [f"learner.store.root={tmp_path / 'store'}", f"learner.trainer.checkpoint_dir={tmp_path / 'ckpt'}",
+                 f"learner.init_checkpoint={tmp_path / 'init'}"]
+    resume = "--resume" if "--resume" in args else "--fresh"
+    done = subprocess.run([sys.executable, "-c", PREFLIGHT, resume, *overrides], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [str(tmp_path / damaged), "[]"], done.stdout
+
+
 def test_an_edge_given_a_truncated_checkpoint_says_so_in_one_line_and_exits_2(tmp_path):
     tiny_policy().save_pretrained(tmp_path / "policy")
     truncate(tmp_path / "policy" / "model.safetensors")

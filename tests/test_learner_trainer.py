@@ -12,6 +12,7 @@ import torch
 
 from robot_rl.bridges.zmq.weights import deserialize_tensors
 from robot_rl.learner import checkpoint as ckpt
+from robot_rl.learner.checkpoint_pointer import latest_checkpoint
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.index import DEMO_ROBOT, SampleSpec, SamplingIndex, steps_to_columns
 from robot_rl.learner.publisher import PublishSchedule
@@ -42,7 +43,7 @@ def test_resumed_trainer_continues_the_same_step_and_next_update(tmp_path, ema_d
     for _ in range(3):
         a.update_once()
     saved = a.checkpoint()
-    assert saved.name == "step-00000003" and ckpt.latest_checkpoint(config.checkpoint_dir) == saved
+    assert saved.name == "step-00000003" and latest_checkpoint(config.checkpoint_dir) == saved
     torch.manual_seed(1234)  # global RNG disturbed after the checkpoint: must not matter
     metrics_a = [a.update_once() for _ in range(2)]
 
@@ -136,7 +137,7 @@ def test_checkpoint_write_is_atomic_and_pruned(tmp_path):
     assert names == ["latest", "step-00000002", "step-00000003"]  # no temp dirs left, oldest pruned
     # A crash mid-write leaves a temp dir, which resume ignores.
     (tmp_path / "ckpt" / ".step-00000004.tmp").mkdir()
-    assert ckpt.latest_checkpoint(config.checkpoint_dir).name == "step-00000003"
+    assert latest_checkpoint(config.checkpoint_dir).name == "step-00000003"
 
 
 def test_resume_refuses_another_policy_architecture(tmp_path):

@@ -22,14 +22,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from robot_rl.core.errors import CorruptFileError
+from robot_rl.policies.checkpoint_files import RESTORE
 from robot_rl.policies.flow_vla.config import FlowVLAConfig
 
 FORMAT_VERSION = 1
 POLICY_TYPE = "flow_vla"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# What to do about a damaged checkpoint, whichever setting (policy.path, learner.init_checkpoint) led to it.
-RESTORE = "the checkpoint is corrupt: save or download it again, or point to another checkpoint"
 
 
 class CheckpointError(CorruptFileError):

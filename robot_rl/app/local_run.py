@@ -36,7 +36,7 @@ from robot_rl.app.training_threads import ThreadChoice, most_threads
 from robot_rl.bridges.zmq.client import ClientConfig
 from robot_rl.core.errors import ConfigError
 from robot_rl.edge.remote_runner import RemoteInferenceConfig
-from robot_rl.learner.checkpoint import latest_checkpoint
+from robot_rl.learner.checkpoint_pointer import latest_checkpoint
 from robot_rl.learner.config import LearnerConfig
 from robot_rl.learner.metrics import VersionStats
 from robot_rl.learner.service import LearnerService

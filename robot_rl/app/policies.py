@@ -80,25 +80,31 @@ def load_policy(cfg: RobotRLConfig, deterministic: bool = False) -> Any:
     return policy
 
 
-def learner_policy(config: RobotRLConfig) -> TrainablePolicy:
-    """The learner's policy: ``learner.init_checkpoint`` if given, else the checkpoint an edge of
-    the same configuration starts from (``policy.path``, else the BC checkpoint, else the shipped
-    one: ``robot_rl.app.policies``), so learner and robots begin with the same weights; with none
-    of these, a new FlowVLA of ``policy.model`` (a LeRobot policy needs its checkpoint: its
-    normalisation statistics travel with it)."""
+def learner_policy_config(config: RobotRLConfig) -> Any:
+    """The policy configuration the learner starts from: ``learner.init_checkpoint`` if given, else
+    the checkpoint an edge of the same configuration starts from (``policy.path``, else the BC
+    checkpoint, else the shipped one), so learner and robots begin with the same weights; with none
+    of these, a new FlowVLA of ``policy.model`` (``path`` empty; a LeRobot policy needs its
+    checkpoint: its normalisation statistics travel with it)."""
     if not isinstance(config.policy, FlowVLAPolicyConfig | LeRobotPolicyConfig):
         raise ConfigError(f"the learner trains policy=flow_vla or policy=lerobot, not "
                           f"policy={POLICIES.name_of(config.policy)}")
     if config.learner.init_checkpoint:
-        policy_config = dataclasses.replace(config.policy, path=config.learner.init_checkpoint)
+        return dataclasses.replace(config.policy, path=config.learner.init_checkpoint)
+    try:
+        return resolved_policy_config(config)
+    except NoCheckpointError:
+        if not isinstance(config.policy, FlowVLAPolicyConfig):
+            raise
+        return config.policy
+
+
+def learner_policy(config: RobotRLConfig) -> TrainablePolicy:
+    """The learner's policy, built as ``learner_policy_config`` says."""
+    policy_config = learner_policy_config(config)
+    if policy_config.path:
+        log.info("learner starts from %s", policy_config.path)
     else:
-        try:
-            policy_config = resolved_policy_config(config)
-        except NoCheckpointError:
-            if not isinstance(config.policy, FlowVLAPolicyConfig):
-                raise
-            log.warning("no checkpoint to start from (policy.path, bc.checkpoint_dir, the shipped one): "
-                        "training a new model of policy.model")
-            policy_config = config.policy
-    log.info("learner starts from %s", policy_config.path or "a new model")
+        log.warning("no checkpoint to start from (policy.path, bc.checkpoint_dir, the shipped one): "
+                    "training a new model of policy.model")
     return POLICIES.build(policy_config)

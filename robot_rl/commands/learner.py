@@ -19,10 +19,6 @@ import dataclasses
 import logging
 import signal
 import threading
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +64,18 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     stop = threading.Event()
     stop_on_signals(stop)
-    from robot_rl.app.policies import learner_policy
     from robot_rl.config import load_config
+    from robot_rl.learner.preflight import check_learner_files
+
+    root = load_config(overrides)
+    check_learner_files(root, resume=args.resume)  # before the imports below, which take ~10 s
+
+    from robot_rl.app.policies import learner_policy
     from robot_rl.learner.console import console_line
     from robot_rl.learner.ddp import follow_rank, init_distributed, shutdown_distributed
     from robot_rl.learner.service import LearnerService
     from robot_rl.learner.serving import serve_from_learner
 
-    root = load_config(overrides)
     config = root.learner
     dist = init_distributed(config.trainer.device)  # None unless launched by torchrun
     try:

@@ -31,12 +31,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from robot_rl.core.errors import CorruptFileError
+from robot_rl.learner.checkpoint_pointer import LATEST, STATE_JSON
 
 log = logging.getLogger(__name__)
 
-LATEST = "latest"
 STATE_TENSORS = "trainer.safetensors"
-STATE_JSON = "trainer.json"
 CHECKSUMS = "checksums.json"
 FORMAT_VERSION = 1
 
@@ -153,23 +152,6 @@ def _prune(root: Path, keep: int) -> None:
 
 
 # ---------------------------------------------------------------- read
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``root``, or None if there is none."""
-    pointer = Path(root) / LATEST
-    if not pointer.is_file():
-        return None
-    try:
-        path = Path(root) / pointer.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError as exc:
-        raise CorruptFileError(pointer, f"not the name of a checkpoint ({exc})",
-                               f"write the name of one of {sorted(p.name for p in Path(root).glob('step-*'))} "
-                               "into it") from exc
-    if not (path / STATE_JSON).is_file():
-        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing; "
-                                f"point it at one of {sorted(p.name for p in Path(root).glob('step-*'))}")
-    return path
 
 
 def _sha256(path: Path) -> str:

@@ -108,6 +108,11 @@ class StoreConfig:
     # trainer's thread.
     index_read_workers: int = 2
 
+    @property
+    def dataset_root(self) -> Path:
+        """The LeRobotDataset the store writes its episodes into."""
+        return Path(self.root) / "dataset"
+
     def index_memory_bytes(self) -> int:
         """``index_memory`` in bytes, the default worked out from this machine's RAM."""
         if self.index_memory is not None:

@@ -101,7 +101,7 @@ class ReplayStore:
         map_big_blocks()  # the decode threads turn robots' JPEGs into 640x480 frames by the hundred a second
         root = self.root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
-        self.dataset_root = root / "dataset"
+        self.dataset_root = config.dataset_root
         # Read before anything opens them: a damaged file is one CorruptFileError naming it, not a
         # traceback at start or a trainer that waits forever for an index its loader could not fill.
         check_dataset(self.dataset_root)

@@ -30,6 +30,7 @@ from robot_rl.learner import checkpoint as ckpt
 from robot_rl.learner.algorithms.base import Algorithm, NonFiniteUpdateError
 from robot_rl.learner.algorithms.config import ALGORITHMS
 from robot_rl.learner.averaging import WeightAverage
+from robot_rl.learner.checkpoint_pointer import latest_checkpoint
 from robot_rl.learner.config import TrainerConfig
 from robot_rl.learner.family_balance import FamilyBalancedSampler, FamilyTally
 from robot_rl.learner.index import SampleSpec, SamplingIndex
@@ -323,7 +324,7 @@ class Trainer:
         learner, and a resume that waited for that read would keep robots waiting as long.
         ``check_index=False`` for a data-parallel follower rank, whose index stays empty.
         """
-        path = Path(path) if path is not None else ckpt.latest_checkpoint(self.config.checkpoint_dir)
+        path = Path(path) if path is not None else latest_checkpoint(self.config.checkpoint_dir)
         if path is None:
             raise FileNotFoundError(f"no checkpoint to resume from in {self.config.checkpoint_dir}; "
                                     "start without --resume to train from the initial weights")
