@@ -173,6 +173,27 @@ def test_an_edge_given_a_truncated_checkpoint_says_so_in_one_line_and_exits_2(tm
     assert "save or download it again" in output
 
 
+def test_an_edge_names_a_truncated_checkpoint_before_it_imports_torch(tmp_path):
+    """The runtime's imports (PyTorch, LeRobot's dataset writer, the drivers) come after the check."""
+    tiny_policy().save_pretrained(tmp_path / "policy")
+    truncate(tmp_path / "policy" / "model.safetensors")
+    script = """import sys
+from robot_rl.config import load_config
+from robot_rl.core.errors import CorruptFileError
+from robot_rl.session.preflight import check_session_files
+try:
+    check_session_files(load_config(sys.argv[1:]))
+except CorruptFileError as exc:
+    print(exc.path)
+print(sorted(name for name in ('torch', 'lerobot') if name in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", script, f"policy.path={tmp_path / 'policy'}",
+                           f"session.dataset_root={tmp_path / 'dataset'}"], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [str(tmp_path / "policy" / "model.safetensors"), "[]"], done.stdout
+
+
 # ---------------------------------------------------------------- a LeRobot checkpoint (policy=lerobot)
 
 LEROBOT_DAMAGE: dict[str, tuple[str, Callable[[Path], None]]] = {

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from robot_rl.config import RobotRLConfig
+
 HELP = """\
 one unattended edge node: the robot of robot= (the sim, a LeRobot robot, a ROS 2 arm) runs
 session.episodes episodes of session.max_episode_steps ticks with no operator, streams each
@@ -35,9 +41,16 @@ def main(argv: list[str]) -> int:
     # (the edge runtime brings PyTorch, LeRobot's dataset writer and the robot drivers).
     from robot_rl.commands.session import run_reporting_faults
     from robot_rl.config import ConfigError, load_config
-    from robot_rl.session.runner import unattended
 
     cfg = load_config(argv)
     if cfg.link.learner is None:
         raise ConfigError("say where the learner is: robot-rl edge link.learner=tcp://HOST:5555")
     return run_reporting_faults("edge", unattended(cfg))
+
+
+def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
+    """``cfg`` for ``robot-rl edge``: no teleop device, no keys, verdicts from the task or the detector."""
+    from robot_rl.hardware.teleop.base import NoTeleopConfig
+
+    session = dataclasses.replace(cfg.session, keys="none", key_script=[], ask_outcome=False)
+    return dataclasses.replace(cfg, teleop=NoTeleopConfig(), session=session)

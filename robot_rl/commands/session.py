@@ -40,6 +40,10 @@ def run_reporting_faults(command: str, cfg: RobotRLConfig) -> int:
     """``run_session(cfg)``; a robot, device or learner that is not there or refuses is one line
     on stderr and exit code 2, never a traceback."""
     # Imported when the command runs: the CLI reads every command's HELP and GROUPS without them.
+    from robot_rl.session.preflight import check_session_files
+
+    check_session_files(cfg)  # before the imports below, which take seconds
+
     from robot_rl.bridges.zmq.spool import SpoolError
     from robot_rl.core.robot_io import RobotFaultError
     from robot_rl.session.runner import run_session

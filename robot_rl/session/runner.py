@@ -61,12 +61,6 @@ def check_policy_choice(cfg: RobotRLConfig) -> None:
                       "(policy.path=outputs/bc_policy), or policy=hold for a dry run without a model")
 
 
-def unattended(cfg: RobotRLConfig) -> RobotRLConfig:
-    """``cfg`` for ``robot-rl edge``: no teleop device, no keys, verdicts from the task or the detector."""
-    session = dataclasses.replace(cfg.session, keys="none", key_script=[], ask_outcome=False)
-    return dataclasses.replace(cfg, teleop=NoTeleopConfig(), session=session)
-
-
 def run_session(cfg: RobotRLConfig) -> int:
     """Run ``cfg.session`` on ``cfg.robot``; stream to ``cfg.link.learner`` if set. Returns the exit code."""
     check_policy_choice(cfg)
