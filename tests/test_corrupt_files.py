@@ -111,14 +111,21 @@ CASES: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...], str]] = {
 }
 
 
+def damaged_run(stored: Path, root: Path, case: str) -> None:
+    """``root`` holds a copy of the store, a starting checkpoint and a checkpoint pointer, one damaged as
+    ``case`` says."""
+    damaged, damage, _, _ = CASES[case]
+    shutil.copytree(stored / "store", root / "store")
+    tiny_policy().save_pretrained(root / "init")
+    (root / "ckpt").mkdir()
+    (root / "ckpt" / "latest").write_text("step-00000001\n")
+    damage(root / damaged)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_damaged_file_is_one_line_and_exit_2_and_the_store_is_untouched(stored, tmp_path, case):
-    damaged, damage, args, remedy = CASES[case]
-    shutil.copytree(stored / "store", tmp_path / "store")
-    tiny_policy().save_pretrained(tmp_path / "init")
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "latest").write_text("step-00000001\n")
-    damage(tmp_path / damaged)
+    damaged, _, args, remedy = CASES[case]
+    damaged_run(stored, tmp_path, case)
     before = digests(tmp_path / "store")
 
     code, output = run_learner(tmp_path, *(a.format(root=tmp_path) for a in args))
@@ -145,12 +152,8 @@ print(sorted(name for name in ('lerobot', 'transformers') if name in sys.modules
 @pytest.mark.parametrize("case", ["stats.json garbled", "checkpoint pointer garbled", "init checkpoint truncated"])
 def test_the_learner_names_a_damaged_file_before_it_imports_lerobot(stored, tmp_path, case):
     """The ~10 s of LeRobot's imports come after the check: a damaged file is said at once."""
-    damaged, damage, args, _ = CASES[case]
-    shutil.copytree(stored / "store", tmp_path / "store")
-    tiny_policy().save_pretrained(tmp_path / "init")
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "latest").write_text("step-00000001\n")
-    damage(tmp_path / damaged)
+    damaged, _, args, _ = CASES[case]
+    damaged_run(stored, tmp_path, case)
     overrides = [f"learner.store.root={tmp_path / 'store'}", f"learner.trainer.checkpoint_dir={tmp_path / 'ckpt'}",
                  f"learner.init_checkpoint={tmp_path / 'init'}"]
     resume = "--resume" if "--resume" in args else "--fresh"
