@@ -140,7 +140,7 @@ def test_a_damaged_file_is_one_line_and_exit_2_and_the_store_is_untouched(stored
 PREFLIGHT = """import sys
 from robot_rl.config import load_config
 from robot_rl.core.errors import CorruptFileError
-from robot_rl.learner.preflight import check_learner_files
+from robot_rl.app.preflight import check_learner_files
 try:
     check_learner_files(load_config(sys.argv[2:]), resume=sys.argv[1] == "--resume")
 except CorruptFileError as exc:
@@ -183,7 +183,7 @@ def test_an_edge_names_a_truncated_checkpoint_before_it_imports_torch(tmp_path):
     script = """import sys
 from robot_rl.config import load_config
 from robot_rl.core.errors import CorruptFileError
-from robot_rl.session.preflight import check_session_files
+from robot_rl.app.preflight import check_session_files
 try:
     check_session_files(load_config(sys.argv[1:]))
 except CorruptFileError as exc:

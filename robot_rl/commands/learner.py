@@ -64,8 +64,8 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     stop = threading.Event()
     stop_on_signals(stop)
+    from robot_rl.app.preflight import check_learner_files
     from robot_rl.config import load_config
-    from robot_rl.learner.preflight import check_learner_files
 
     root = load_config(overrides)
     check_learner_files(root, resume=args.resume)  # before the imports below, which take ~10 s

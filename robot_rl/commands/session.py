@@ -40,7 +40,7 @@ def run_reporting_faults(command: str, cfg: RobotRLConfig) -> int:
     """``run_session(cfg)``; a robot, device or learner that is not there or refuses is one line
     on stderr and exit code 2, never a traceback."""
     # Imported when the command runs: the CLI reads every command's HELP and GROUPS without them.
-    from robot_rl.session.preflight import check_session_files
+    from robot_rl.app.preflight import check_session_files
 
     check_session_files(cfg)  # before the imports below, which take seconds
 

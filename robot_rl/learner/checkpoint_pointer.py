@@ -1,7 +1,7 @@
 """The ``latest`` pointer of a trainer's checkpoint directory: the complete checkpoint ``--resume`` reads.
 
 Apart from ``checkpoint.py`` because it needs no PyTorch: a learner reads it before its slow imports
-(``robot_rl.learner.preflight``), so a garbled pointer is one line a second after ``--resume``.
+(``robot_rl.app.preflight``), so a garbled pointer is one line a second after ``--resume``.
 """
 
 from __future__ import annotations
