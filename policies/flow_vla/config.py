@@ -58,7 +58,7 @@ class FlowVLAConfig:
     image_shift_pixels: int = 0  # training-time random shift of every image (DrQ); 0 = off
     # Training-time Gaussian noise on the normalised state, so the policy leans on the images; 0 = off.
     # Cloned on pick, 0.5 made the first chunk follow the colour named, 0.1 did not
-    # (docs/history/benchmarks.md, "train-bc"); unmeasured on push, so the default stays.
+    # (docs/history/benchmarks.md, "train-bc"); alone on the three-family start it scored lower.
     state_noise_std: float = 0.1
     num_integration_steps: int = 10  # Euler steps from noise to actions at inference
     flow_time_sampling: str = "uniform"  # "uniform" or "beta" (more samples near the noise end)
