@@ -1,15 +1,16 @@
-"""The fleet console as an operator sees it: a short `robot-rl run` (two simulated robots in processes
-of their own, a tiny policy, a one-minute budget) and its console in headless Chromium (Debian's
-chromium and chromium-driver, driven by selenium). The page lists both robots with their versions, a
-newly published version appears without a reload, a control without the token is refused, and with
-the token a pin and a fleet rollback reach the robots: the version they report executing becomes the
-pinned one."""
+"""The fleet console as an operator sees it: a `robot-rl run` (two simulated robots in processes of
+their own, a tiny policy) and its console in headless Chromium (Debian's chromium and chromium-driver,
+driven by selenium). The page lists both robots with their versions, a newly published version appears
+without a reload, a control without the token is refused, and with the token a pin and a fleet rollback
+reach the robots: the version they report executing becomes the pinned one. Then the operator presses
+Ctrl-C: the run ends its robots' episodes and prints its summary."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -47,14 +48,15 @@ def wait(predicate: Callable[[], object], timeout_s: float, what: str) -> object
         time.sleep(0.2)
 
 
-def start_run(tmp_path: Path, token: Path) -> tuple[subprocess.Popen[str], list[str]]:
+def start_run(tmp_path: Path, token: Path) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
     config = tiny_policy_config()
     config.cameras = ("front", "wrist")
     FlowVLA(config).save_pretrained(tmp_path / "policy")
     command = [
         sys.executable, "-m", "robot_rl.cli", "run", f"policy.path={tmp_path / 'policy'}", f"output_dir={tmp_path}",
         "robot.image_height=32", "robot.image_width=32", "demos.episodes=1", "run.num_robots=2", "run.episodes=60",
-        "run.time_budget_min=1.0", "run.min_updates=null", "run.eval_episodes=0", "run.heldout_scenes=0",
+        # A budget the checks never reach: the test ends the run with Ctrl-C once they are done.
+        "run.time_budget_min=6.0", "run.min_updates=null", "run.eval_episodes=0", "run.heldout_scenes=0",
         "run.max_episode_steps=60", "learner.trainer.publish_every_updates=50", "learner.trainer.max_updates=1500",
         "learner.console.port=0", f"learner.console.token_file={token}", "learner.console.refresh_s=0.25",
         # Ports the system picks: another learner on this machine (a run, a benchmark) may hold the defaults.
@@ -66,8 +68,9 @@ def start_run(tmp_path: Path, token: Path) -> tuple[subprocess.Popen[str], list[
     lines: list[str] = []
     assert run.stdout is not None
     stdout = run.stdout
-    threading.Thread(target=lambda: lines.extend(stdout), daemon=True).start()
-    return run, lines
+    reader = threading.Thread(target=lambda: lines.extend(stdout), daemon=True)
+    reader.start()
+    return run, lines, reader
 
 
 def chromium(width: int = 1400) -> object:
@@ -102,7 +105,7 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
     from selenium.webdriver.support.ui import Select
 
     token_file = write_console_token(tmp_path / "console.token")
-    run, lines = start_run(tmp_path, token_file)
+    run, lines, reader = start_run(tmp_path, token_file)
     browser = None
     try:
         def console_address() -> str | None:
@@ -163,16 +166,22 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
              60, f"both robots on v{target} and pinned to it")
         assert not off_screen_pin_buttons(browser)  # with both pinned badges and rates shown
         browser.save_screenshot(str(tmp_path / "console.png"))
+        assert run.poll() is None, "the run ended before the operator's Ctrl-C:\n" + "".join(lines)[-3000:]
     finally:
         if browser is not None:
             browser.quit()
         if run.poll() is None:
+            run.send_signal(signal.SIGINT)  # the operator's Ctrl-C; after a failed check too, so the run ends
             try:
                 run.wait(300)
             except subprocess.TimeoutExpired:
                 run.kill()  # a run that does not end must not outlive the test: its exit code says -9 below
                 run.wait(30)
-    assert run.returncode == 0, "".join(lines)[-3000:]
+    reader.join(30)
+    output = "".join(lines)
+    assert run.returncode == 0, output[-3000:]
+    assert "robot-rl run: stopping: each robot ends the episode it is in" in output
+    assert "stopped early (Ctrl-C)" in output and "Traceback" not in output, output[-3000:]
 
 
 def test_at_1400_px_every_robot_s_pin_buttons_are_on_screen_with_every_column_filled(tmp_path):

@@ -4,6 +4,7 @@ plus the keys command."""
 from __future__ import annotations
 
 import os
+import threading
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -46,6 +47,21 @@ def test_the_learner_trains_on_after_the_robots_until_min_updates(tmp_path):
     assert result.updates_with_robots is not None and result.updates_with_robots <= result.updates
     assert result.updates >= 200, result.updates
     assert result.checkpoint is not None and result.checkpoint.name == f"step-{result.updates:08d}"
+
+
+def test_a_stop_request_ends_each_robot_after_its_episode_and_skips_the_training_after_them(tmp_path):
+    """What the run's Ctrl-C asks: the robot finishes the episode it is in (stored whole, not cut),
+    starts none of the others it was given, and the learner does not train on to min_updates."""
+    config = learner_config(tmp_path, min_steps_to_train=10)
+    run = LocalRunConfig(num_robots=1, episodes_per_robot=50, max_steps=20, segment_steps=5,
+                         spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30),
+                         min_updates=100_000)
+    stop = threading.Event()
+    result = run_local(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"),
+                       on_episode=lambda robot_id, episode, version: stop.set(), stop_requested=stop)
+    assert result.stopped_early and result.episodes == 1
+    assert result.store["episodes_stored"] == 1 and result.steps == 20  # the episode it was in, whole
+    assert result.updates < 100_000  # no training on after the robots
 
 
 def test_min_updates_does_not_wait_for_data_that_can_never_come(tmp_path):

@@ -97,7 +97,8 @@ def test_the_summary_scores_each_family_start_against_final_on_its_own_scenes(tm
                             "push": {"success": 0.75, "ci95": [0.4, 0.9], "scenes": 8}})]
     result = SimpleNamespace(episodes=30, steps=3000, updates=900, updates_with_robots=900, weights_version=9,
                              robot_versions={}, checkpoint=None,
-                             family_shares={"pick": 0.33, "place": 0.34, "push": 0.33}, served_chunks=None)
+                             family_shares={"pick": 0.33, "place": 0.34, "push": 0.33}, served_chunks=None,
+                             stopped_early=False)
     summary = main_job.summarize(LearningCurve(), result, tmp_path / "run", 20, "bc", heldout=heldout,
                                  heldout_points=points, ended_s=60.0)
     by_family = summary["heldout_by_family"]

@@ -194,7 +194,7 @@ def run_result(**overrides):
     from types import SimpleNamespace
 
     base = dict(episodes=0, steps=0, updates=900, updates_with_robots=900, weights_version=9, robot_versions={},
-                checkpoint=None, family_shares={}, served_chunks=None)
+                checkpoint=None, family_shares={}, served_chunks=None, stopped_early=False)
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -229,4 +229,17 @@ def test_the_summary_groups_versions_and_ends_with_lines_that_agree(tmp_path, ca
     assert lines[-2] == ("held-out success on 40 unseen scenes, the weights alone: start 55% (40%-70%) -> "
                          "final 90% (77%-96%)")
     assert lines[-1].startswith("learning curve: ") and str(tmp_path / "run") in lines[-1]
+
+
+def test_a_run_stopped_by_ctrl_c_says_so_and_how_to_score_its_weights(tmp_path, capsys):
+    """No held-out check was run: the summary says the run stopped early and gives the command that
+    scores the final weights against the start on the same scenes."""
+    final, start = tmp_path / "run" / "checkpoints" / "step-00000300", tmp_path / "bc_push"
+    summary = run_command.summarize(LearningCurve(), run_result(updates=300, checkpoint=final, stopped_early=True),
+                                    tmp_path / "run", 20, "hgdagger", start=start)
+    assert summary["stopped_early"] and summary["heldout"] is None
+    run_command.print_summary(summary)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[-2].startswith("stopped early (Ctrl-C)")
+    assert f"robot-rl eval policy.path={final} eval.compare_path={start}" in lines[-2]
 

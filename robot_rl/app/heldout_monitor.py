@@ -100,7 +100,8 @@ class HeldoutMonitor:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "robot_rl.app.evaluation", str(job), "held-out", "-"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, env=env,
-                preexec_fn=lambda: os.nice(19))
+                # Out of the terminal's process group: a Ctrl-C stops the run, which ends this scorer itself.
+                preexec_fn=lambda: os.nice(19), start_new_session=True)
         self._thread = threading.Thread(target=self._run, name="heldout-monitor", daemon=True)
         self._thread.start()
         return self

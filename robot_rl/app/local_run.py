@@ -62,6 +62,7 @@ class LocalRunResult:
     family_shares: dict[str, float] = field(default_factory=dict)  # each task family's share of the samples trained on
     # The chunks the learner's policy server answered each robot (None: the robots ran their own copies).
     served_chunks: dict[str, int] | None = None
+    stopped_early: bool = False  # ended by a stop request (the run's Ctrl-C) before its episodes or budget
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,14 @@ def run_local(
     on_start: Callable[[LearnerService], None] | None = None,
     on_robots_done: Callable[[], None] | None = None,
     serve: ServeConfig | None = None,
+    stop_requested: threading.Event | None = None,
 ) -> LocalRunResult:
     """Start the learner, run every robot's episodes (``run.robots``: on threads or in processes),
     stop, and summarise.
+
+    ``stop_requested`` (set by the run's Ctrl-C): every robot ends the episode it is in and starts no
+    other, the learner writes their episodes and its checkpoint, and it does not train on after them
+    (``run.min_updates``).
 
     ``serve``: where and how the learner serves chunks when ``learner_config.serve_policy`` (None:
     ``ServeConfig``'s defaults); robots with ``edge.inference_runner=remote`` ask it.
@@ -144,6 +150,8 @@ def run_local(
     started = [time.monotonic()]  # reset when the robots start: the budget is robot time
 
     def trained() -> bool:
+        if stop_requested is not None and stop_requested.is_set():
+            return True
         if run.time_budget_s is not None and time.monotonic() - started[0] >= run.time_budget_s:
             return True
         return run.until_trained and limit is not None and learner.trainer.step >= limit
@@ -165,7 +173,8 @@ def run_local(
             on_robots_done()
         write_out(learner, timeout_s=120.0)
         updates_with_robots = learner.trainer.step
-        if train and run.min_updates and not errors:
+        stopped_early = stop_requested is not None and stop_requested.is_set()
+        if train and run.min_updates and not errors and not stopped_early:
             train_on_after_robots(learner, run.min_updates)
     finally:
         if serving is not None:
@@ -173,6 +182,7 @@ def run_local(
         learner.stop(checkpoint=train)
     result = collect_result(learner, results, errors, versions, trained=train)
     result.updates_with_robots = updates_with_robots
+    result.stopped_early = stopped_early
     result.served_chunks = dict(served.stats.chunks_by_robot) if served is not None else None
     return result
 

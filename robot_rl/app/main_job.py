@@ -34,6 +34,7 @@ from robot_rl.app.heldout_monitor import HeldoutMonitor, HeldoutPoint
 from robot_rl.app.learning_curve import CurvePoint, LearningCurve
 from robot_rl.app.local_run import make_sim_robot_factory, run_local
 from robot_rl.app.policies import shipped_bc_checkpoint
+from robot_rl.app.run_stop import RunStop
 from robot_rl.app.served_fleet import check_served_fleet, serves_robots
 from robot_rl.app.sim import demo_expert, sim_config, task_families
 from robot_rl.app.unattended_verdicts import UnattendedVerdicts
@@ -242,6 +243,7 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
         f"robot-rl run: learner ({learner_label(learner_config)}) + {run.num_robots} simulated SO-101 "
         f"+ {'scripted operator' if cfg.run.operator else 'no operator'}, loopback, CPU{served}; output {run_dir}"
     )
+    stop = RunStop().install()  # Ctrl-C from here on: the robots end their episodes (robot_rl.app.run_stop)
     try:
         result = run_local(
             learner_config, policy, run,
@@ -252,16 +254,20 @@ def run_main_job(cfg: RobotRLConfig) -> dict:
             on_start=robots_starting,
             on_robots_done=progress.close,
             serve=cfg.serve,
+            stop_requested=stop.requested,
         )
     finally:
+        stop.robots_done()
         progress.close()
         points = [p for monitor in monitors for p in monitor.stop()]
         if viewer_hub is not None:
             viewer_hub.disconnect()
     ended_s = curve.elapsed_s()
+    heldout = None if result.stopped_early else start_vs_final(cfg, checkpoint, result.checkpoint,
+                                                               policy.loading_options())
     summary = summarize(curve, result, run_dir, cfg.run.curve_window, ALGORITHMS.name_of(learner_config.algorithm),
-                        heldout=start_vs_final(cfg, checkpoint, result.checkpoint, policy.loading_options()),
-                        learner=learner_label(learner_config), heldout_points=points, ended_s=ended_s)
+                        heldout=heldout, learner=learner_label(learner_config), heldout_points=points,
+                        ended_s=ended_s, start=checkpoint)
     print_summary(summary)
     return summary
 
@@ -285,10 +291,12 @@ def start_vs_final(cfg: RobotRLConfig, start: Path, final: Path | None,
 
 def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorithm: str,
               heldout: dict | None = None, learner: str | None = None,
-              heldout_points: Sequence[HeldoutPoint] = (), ended_s: float | None = None) -> dict:
+              heldout_points: Sequence[HeldoutPoint] = (), ended_s: float | None = None,
+              start: Path | None = None) -> dict:
     """``learner``: how the plot and the table name the learner (``learner_label``; default the
     algorithm); ``heldout_points``: versions scored while the run went; ``ended_s``: when training
-    ended on the curve's clock (where the final weights' score is drawn)."""
+    ended on the curve's clock (where the final weights' score is drawn); ``start``: the checkpoint
+    the run started from."""
     run_dir.mkdir(parents=True, exist_ok=True)
     learner = learner or algorithm
     episodes = len(curve.records)
@@ -312,6 +320,8 @@ def summarize(curve: LearningCurve, result, run_dir: Path, window: int, algorith
         "verdicts": curve.verdicts(),  # who judged the live episodes, and how often the operator was asked
         "curve_png": str(png),
         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "start_checkpoint": str(start) if start else None,
+        "stopped_early": result.stopped_early,  # by Ctrl-C: no held-out check of the start and final weights
         "heldout": heldout,  # ``start_vs_final``: None when off or not trained
         # per task family, on the same scenes: {family: {start, final, start_ci, final_ci, n, p}}
         "heldout_by_family": by_family,
@@ -390,6 +400,10 @@ def print_summary(summary: dict) -> None:
         print(f"held-out while running, the weights alone on {points[0]['scenes']} unseen scenes: "
               f"{len(points)} versions scored, v{points[0]['version']} {points[0]['success']:.0%} -> "
               f"v{points[-1]['version']} {points[-1]['success']:.0%} (best v{best['version']} {best['success']:.0%})")
+    if summary.get("stopped_early") and summary.get("checkpoint"):
+        print(f"stopped early (Ctrl-C): the start and the final weights were not scored on held-out scenes; "
+              f"robot-rl eval policy.path={summary['checkpoint']} eval.compare_path={summary['start_checkpoint']} "
+              f"scores them (add the run's own settings)")
     heldout = summary.get("heldout")
     if heldout:
         missing = "not scored (see the log)"

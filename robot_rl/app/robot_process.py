@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,25 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0  # a cold child on a busy 2-core machine imports PyTorch, MuJoCo and the text encoder
 STOP_POLL_S = 0.5  # how often the parent re-evaluates ``stop`` for the children
+
+
+@contextlib.contextmanager
+def ctrl_c_left_to_the_parent() -> Iterator[None]:
+    """Processes started inside begin with SIGINT ignored (a Python started with it ignored keeps it so).
+
+    A Ctrl-C at the terminal reaches every process of the group: a robot killed by it mid-episode would
+    leave its episode half streamed and its tracebacks on the screen. Its parent ends it instead (the
+    run's stop request: the robot finishes its episode). Ignored from the start, not in the child's
+    own code, which runs only after seconds of imports. Only the main thread may change a handler;
+    elsewhere the processes start as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class RobotProcessError(RuntimeError):
@@ -104,7 +124,8 @@ class RobotProcesses:
             process = self._context.Process(target=_child_main, args=(job, child_conn, self._go, self._stop),
                                             name=f"robot-{job.index}", daemon=True)
             try:
-                process.start()
+                with ctrl_c_left_to_the_parent():
+                    process.start()
             except Exception as exc:  # a factory that does not pickle fails here, in the parent
                 self.close()
                 raise RobotProcessError(f"could not start robot {job.index} in a process: {exc} "
