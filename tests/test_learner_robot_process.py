@@ -79,3 +79,27 @@ def test_a_factory_that_cannot_reach_a_process_is_refused_clearly(tmp_path):
 def test_unknown_robot_mode_is_refused(tmp_path):
     with pytest.raises(ValueError, match="fibers"):
         process_run(tmp_path, robots="fibers")
+
+
+def test_robot_processes_leave_a_ctrl_c_to_their_parent_and_the_parent_keeps_its_own_handler():
+    """The terminal's Ctrl-C reaches every process of the group: a robot must not die of it mid-episode
+    (its parent ends it after the episode), and the parent must still see it."""
+    import multiprocessing
+    import signal
+
+    from robot_rl.app.robot_process import ctrl_c_left_to_the_parent
+    from tests.signal_probe import report_sigint_handler
+
+    context = multiprocessing.get_context("spawn")
+    answers = context.Queue()
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c_left_to_the_parent():
+        child = context.Process(target=report_sigint_handler, args=(answers,))
+        child.start()
+    assert signal.getsignal(signal.SIGINT) is before
+    assert answers.get(timeout=60) == str(signal.SIG_IGN)
+    child.join(30)
+    plain = context.Process(target=report_sigint_handler, args=(answers,))
+    plain.start()
+    assert answers.get(timeout=60) != str(signal.SIG_IGN)  # started outside: Python's own KeyboardInterrupt
+    plain.join(30)
