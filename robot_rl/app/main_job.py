@@ -379,8 +379,8 @@ def print_summary(summary: dict) -> None:
         print("chunks from the learner's policy server: " + ", ".join(f"{r} {n}" for r, n in sorted(served.items())))
     with_robots = summary.get("updates_with_robots")
     if with_robots is not None and with_robots < summary["updates"]:
-        print(f"{with_robots} updates while the robots acted, {summary['updates'] - with_robots} after "
-              f"(run.min_updates)")
+        print(f"{with_robots} updates while the robots acted, {summary['updates'] - with_robots} after them "
+              f"(while their episodes were written, then on to run.min_updates)")
     operator = summary.get("operator")
     if operator and operator["episodes_taken_over"]:
         print(f"the operator took over in {operator['episodes_taken_over']} episodes and drove "
