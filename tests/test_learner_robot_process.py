@@ -87,7 +87,7 @@ def test_robot_processes_leave_a_ctrl_c_to_their_parent_and_the_parent_keeps_its
     import multiprocessing
     import signal
 
-    from robot_rl.app.robot_process import ctrl_c_left_to_the_parent
+    from robot_rl.core.ctrl_c import ctrl_c_left_to_the_parent
     from tests.signal_probe import report_sigint_handler
 
     context = multiprocessing.get_context("spawn")

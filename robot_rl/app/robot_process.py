@@ -22,11 +22,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ import msgpack
 import torch
 
 from robot_rl.app.sim_edge import run_robot
+from robot_rl.core.ctrl_c import ctrl_c_left_to_the_parent
 from robot_rl.edge.remote_runner import RemoteInferenceConfig
 from robot_rl.policies.loading import load_trainable
 
@@ -41,25 +41,6 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0  # a cold child on a busy 2-core machine imports PyTorch, MuJoCo and the text encoder
 STOP_POLL_S = 0.5  # how often the parent re-evaluates ``stop`` for the children
-
-
-@contextlib.contextmanager
-def ctrl_c_left_to_the_parent() -> Iterator[None]:
-    """Processes started inside begin with SIGINT ignored (a Python started with it ignored keeps it so).
-
-    A Ctrl-C at the terminal reaches every process of the group: a robot killed by it mid-episode would
-    leave its episode half streamed and its tracebacks on the screen. Its parent ends it instead (the
-    run's stop request: the robot finishes its episode). Ignored from the start, not in the child's
-    own code, which runs only after seconds of imports. Only the main thread may change a handler;
-    elsewhere the processes start as they are."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class RobotProcessError(RuntimeError):

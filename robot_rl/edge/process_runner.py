@@ -53,6 +53,7 @@ import msgpack
 import numpy as np
 
 from robot_rl.bridges.zmq.weights import HEADER_ROOM
+from robot_rl.core.ctrl_c import ctrl_c_left_to_the_parent
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.parent_watch import exit_when_parent_dies
 from robot_rl.core.priority import lower_own_priority, lower_thread_priority
@@ -479,7 +480,8 @@ def spawn_policy(factory: PolicyFactory, version: int = 0, start_timeout_s: floa
     ctx = mp.get_context("spawn")  # a fresh interpreter: no copy of this process's threads or CUDA state
     parent, child = ctx.Pipe(duplex=True)
     process = ctx.Process(target=_child_main, args=(factory, child, version), name="policy", daemon=True)
-    process.start()
+    with ctrl_c_left_to_the_parent():
+        process.start()
     child.close()
     if not parent.poll(start_timeout_s):
         process.terminate()
