@@ -180,7 +180,7 @@ def test_an_operator_watches_the_fleet_and_pins_and_rolls_back_with_the_token(tm
     reader.join(30)
     output = "".join(lines)
     assert run.returncode == 0, output[-3000:]
-    assert "robot-rl run: stopping: each robot ends the episode it is in" in output
+    assert "robot-rl run: stopping early: each robot ends the episode it is in" in output
     assert "stopped early (Ctrl-C)" in output and "Traceback" not in output, output[-3000:]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -62,6 +63,30 @@ def test_a_stop_request_ends_each_robot_after_its_episode_and_skips_the_training
     assert result.stopped_early and result.episodes == 1
     assert result.store["episodes_stored"] == 1 and result.steps == 20  # the episode it was in, whole
     assert result.updates < 100_000  # no training on after the robots
+
+
+def test_a_stop_request_while_training_on_after_the_robots_ends_the_training_there(tmp_path):
+    """A Ctrl-C after the robots are done (the minutes of training on to min_updates in `make demo`)
+    ends that training and the run, with a checkpoint of what was made."""
+    config = learner_config(tmp_path, min_steps_to_train=10)
+    run = LocalRunConfig(num_robots=1, episodes_per_robot=1, max_steps=20, segment_steps=5,
+                         spool_dir=str(tmp_path / "spool"), image_format="png", edge=EdgeConfig(fps=30),
+                         min_updates=100_000)
+    stop, learners = threading.Event(), []
+
+    def stop_once_it_trains_on() -> None:
+        trainer = learners[0].trainer
+        at_robots_done = trainer.step
+        while trainer.step < at_robots_done + 20:
+            time.sleep(0.01)
+        stop.set()
+
+    result = run_local(config, tiny_policy(), run, lambda i: (CameraRobot(), None, lambda ep: "pick the cube"),
+                       on_start=learners.append, stop_requested=stop,
+                       on_robots_done=lambda: threading.Thread(target=stop_once_it_trains_on, daemon=True).start())
+    assert result.stopped_early and result.episodes == 1
+    assert 20 <= result.updates < 100_000
+    assert result.checkpoint is not None and result.checkpoint.name == f"step-{result.updates:08d}"
 
 
 def test_min_updates_does_not_wait_for_data_that_can_never_come(tmp_path):

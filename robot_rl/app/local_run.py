@@ -126,7 +126,7 @@ def run_local(
 
     ``stop_requested`` (set by the run's Ctrl-C): every robot ends the episode it is in and starts no
     other, the learner writes their episodes and its checkpoint, and it does not train on after them
-    (``run.min_updates``).
+    (``run.min_updates``), or stops doing so.
 
     ``serve``: where and how the learner serves chunks when ``learner_config.serve_policy`` (None:
     ``ServeConfig``'s defaults); robots with ``edge.inference_runner=remote`` ask it.
@@ -173,9 +173,10 @@ def run_local(
             on_robots_done()
         write_out(learner, timeout_s=120.0)
         updates_with_robots = learner.trainer.step
-        stopped_early = stop_requested is not None and stop_requested.is_set()
-        if train and run.min_updates and not errors and not stopped_early:
-            train_on_after_robots(learner, run.min_updates)
+        stop = stop_requested or threading.Event()
+        if train and run.min_updates and not errors and not stop.is_set():
+            train_on_after_robots(learner, run.min_updates, stop)
+        stopped_early = stop.is_set()
     finally:
         if serving is not None:
             serving.close()
@@ -222,12 +223,13 @@ def write_out(learner: LearnerService, timeout_s: float, poll_s: float = 0.5) ->
     return True
 
 
-def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float = 0.5) -> None:
+def train_on_after_robots(learner: LearnerService, updates: int, stop: threading.Event, poll_s: float = 0.5
+                          ) -> None:
     """Let the trainer go on with the stored episodes until it has made ``updates`` updates
     (``LocalRunConfig.min_updates``), on the cores the robots held, as many threads as train fastest
     (``ThreadChoice``), showing its progress;
     returns early if it stops by itself (``trainer.max_updates``, or a crash, which its thread
-    has logged)."""
+    has logged), or once ``stop`` is set."""
     trainer = learner.trainer
     if trainer.step >= updates:
         return
@@ -238,7 +240,7 @@ def train_on_after_robots(learner: LearnerService, updates: int, poll_s: float =
     log.info("robots done at update %d; training on the stored episodes to update %d", trainer.step, updates)
     cores, threads, choice = len(os.sched_getaffinity(0)), 0, ThreadChoice()
     with tqdm(total=updates, initial=trainer.step, desc="training on (robots done)", unit="upd") as bar:
-        while trainer.step < updates:
+        while trainer.step < updates and not stop.is_set():
             most = most_threads(cores, learner.store.stats()["episodes_to_write"])
             wanted = choice.threads(time.monotonic(), trainer.step, most)
             if wanted != threads:

@@ -2,10 +2,11 @@
 
 While the robots run, a robot cut mid-episode leaves that episode half streamed, and the learner
 cut mid-write leaves the dataset behind its robots. So the first signal only asks: each robot ends
-the episode it is in and starts no other, the learner writes their episodes and its checkpoint, and
-the summary says what the run did (without the held-out check of the final weights, minutes of
-simulation the operator just declined). A second Ctrl-C stops at once, as in any program; so does
-one after the robots are done (the held-out check, the summary).
+the episode it is in and starts no other, the learner writes their episodes and its checkpoint
+(training on after the robots, ``run.min_updates``, stops too), and the summary says what the run
+did (without the held-out check of the final weights, minutes of simulation the operator just
+declined). A second Ctrl-C stops at once, as in any program; so does one during the held-out check
+or the summary.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import sys
 import threading
 from typing import Any
 
-STOPPING = ("robot-rl run: stopping: each robot ends the episode it is in, then the learner writes the episodes "
-            "and its checkpoint and the summary follows (no held-out check); Ctrl-C again stops at once")
+STOPPING = ("robot-rl run: stopping early: each robot ends the episode it is in, the learner writes the episodes "
+            "and its checkpoint (no training on after the robots), and the summary follows (no held-out check); "
+            "Ctrl-C again stops at once")
 
 
 class RunStop:

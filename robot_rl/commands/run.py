@@ -19,8 +19,8 @@ OUTPUT_DIR/run/TIME/learning_curve.png and summary.json (docs/live_views.md).
   robot-rl run viewer=rerun learner.console.token_file=keys/console.token
   robot-rl run learner=rwr run.verdicts=detector   # judged as unattended arms are (docs/success_detector.md)
 
-Ctrl-C while the robots run: each robot ends the episode it is in, the learner writes the episodes and
-its checkpoint, and the summary follows (without the held-out check); a second Ctrl-C stops at once."""
+Ctrl-C: each robot ends the episode it is in, the learner writes the episodes and its checkpoint (no
+training on after the robots), and the summary follows (no held-out check); Ctrl-C again stops at once."""
 GROUPS = ("robot", "viewer", "policy", "learner", "edge", "run", "demos", "bc", "seeds", "task_families")
 
 
