@@ -346,3 +346,22 @@ def test_a_frame_reader_killed_mid_run_is_replaced_and_the_batch_read_again(tmp_
         assert store.frame_reader.worker_pids() and dead not in store.frame_reader.worker_pids()
     kept = reference.sample(32, RATIOS, SPEC, np.random.default_rng(1))
     assert torch.equal(read_back["images.front"], kept["images.front"])
+
+
+def test_a_terminal_ctrl_c_leaves_the_frame_readers_to_the_learner(tmp_path):
+    """A Ctrl-C reaches every process of the terminal's group. A reader that took it would die mid-read
+    with a traceback; it ignores it, and the learner shuts its readers down in its own stop."""
+    import signal
+
+    reference = SamplingIndex(CAMERAS)
+    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1, index_spill=0)) as store:
+        for ep, steps in enumerate(fill_store(store, 4)):
+            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
+        store.index.sample(8, RATIOS, SPEC, np.random.default_rng(0))
+        (reader,) = store.frame_reader.worker_pids()
+        os.kill(reader, signal.SIGINT)
+        time.sleep(0.5)  # time enough for a reader that took it to die, and for its pool to notice
+        read_back = store.index.sample(32, RATIOS, SPEC, np.random.default_rng(1))
+        assert store.frame_reader.worker_pids() == [reader]
+    kept = reference.sample(32, RATIOS, SPEC, np.random.default_rng(1))
+    assert torch.equal(read_back["images.front"], kept["images.front"])

@@ -26,3 +26,12 @@ def ctrl_c_left_to_the_parent() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def leave_ctrl_c_to_the_parent() -> None:
+    """Ignore SIGINT from here on in this process: the first thing a pool's worker runs (its initializer).
+
+    A pool may start a worker from any thread, where ``ctrl_c_left_to_the_parent`` cannot change the
+    handler. A worker that takes the terminal's Ctrl-C dies mid-read with a traceback and breaks its
+    pool; its parent shuts the pool down in its own stop instead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from robot_rl.core.ctrl_c import leave_ctrl_c_to_the_parent
 from robot_rl.core.errors import CorruptFileError
 from robot_rl.core.heap import map_big_blocks, release_free_heap
 from robot_rl.core.parent_watch import exit_when_parent_dies
@@ -209,7 +210,7 @@ class FrameReader:
         if self.workers == 0:
             return None
         return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=exit_when_parent_dies, initargs=("frame reader",))
+                                   initializer=_start_worker)
 
     def start(self) -> None:
         """Start the worker processes and their imports now, without waiting for them (idempotent)."""
@@ -268,6 +269,12 @@ def _read_on_worker(episode: StoredEpisode, wanted: FrameRequest,
         _reads += 1
         if _reads % TRIM_EVERY_READS == 0:
             release_free_heap()
+
+
+def _start_worker() -> None:
+    """A worker's first act: it ends with the learner, and leaves a terminal's Ctrl-C to it."""
+    leave_ctrl_c_to_the_parent()
+    exit_when_parent_dies("frame reader")
 
 
 def _ready() -> int:
