@@ -3,6 +3,7 @@ frames it let go back from the dataset exactly as they were."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -329,16 +330,24 @@ def test_a_writer_behind_never_grows_the_index_past_its_budget(tmp_path, spill_m
     assert peak <= store.index.memory_budget + 2 * episode_bytes  # the budget, the open and the closing episode
 
 
-def test_a_frame_reader_killed_mid_run_is_replaced_and_the_batch_read_again(tmp_path):
-    """A reader killed (for memory, or by hand) breaks its process pool for good: training would stop.
-    New readers take over, and the batch is the one the dead reader would have read."""
-    import signal
-
+@contextlib.contextmanager
+def store_read_back_by_one_reader(tmp_path) -> Iterator[tuple[ReplayStore, SamplingIndex]]:
+    """A store whose frames are read back from its dataset by one reader process, already started; and
+    an index that keeps every frame in memory, to say what a read back must give."""
     reference = SamplingIndex(CAMERAS)
     with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1, index_spill=0)) as store:
         for ep, steps in enumerate(fill_store(store, 4)):
             reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
         store.index.sample(8, RATIOS, SPEC, np.random.default_rng(0))
+        yield store, reference
+
+
+def test_a_frame_reader_killed_mid_run_is_replaced_and_the_batch_read_again(tmp_path):
+    """A reader killed (for memory, or by hand) breaks its process pool for good: training would stop.
+    New readers take over, and the batch is the one the dead reader would have read."""
+    import signal
+
+    with store_read_back_by_one_reader(tmp_path) as (store, reference):
         (dead,) = store.frame_reader.worker_pids()
         os.kill(dead, signal.SIGKILL)
         time.sleep(0.5)  # the pool notices its worker gone
@@ -353,11 +362,7 @@ def test_a_terminal_ctrl_c_leaves_the_frame_readers_to_the_learner(tmp_path):
     with a traceback; it ignores it, and the learner shuts its readers down in its own stop."""
     import signal
 
-    reference = SamplingIndex(CAMERAS)
-    with ReplayStore(store_config(tmp_path, index_memory=BUDGET_MB, index_read_workers=1, index_spill=0)) as store:
-        for ep, steps in enumerate(fill_store(store, 4)):
-            reference.append(("r0", ep, 0), steps_to_columns(steps, CAMERAS), "pick the cube")
-        store.index.sample(8, RATIOS, SPEC, np.random.default_rng(0))
+    with store_read_back_by_one_reader(tmp_path) as (store, reference):
         (reader,) = store.frame_reader.worker_pids()
         os.kill(reader, signal.SIGINT)
         time.sleep(0.5)  # time enough for a reader that took it to die, and for its pool to notice
