@@ -3,8 +3,9 @@
 It stands in for the human at the robot in sim runs, so interventions (and the data
 they produce) can be studied without a person. Like a person it
 
-* watches the end effector against the current target and notices trouble: moving away
-  from the target, being stuck, or dropping the cube;
+* watches the end effector against the current target (the cube, then where a held cube goes)
+  and notices trouble: moving away from the target, being stuck, or dropping the cube (a cube let
+  go where it should go was put down);
 * reacts after a human-like delay (a few hundred ms, jittered), not instantly;
 * drives with the scripted expert for a while, then hands back to the policy;
 * has a budget (takeovers per episode and intervened ticks), as a person's patience;
@@ -59,7 +60,9 @@ class ScriptedOperatorConfig(TeleopConfig):
     stuck_eps_m: float = 0.004
     drive_ticks: int = 60  # how long the operator drives once it took over
     drive_jitter_ticks: int = 15
-    cooldown_ticks: int = 20  # after a hand-back, watch this long before judging again
+    cooldown_ticks: int = 20  # after a hand-back or a put-down, watch this long before judging again
+    # A held cube let go this near where it should go (over the bowl, for a place) was put down, not dropped.
+    put_down_margin_m: float = 0.04
     max_takeovers: int = 3  # per episode
     max_intervention_ticks: int = 200  # per episode
     announce_success: bool = True
@@ -93,6 +96,7 @@ class ScriptedOperator:
         self._dist: deque[float] = deque(maxlen=cfg.watch_ticks)
         self._ee: deque[np.ndarray] = deque(maxlen=cfg.stuck_ticks)
         self._was_holding = False
+        self._held_off_target_m = np.inf
         self._just_dropped = False
         self._said_success = False
 
@@ -150,12 +154,24 @@ class ScriptedOperator:
     def _observe(self) -> None:
         ee = np.asarray(self.world.ee_position(), dtype=np.float64)
         target = np.asarray(self.world.target_position(), dtype=np.float64)
-        self._dist.append(float(np.linalg.norm(ee - target)))
-        self._ee.append(ee)
         holding_fn = getattr(self.world, "is_cube_held", None)  # not every world can tell
         holding = bool(holding_fn()) if holding_fn is not None else False
-        self._just_dropped = self._was_holding and not holding
+        released = self._was_holding and not holding
+        put_down = released and self._held_off_target_m <= self.config.put_down_margin_m
+        if holding != self._was_holding:
+            # The target moved: from the cube to where a held cube goes (8 cm above it for a pick, the
+            # bowl for a place), or back. Distances to the old target say nothing of the way to the new
+            # one: against the jaws' near-zero distance at the grasp, every grasp looked like "moving away".
+            self._dist.clear()
+        if put_down:  # the cube falls and settles in the bowl while the arm rises: let the task say so
+            self._watch_from = max(self._watch_from, self.tick + self.config.cooldown_ticks)
+        self._dist.append(float(np.linalg.norm(ee - target)))
+        self._ee.append(ee)
+        self._just_dropped = released and not put_down
         self._was_holding = holding
+        # How far, across the table, the held cube is from where it goes: a cube let go over the bowl
+        # is lowered into it first, so its height says nothing of a put-down.
+        self._held_off_target_m = float(np.linalg.norm((ee - target)[:2])) if holding else np.inf
 
     def _trouble(self) -> str | None:
         cfg = self.config

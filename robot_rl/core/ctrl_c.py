@@ -28,7 +28,7 @@ def ctrl_c_left_to_the_parent() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def leave_ctrl_c_to_the_parent() -> None:
+def ignore_ctrl_c() -> None:
     """Ignore SIGINT from here on in this process: the first thing a pool's worker runs (its initializer).
 
     A pool may start a worker from any thread, where ``ctrl_c_left_to_the_parent`` cannot change the

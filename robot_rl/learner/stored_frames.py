@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from robot_rl.core.ctrl_c import leave_ctrl_c_to_the_parent
+from robot_rl.core.ctrl_c import ignore_ctrl_c
 from robot_rl.core.errors import CorruptFileError
 from robot_rl.core.heap import map_big_blocks, release_free_heap
 from robot_rl.core.parent_watch import exit_when_parent_dies
@@ -273,7 +273,7 @@ def _read_on_worker(episode: StoredEpisode, wanted: FrameRequest,
 
 def _start_worker() -> None:
     """A worker's first act: it ends with the learner, and leaves a terminal's Ctrl-C to it."""
-    leave_ctrl_c_to_the_parent()
+    ignore_ctrl_c()
     exit_when_parent_dies("frame reader")
 
 
