@@ -159,7 +159,7 @@ class ScriptedOperator:
         released = self._was_holding and not holding
         put_down = released and self._held_off_target_m <= self.config.put_down_margin_m
         if holding != self._was_holding:
-            # The target moved: from the cube to where a held cube goes (8 cm above it for a pick, the
+            # The target moved: from the cube to where a held cube goes (above where it started for a pick, the
             # bowl for a place), or back. Distances to the old target say nothing of the way to the new
             # one: against the jaws' near-zero distance at the grasp, every grasp looked like "moving away".
             self._dist.clear()
