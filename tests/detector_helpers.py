@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from robot_rl.learner.detector import LabelledEpisode
+from robot_rl.learner.detector_episodes import LabelledEpisode
 
 SIZE = 48  # camera frames (resized to the detector's input size)
 TICKS = 12

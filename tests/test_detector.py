@@ -16,9 +16,9 @@ from robot_rl.learner.detector import (
     calibration_folds,
     cross_validated_accuracy,
     sure_margin,
-    training_samples,
 )
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import training_samples
 from tests.detector_helpers import episodes, one_torch_thread, synthetic_episode  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

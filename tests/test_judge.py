@@ -4,18 +4,25 @@ an episode nobody judged gets the detector's verdict once its task has one."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from robot_rl.learner.detector import input_keys, prepare
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import IMAGE_KEY_PREFIX, input_keys, prepare
 from robot_rl.learner.judge import SuccessJudge, VerdictSource
 from robot_rl.learner.judging import make_judging
 from robot_rl.learner.labelled_files import LabelledEpisodeFiles
 from tests.detector_helpers import episodes, one_torch_thread  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+REPO = Path(__file__).resolve().parent.parent
 
 # One backbone: these tests check who teaches and who is judged; averaging backbones is test_detector's.
 CONFIG = DetectorConfig(cameras=("front",), backbone_seeds=(0,), epochs=15, calibration_folds=3, min_labelled=12,
@@ -98,3 +105,29 @@ def test_a_damaged_file_or_one_prepared_for_other_settings_is_left_out_and_said(
     assert len(loaded["place"]) == 2
     assert "do not read" in caplog.text and kept[0].name in caplog.text
     assert "other detector settings" in caplog.text
+
+
+def test_a_learner_starts_without_the_detector_model_and_loads_it_at_a_tasks_first_fit():
+    """The model's libraries (LeRobot's classifier, transformers, scikit-learn) cost a learner ~6 s of CPU
+    to import: a start, and a restart after a crash, would wait for them although no task has verdicts yet."""
+    probe = ("import sys, json; import robot_rl.learner.service; "
+             "from robot_rl.learner.detector_config import DetectorConfig; "
+             "from robot_rl.learner.judge import SuccessJudge, VerdictSource; "
+             "from tests.detector_helpers import episodes; "
+             "config = DetectorConfig(cameras=('front',), backbone_seeds=(0,), epochs=1, calibration_folds=3, "
+             "min_labelled=6, min_per_outcome=2); judge = SuccessJudge(config); "
+             "loaded = lambda: [m for m in ('lerobot.rewards', 'transformers', 'sklearn') if m in sys.modules]; "
+             "at_start = loaded(); fits = [judge.learn(e, VerdictSource.operator) for e in episodes(0, 6)]; "
+             "print(json.dumps([at_start, loaded(), fits[-1] is not None]))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    at_start, after_fit, fitted = json.loads(result.stdout.strip().splitlines()[-1])
+    assert at_start == [] and fitted
+    assert after_fit == ["lerobot.rewards", "transformers", "sklearn"]
+
+
+def test_the_detectors_image_inputs_are_named_as_lerobots_classifier_reads_them():
+    from lerobot.utils.constants import OBS_IMAGE
+
+    assert IMAGE_KEY_PREFIX == OBS_IMAGE

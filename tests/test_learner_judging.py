@@ -19,8 +19,8 @@ from robot_rl.data.reader import load_episode_arrays
 from robot_rl.learner.algorithms.config import RejectionConfig, RWRConfig
 from robot_rl.learner.algorithms.rwr import ONLINE, rejection_factors, rwr_weights, verdict_factors
 from robot_rl.learner.config import RewardConfig
-from robot_rl.learner.detector import LabelledEpisode
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import LabelledEpisode
 from robot_rl.learner.index import SampleSpec
 from robot_rl.learner.judge import SuccessJudge
 from robot_rl.learner.judging import EpisodeJudging, task_of

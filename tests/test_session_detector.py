@@ -30,8 +30,8 @@ from robot_rl.edge.runtime import EdgeRuntime
 from robot_rl.hardware.teleop import TakeoverBlender, TeleopIntervention
 from robot_rl.hardware.teleop.base import NoTeleopConfig, null_teleop
 from robot_rl.hardware.teleop.keys import NoKeys
-from robot_rl.learner.detector import LabelledEpisode
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import LabelledEpisode
 from robot_rl.learner.ledger import CommitRecord
 from robot_rl.learner.service import LearnerService
 from robot_rl.session.config import SessionConfig

@@ -41,8 +41,9 @@ from robot_rl.bench.detector_logged import read_judged, split
 from robot_rl.bench.detector_main_job import arm_configs, compare_main_jobs, print_comparison
 from robot_rl.hardware.sim import ScriptedExpert, SimConfig, SimSO101
 from robot_rl.hardware.sim.tasks import TASK_FAMILIES
-from robot_rl.learner.detector import LabelledEpisode, PreparedEpisode, TaskDetector, prepare
+from robot_rl.learner.detector import TaskDetector
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import LabelledEpisode, PreparedEpisode, prepare
 
 if TYPE_CHECKING:
     from robot_rl.config import RobotRLConfig

@@ -23,8 +23,8 @@ import numpy as np
 from robot_rl.core.errors import ConfigError
 from robot_rl.core.types import SUCCESS_SOURCES, VerdictSource
 from robot_rl.data.reader import iter_episode_arrays
-from robot_rl.learner.detector import LabelledEpisode, PreparedEpisode, prepare
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import LabelledEpisode, PreparedEpisode, prepare
 from robot_rl.learner.judging import task_of
 
 log = logging.getLogger(__name__)

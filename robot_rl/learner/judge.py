@@ -24,13 +24,17 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from robot_rl.core.types import VerdictSource
-from robot_rl.learner.detector import Calibration, LabelledEpisode, PreparedEpisode, TaskDetector, Verdict, prepare
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import Calibration, LabelledEpisode, PreparedEpisode, Verdict, prepare
 from robot_rl.learner.labelled_files import LabelledEpisodeFiles
+
+if TYPE_CHECKING:
+    from robot_rl.learner.detector import TaskDetector
 
 __all__ = ["SuccessJudge", "VerdictSource"]
 
@@ -116,6 +120,9 @@ class SuccessJudge:
         return fitted
 
     def _fit(self, name: str, task: _Task, episodes: list[PreparedEpisode]) -> Calibration:
+        # Imported here, at a task's first fit: the model's libraries would add ~6 s of CPU to every learner start.
+        from robot_rl.learner.detector import TaskDetector
+
         detector = TaskDetector(self.config)
         calibration = detector.fit(episodes)
         with self._lock:

@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from robot_rl.core.types import UNJUDGED, DetectorGuess, EpisodeVerdict, Step, VerdictSource
-from robot_rl.learner.detector import Calibration, LabelledEpisode, resize
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import Calibration, LabelledEpisode, resize
 from robot_rl.learner.family_balance import OTHER_FAMILY, family_of
 from robot_rl.learner.index import EntryKey
 from robot_rl.learner.judge import MAX_LABELLED, SuccessJudge

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from robot_rl.learner.detector import PreparedEpisode, TrainingSamples
 from robot_rl.learner.detector_config import DetectorConfig
+from robot_rl.learner.detector_episodes import PreparedEpisode, TrainingSamples
 
 log = logging.getLogger(__name__)
 
