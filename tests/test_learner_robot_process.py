@@ -92,14 +92,19 @@ def test_robot_processes_leave_a_ctrl_c_to_their_parent_and_the_parent_keeps_its
 
     context = multiprocessing.get_context("spawn")
     answers = context.Queue()
-    before = signal.getsignal(signal.SIGINT)
-    with ctrl_c_left_to_the_parent():
-        child = context.Process(target=report_sigint_handler, args=(answers,))
-        child.start()
-    assert signal.getsignal(signal.SIGINT) is before
-    assert answers.get(timeout=60) == str(signal.SIG_IGN)
-    child.join(30)
-    plain = context.Process(target=report_sigint_handler, args=(answers,))
-    plain.start()
-    assert answers.get(timeout=60) != str(signal.SIG_IGN)  # started outside: Python's own KeyboardInterrupt
-    plain.join(30)
+    # As a terminal starts Python, Ctrl-C raising KeyboardInterrupt: a suite started in the background of
+    # a shell without job control inherits SIGINT ignored, and so would every child it starts.
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ctrl_c_left_to_the_parent():
+            child = context.Process(target=report_sigint_handler, args=(answers,))
+            child.start()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert answers.get(timeout=60) == str(signal.SIG_IGN)
+        child.join(30)
+        plain = context.Process(target=report_sigint_handler, args=(answers,))
+        plain.start()
+        assert answers.get(timeout=60) != str(signal.SIG_IGN)  # started outside: Python's own KeyboardInterrupt
+        plain.join(30)
+    finally:
+        signal.signal(signal.SIGINT, outer)
