@@ -108,7 +108,7 @@ def test_a_damaged_file_or_one_prepared_for_other_settings_is_left_out_and_said(
 
 
 def test_a_learner_starts_without_the_detector_model_and_loads_it_at_a_tasks_first_fit():
-    """The model's libraries (LeRobot's classifier, transformers, scikit-learn) cost a learner ~6 s of CPU
+    """The model's libraries (LeRobot's classifier, transformers, scikit-learn) cost a learner 6-7 s of CPU
     to import: a start, and a restart after a crash, would wait for them although no task has verdicts yet."""
     probe = ("import sys, json; import robot_rl.learner.service; "
              "from robot_rl.learner.detector_config import DetectorConfig; "

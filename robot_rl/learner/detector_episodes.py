@@ -4,7 +4,7 @@ it reads from them at its input size, its verdicts and calibrations.
 Apart from ``robot_rl.learner.detector`` (LeRobot's classifier, transformers, scikit-learn) because the
 learner takes verdicts, resizes every arriving frame and keeps labelled episodes from its start, but
 fits a model only once a task has ``min_labelled`` verdicts: importing the model's libraries costs a
-learner ~6 s of CPU, which would otherwise lengthen every start and every restart after a crash.
+learner 6-7 s of CPU, which would otherwise lengthen every start and every restart after a crash.
 """
 
 from __future__ import annotations

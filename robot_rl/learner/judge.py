@@ -120,7 +120,7 @@ class SuccessJudge:
         return fitted
 
     def _fit(self, name: str, task: _Task, episodes: list[PreparedEpisode]) -> Calibration:
-        # Imported here, at a task's first fit: the model's libraries would add ~6 s of CPU to every learner start.
+        # Imported here, at a task's first fit: the model's libraries would add 6-7 s of CPU to every learner start.
         from robot_rl.learner.detector import TaskDetector
 
         detector = TaskDetector(self.config)
